@@ -1,0 +1,174 @@
+"""Budget planner: each method family takes its largest configuration that fits the budget."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from dllmbench.errors import PluginError, UserError
+from dllmbench.method import Method, MethodSpec
+from dllmbench.registry import Registry, describe
+
+
+@dataclass(frozen=True)
+class Family:
+    """A method template whose free size (`*`) the planner chooses."""
+
+    name: str
+    label: str  # formatted with the strategy's configuration, e.g. "ORM Rerank@{n}"
+    spec: str
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family("vanilla", "Vanilla", "independent:n=1+first"),
+    Family("majority", "Majority@{n}", "independent:n=*+majority"),
+    Family("orm_rerank", "ORM Rerank@{n}", "independent:n=*+argmax:scorer=orm"),
+    Family("weighted_majority", "Weighted Majority@{n}", "independent:n=*+weighted_majority:by=orm"),
+    Family("prm_rerank", "PRM Rerank@{n}", "independent:n=*+argmax:scorer=prm"),
+    Family("random_rerank", "Random Rerank@{n}", "independent:n=*+random"),
+    Family("prm_guided", "PRM Guided K={k} b={every}", "prm_guided:k=*,every=64+first"),
+    Family("top_m", "Top-{keep} Retention K={k} b={every}",
+           "prm_guided:k=*,every=64,keep=2+first"),
+    Family("prm_hybrid", "PRM Hybrid K={k} b={every} + Majority",
+           "prm_guided:k=*,every=64,final=keep+majority"),
+    Family("smc_vote", "SMC K={k} b={every} (weighted vote)",
+           "smc:k=*,every=64+weighted_majority:by=weight"),
+    Family("smc_top", "SMC K={k} b={every} (top particle)", "smc:k=*,every=64+argmax:scorer=prm"),
+    Family("oracle", "Oracle@{n}", "independent:n=*+oracle"),
+    Family("hybrid_oracle", "Oracle of PRM Hybrid K={k} b={every}",
+           "prm_guided:k=*,every=64,final=keep+oracle"),
+)
+
+FAMILY_BY_NAME = {f.name: f for f in FAMILIES}
+
+
+def default_budget(total_steps: int) -> int:
+    """The headline budget: what PRM Guided K=8, b=64 spends (1040 at T=128)."""
+    return 8 * total_steps + 8 * math.ceil(total_steps / 64)
+
+
+@dataclass
+class Planned:
+    method: Method
+    cost: dict[str, int]
+
+    @property
+    def passes(self) -> int:
+        return sum(self.cost.values())
+
+
+@dataclass
+class LeftOut:
+    family: str
+    reason: str
+    min_budget: int | None = None
+
+
+@dataclass
+class Plan:
+    budget: int
+    total_steps: int
+    methods: list[Planned] = field(default_factory=list)
+    left_out: list[LeftOut] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "budget": self.budget,
+            "steps": self.total_steps,
+            "methods": [
+                {
+                    "id": p.method.id,
+                    "family": p.method.family,
+                    "spec": p.method.spec.text(),
+                    "passes": p.passes,
+                    "share": round(p.passes / self.budget, 4),
+                    "cost": p.cost,
+                    "ceiling": p.method.ceiling,
+                }
+                for p in self.methods
+            ],
+            "left_out": [
+                {"family": x.family, "reason": x.reason, "min_budget": x.min_budget}
+                for x in self.left_out
+            ],
+        }
+
+
+def _label(template: str, method: Method) -> str:
+    try:
+        return template.format(**describe(method.strategy))
+    except (KeyError, IndexError):
+        return template
+
+
+def _try_build(registry: Registry, spec: MethodSpec, label: str, family: str | None) -> Method | None:
+    try:
+        method = Method.build(registry, spec, family=family)
+    except PluginError:
+        return None  # e.g. a size the strategy's constraints rule out (k not divisible by keep)
+    method.id = _label(label, method)
+    return method
+
+
+def fit(registry: Registry, spec: MethodSpec, label: str, family: str | None, budget: int,
+        total_steps: int) -> tuple[Method | None, int | None]:
+    """The largest configuration of `spec` costing at most `budget`, and the smallest cost."""
+    free = spec.free_field()
+    if free is None:
+        method = Method.build(registry, spec, family=family)
+        method.id = _label(label, method)
+        cost = method.total_cost(total_steps)
+        return (method if cost <= budget else None), cost
+    best, smallest = None, None
+    for size in range(1, budget + 2):
+        method = _try_build(registry, spec.with_size(size), label, family)
+        if method is None:
+            continue
+        cost = method.total_cost(total_steps)
+        if smallest is None:
+            smallest = cost
+        if cost > budget:
+            break
+        best = method
+    return best, smallest
+
+
+def plan(
+    registry: Registry,
+    budget: int,
+    total_steps: int,
+    entries: list[str] | None = None,
+    scorers: set[str] | None = None,
+) -> Plan:
+    """Choose every method for `budget`. `entries` are family names or method specs.
+
+    With `scorers` given, families that need a scorer outside it are left out.
+    """
+    if budget < 1:
+        raise UserError(f"--budget must be a positive number of passes, got {budget}")
+    result = Plan(budget, total_steps)
+    for entry in entries or [f.name for f in FAMILIES]:
+        family = FAMILY_BY_NAME.get(entry)
+        if family is not None:
+            spec, label, name = MethodSpec.parse(family.spec), family.label, family.name
+        elif ":" in entry or "+" in entry or entry in registry.names("strategy"):
+            spec = MethodSpec.parse(entry)
+            label, name = entry, None
+        else:
+            known = ", ".join(FAMILY_BY_NAME)
+            raise UserError(f"unknown method {entry!r}; families: {known}; or a spec such as "
+                            "independent:n=8+majority")
+        method, smallest = fit(registry, spec, label, name, budget, total_steps)
+        if method is None:
+            at_least = f"; needs a budget of at least {smallest}" if smallest else ""
+            result.left_out.append(LeftOut(entry, f"does not fit {budget} passes{at_least}",
+                                           smallest))
+            continue
+        missing = sorted(method.scorers() - scorers) if scorers is not None else []
+        if missing:
+            result.left_out.append(LeftOut(entry, f"needs scorer {', '.join(missing)}"))
+            continue
+        if any(p.method.id == method.id for p in result.methods):
+            continue
+        result.methods.append(Planned(method, method.cost(total_steps)))
+    return result

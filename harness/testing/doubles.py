@@ -1,0 +1,189 @@
+"""Small deterministic plugins for exercising the engine without a model.
+
+`toy` backbone: a character-level "model" that knows the answer to `a+b=` questions and
+commits each generated position to the right character with probability `p_correct`, its
+noise drawn from the row's key and step only. `toy_sum` task: such questions. `toy` scorer:
+rates how many committed characters are right, plus noise keyed by the canvas. They follow
+the real interfaces exactly, so the contract checks and engine tests run on them in
+milliseconds. Register them with DLLMBENCH_PLUGIN_MODULES=dllmbench.testing.doubles.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from dllmbench.hookspecs import hookimpl
+from dllmbench.interfaces import ScoreBatch, StepBatch
+from dllmbench.keys import torch_generator
+from dllmbench.types import Problem, Prompt
+
+ALPHABET = "0123456789+=? abcdefghijklmnopqrstuvwxyz:\n"
+EOS = len(ALPHABET)
+MASK = EOS + 1
+
+
+def encode_text(text: str) -> list[int]:
+    return [ALPHABET.index(ch) for ch in text.lower() if ch in ALPHABET]
+
+
+def intended(prompt_ids: Sequence[int], gen_length: int) -> list[int]:
+    """What the toy model means to write after a prompt ending in `a+b=`: the sum, then EOS."""
+    text = "".join(ALPHABET[i] for i in prompt_ids)
+    question = text.rstrip().rsplit("\n", 1)[-1].rstrip("=").split(":")[-1].strip()
+    try:
+        a, b = (int(x) for x in question.split("+"))
+        answer = str(a + b)
+    except ValueError:
+        answer = ""
+    target = encode_text(answer) + [EOS] * gen_length
+    return target[:gen_length]
+
+
+@dataclass(frozen=True)
+class ToyBackboneConfig:
+    p_correct: float = 0.85  # probability a committed position is the intended character
+
+
+class ToyBackbone:
+    """Commits ⌈masked / steps left⌉ positions per step, chosen and filled by keyed noise."""
+
+    Config = ToyBackboneConfig
+    mask_id = MASK
+
+    def __init__(self, **config):
+        self.config = ToyBackboneConfig(**config)
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        text = prompt.text if prompt.text is not None else "\n".join(
+            m["content"] for m in prompt.messages)
+        return encode_text(text)
+
+    def canvas(self, prompt_ids: Sequence[int], gen_length: int) -> torch.Tensor:
+        return torch.tensor(list(prompt_ids) + [MASK] * gen_length, dtype=torch.long)
+
+    def denoise_step(self, batch: StepBatch) -> list[torch.Tensor]:
+        out = []
+        for tokens, plen, step, key in zip(batch.tokens, batch.prompt_lens, batch.steps,
+                                           batch.keys, strict=True):
+            tokens = tokens.clone()
+            gen = torch_generator(key, step)
+            masked = (tokens[plen:] == MASK).nonzero().flatten() + plen
+            quota = math.ceil(len(masked) / (batch.total_steps - step))
+            chosen = masked[torch.randperm(len(masked), generator=gen)[:quota]]
+            target = intended(tokens[:plen].tolist(), len(tokens) - plen)
+            right = torch.rand(len(chosen), generator=gen) < self.config.p_correct
+            wrong = torch.randint(0, 10, (len(chosen),), generator=gen)
+            for pos, ok, alt in zip(chosen.tolist(), right.tolist(), wrong.tolist(), strict=True):
+                tokens[pos] = target[pos - plen] if ok else alt
+            out.append(tokens)
+        return out
+
+    def decode(self, tokens: torch.Tensor, prompt_len: int) -> str:
+        chars = []
+        for t in tokens[prompt_len:].tolist():
+            if t == EOS:
+                break
+            if t != MASK:
+                chars.append(ALPHABET[t])
+        return "".join(chars)
+
+
+@dataclass(frozen=True)
+class ToyScorerConfig:
+    noise: float = 1.0  # standard deviation of the keyed noise added to the logit
+    partial: bool = True  # reads partial states (a PRM) or final ones only (an ORM)
+
+
+class ToyScorer:
+    """Logit ≈ 6·(share of committed characters that are right − ½) + keyed noise."""
+
+    Config = ToyScorerConfig
+
+    def __init__(self, **config):
+        self.config = ToyScorerConfig(**config)
+        self.reads_partial = self.config.partial
+
+    def score(self, batch: ScoreBatch) -> np.ndarray:
+        values = []
+        for tokens, plen in zip(batch.tokens, batch.prompt_lens, strict=True):
+            target = torch.tensor(intended(tokens[:plen].tolist(), len(tokens) - plen))
+            gen = tokens[plen:]
+            committed = gen != MASK
+            share = float((gen[committed] == target[committed]).float().mean()) if committed.any() else 0.5
+            digest = hashlib.blake2b(tokens.numpy().tobytes(), digest_size=8).digest()
+            noise = np.random.default_rng(int.from_bytes(digest, "little")).normal()
+            values.append(6.0 * (share - 0.5) + self.config.noise * noise)
+        return np.asarray(values)
+
+
+@dataclass(frozen=True)
+class ToySumConfig:
+    size: int = 40  # problems in the test split (train has 5×)
+    max_operand: int = 60
+
+
+class ToySum:
+    """`a+b=` questions; the answer is the first number in the text."""
+
+    Config = ToySumConfig
+
+    def __init__(self, **config):
+        self.config = ToySumConfig(**config)
+
+    def splits(self) -> dict[str, int]:
+        return {"train": 5 * self.config.size, "test": self.config.size}
+
+    def problems(self, split: str) -> list[Problem]:
+        if split not in self.splits():
+            raise ValueError(f"toy_sum has no split {split!r}; splits: train, test")
+        rng = random.Random(f"toy_sum:{split}")
+        out = []
+        for i in range(self.splits()[split]):
+            a, b = rng.randint(0, self.config.max_operand), rng.randint(0, self.config.max_operand)
+            out.append(Problem(f"{split}-{i}", f"{a}+{b}=", a + b))
+        return out
+
+    def prompt(self, problem: Problem, style: str) -> Prompt:
+        if style == "chat":
+            return Prompt(messages=({"role": "user", "content": problem.question},))
+        return Prompt(text=f"question: {problem.question}")
+
+    def extract(self, text: str) -> str | None:
+        digits = ""
+        for ch in text:
+            if ch.isdigit():
+                digits += ch
+            elif digits:
+                break
+        return digits or None
+
+    def answer_key(self, answer: str) -> int:
+        return int(answer)
+
+    def grade(self, problem: Problem, answer: str | None, text: str) -> bool:
+        return answer is not None and int(answer) == problem.gold
+
+    def data_files(self) -> dict[str, str]:
+        return {}
+
+
+@hookimpl
+def dllmbench_register_backbones(register):
+    register("toy", ToyBackbone)
+
+
+@hookimpl
+def dllmbench_register_scorers(register):
+    register("toy", ToyScorer)
+
+
+@hookimpl
+def dllmbench_register_tasks(register):
+    register("toy_sum", ToySum)

@@ -1,0 +1,1 @@
+"""Built-in plugins: strategies, selectors (and, as they land, backbones and scorers)."""

@@ -1,0 +1,76 @@
+"""Voting over extracted answers: plain majority and weighted majority.
+
+Invalid answers (extraction failed) never vote. Ties go to the answer that appears first;
+the chosen candidate is the first one holding the winning answer. With no valid answer the
+selector returns None, which counts as wrong.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.special import expit
+
+from dllmbench.hookspecs import hookimpl
+from dllmbench.types import Candidate
+
+
+def vote(candidates: Sequence[Candidate], weights: Sequence[float]) -> int | None:
+    """Index of the first candidate of the answer with the largest total weight."""
+    totals: dict[object, float] = {}
+    first: dict[object, int] = {}
+    for i, (cand, weight) in enumerate(zip(candidates, weights, strict=True)):
+        if cand.answer_key is None:
+            continue
+        totals[cand.answer_key] = totals.get(cand.answer_key, 0.0) + float(weight)
+        first.setdefault(cand.answer_key, i)
+    if not totals:
+        return None
+    best = max(totals, key=lambda key: (totals[key], -first[key]))
+    return first[best]
+
+
+class Majority:
+    """The most frequent valid answer."""
+
+    needs: tuple[str, ...] = ()
+    ceiling = False
+    config = None
+
+    def select(self, candidates: Sequence[Candidate], *, rng, labels=None) -> int | None:
+        return vote(candidates, [1.0] * len(candidates))
+
+
+@dataclass(frozen=True)
+class WeightedMajorityConfig:
+    # a scorer name (each vote weighs sigmoid(score)), or "weight" for the pool's own
+    # weights (SMC's importance weights)
+    by: str = "orm"
+
+
+class WeightedMajority:
+    """The valid answer with the largest summed weight."""
+
+    Config = WeightedMajorityConfig
+    ceiling = False
+
+    def __init__(self, **config):
+        self.config = WeightedMajorityConfig(**config)
+        self.needs = () if self.config.by == "weight" else (self.config.by,)
+
+    def select(self, candidates: Sequence[Candidate], *, rng, labels=None) -> int | None:
+        if self.config.by == "weight":
+            if any(c.weight is None for c in candidates):
+                raise ValueError("weighted_majority by=weight needs a pool with weights (smc)")
+            weights = [c.weight for c in candidates]
+        else:
+            weights = expit(np.array([c.scores[self.config.by] for c in candidates], np.float64))
+        return vote(candidates, list(weights))
+
+
+@hookimpl
+def dllmbench_register_selectors(register):
+    register("majority", Majority)
+    register("weighted_majority", WeightedMajority)

@@ -1,0 +1,77 @@
+"""PRM-guided search (the paper's Algorithm 1), top-M retention and PRM Hybrid.
+
+Segments of `every` steps (the last shorter when every does not divide T). In each segment
+the kept states spawn K children in all, all K are denoised with independent noise and
+scored by the PRM, and the best `keep` survive. The final segment either prunes to the
+argmax (`final="prune"`) or keeps all K for a selector (`final="keep"`, PRM Hybrid).
+Cost: K·T denoising passes plus K scoring passes per segment.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+from dllmbench.hookspecs import hookimpl
+from dllmbench.ops import Ops
+from dllmbench.plugins.strategies.ranking import top
+from dllmbench.types import Pool, Problem
+
+
+@dataclass(frozen=True)
+class PRMGuidedConfig:
+    k: int = 8  # children denoised per segment
+    every: int = 64  # segment length b in steps
+    keep: int = 1  # survivors per segment (M); 1 is the paper's top-1
+    final: str = "prune"  # "prune": return the argmax; "keep": return all K (PRM Hybrid)
+    scorer: str = "prm"
+
+    def __post_init__(self) -> None:
+        if self.k < 1 or self.every < 1 or self.keep < 1:
+            raise ValueError("k, every and keep must be >= 1")
+        if self.keep > self.k or self.k % self.keep:
+            raise ValueError(f"keep={self.keep} must divide k={self.k}")
+        if self.final not in ("prune", "keep"):
+            raise ValueError(f"final must be 'prune' or 'keep', got {self.final!r}")
+
+
+class PRMGuided:
+    Config = PRMGuidedConfig
+    prefix_field: ClassVar[str | None] = None
+
+    def __init__(self, **config):
+        self.config = PRMGuidedConfig(**config)
+        self.scorers = (self.config.scorer,)
+
+    def cost(self, total_steps: int) -> dict[str, int]:
+        c = self.config
+        return {"denoise": c.k * total_steps,
+                f"score:{c.scorer}": c.k * math.ceil(total_steps / c.every)}
+
+    def pool_size(self) -> int:
+        return self.config.k if self.config.final == "keep" else 1
+
+    def pool_scores(self) -> frozenset[str]:
+        return frozenset(self.scorers)
+
+    async def search(self, problem: Problem, ops: Ops) -> Pool:
+        c = self.config
+        kept = ops.start(problem)
+        segments = ops.segments(c.every)
+        for i, steps in enumerate(segments):
+            children = kept.repeat(c.k // len(kept))
+            children = await ops.denoise(children, steps)
+            scores = await ops.score(children, c.scorer)
+            if i == len(segments) - 1:
+                if c.final == "keep":
+                    return ops.pool(children, scores={c.scorer: scores})
+                best = top(scores, 1)
+                return ops.pool(children.take(best), scores={c.scorer: scores[best]})
+            kept = children.take(top(scores, c.keep))
+        raise AssertionError("unreachable: T >= 1 gives at least one segment")
+
+
+@hookimpl
+def dllmbench_register_strategies(register):
+    register("prm_guided", PRMGuided)

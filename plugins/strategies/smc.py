@@ -1,0 +1,123 @@
+"""Sequential Monte Carlo over denoising trajectories, guided by a PRM.
+
+K particles; at each checkpoint (every `every` steps) h = sigmoid(PRM logit), clipped. At an
+intermediate checkpoint the tempering exponent β is the largest value on the grid
+{0, step, ..., 1} whose incremental weights keep ESS ≥ `ess_target`; the target there is
+p·h^β, so the incremental weight is h^β / h_prev^β_prev. When ESS falls below
+`resample_below` the particles are resampled systematically and weights reset to uniform.
+The final checkpoint is untempered: w ∝ w_prev · h_final / h_prev[ancestor]^β_prev.
+Cost: K·T denoising passes plus K scoring passes per checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+from scipy.special import expit, logsumexp
+
+from dllmbench.hookspecs import hookimpl
+from dllmbench.ops import Ops
+from dllmbench.types import Pool, Problem
+
+
+@dataclass(frozen=True)
+class SMCConfig:
+    k: int = 8  # particles
+    every: int = 64  # steps between checkpoints
+    scorer: str = "prm"
+    ess_target: float = 4.0  # tempering keeps ESS at least this
+    resample_below: float = 6.0  # resample when ESS falls below this
+    beta_step: float = 0.05  # grid spacing of the tempering exponent
+    clip: float = 1e-6  # h is clipped to [clip, 1 - clip]
+
+    def __post_init__(self) -> None:
+        if self.k < 1 or self.every < 1:
+            raise ValueError("k and every must be >= 1")
+        if not 0 < self.beta_step <= 1:
+            raise ValueError("beta_step must be in (0, 1]")
+        if not 0 < self.clip < 0.5:
+            raise ValueError("clip must be in (0, 0.5)")
+
+
+def ess(log_w: np.ndarray) -> float:
+    """Effective sample size of unnormalised log weights."""
+    w = np.exp(log_w - logsumexp(log_w))
+    return float(1.0 / np.sum(w * w))
+
+
+def choose_beta(log_w: np.ndarray, log_h: np.ndarray, prev: np.ndarray, grid: np.ndarray,
+                target: float) -> float:
+    """The largest β on the grid with ESS(w · h^β / prev) ≥ target (else the smallest)."""
+    for beta in grid[::-1]:
+        if ess(log_w + beta * log_h - prev) >= target:
+            return float(beta)
+    return float(grid[0])
+
+
+def systematic(weights: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Systematic resampling: one uniform offset, K evenly spaced positions."""
+    k = len(weights)
+    positions = (rng.uniform() + np.arange(k)) / k
+    cumulative = np.cumsum(weights)
+    cumulative[-1] = 1.0
+    return np.searchsorted(cumulative, positions)
+
+
+class SMC:
+    Config = SMCConfig
+    prefix_field: ClassVar[str | None] = None
+
+    def __init__(self, **config):
+        self.config = SMCConfig(**config)
+        self.scorers = (self.config.scorer,)
+        n = round(1 / self.config.beta_step)
+        self._grid = np.round(np.linspace(0.0, 1.0, n + 1), 10)
+
+    def cost(self, total_steps: int) -> dict[str, int]:
+        c = self.config
+        return {"denoise": c.k * total_steps,
+                f"score:{c.scorer}": c.k * math.ceil(total_steps / c.every)}
+
+    def pool_size(self) -> int:
+        return self.config.k
+
+    def pool_scores(self) -> frozenset[str]:
+        return frozenset(self.scorers)
+
+    async def search(self, problem: Problem, ops: Ops) -> Pool:
+        c = self.config
+        particles = ops.start(problem).repeat(c.k)
+        log_w = np.full(c.k, -math.log(c.k))
+        prev = np.zeros(c.k)  # log h_prev^β_prev of each particle's ancestor
+        info = {"beta": [], "ess": [], "resampled": []}
+        segments = ops.segments(c.every)
+        for i, steps in enumerate(segments):
+            particles = await ops.denoise(particles, steps)
+            logits = await ops.score(particles, c.scorer)
+            log_h = np.log(np.clip(expit(np.asarray(logits, np.float64)), c.clip, 1 - c.clip))
+            last = i == len(segments) - 1
+            beta = 1.0 if last else choose_beta(log_w, log_h, prev, self._grid, c.ess_target)
+            log_w = log_w + beta * log_h - prev
+            log_w -= logsumexp(log_w)
+            info["beta"].append(beta)
+            info["ess"].append(round(ess(log_w), 6))
+            if last:
+                return ops.pool(particles, scores={c.scorer: np.asarray(logits)},
+                                weights=np.exp(log_w), info=info)
+            prev = beta * log_h
+            resample = info["ess"][-1] < c.resample_below
+            info["resampled"].append(resample)
+            if resample:
+                ancestors = systematic(np.exp(log_w), ops.rng(f"smc-resample-{i}"))
+                particles, prev = particles.take(ancestors), prev[ancestors]
+                log_w = np.full(c.k, -math.log(c.k))
+            particles = particles.fork()
+        raise AssertionError("unreachable: T >= 1 gives at least one checkpoint")
+
+
+@hookimpl
+def dllmbench_register_strategies(register):
+    register("smc", SMC)
