@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -160,7 +160,9 @@ class Engine:
                     continue
                 if problem.id in inflight:
                     raise ValueError(f"problem id {problem.id!r} appears twice")
-                prompt_ids = self.backbone.encode(self.task.prompt(problem, self.sampling.prompt_style))
+                prompt_ids = self.backbone.encode(
+                    self.task.prompt(problem, self.sampling.prompt_style)
+                )
                 canvas = self.backbone.canvas(prompt_ids, self.sampling.gen_length)
                 units = plan_units(problem, todo)
                 inflight[problem.id] = _InFlight(len(units), len(prompt_ids), canvas)
@@ -194,13 +196,22 @@ class Engine:
                     continue
                 if isinstance(request, DenoiseRequest):
                     rows = request.rows
-                    denoising.append(_Denoising(task, rows, rows.tokens.clone(), list(rows.steps),
-                                                rows.keys, request.steps))
+                    denoising.append(
+                        _Denoising(
+                            task,
+                            rows,
+                            rows.tokens.clone(),
+                            list(rows.steps),
+                            rows.keys,
+                            request.steps,
+                        )
+                    )
                 elif isinstance(request, ScoreRequest):
                     scoring.append((task, request))
                 else:
-                    raise TypeError(f"a strategy awaited {request!r}; await ops.denoise or "
-                                    "ops.score only")
+                    raise TypeError(
+                        f"a strategy awaited {request!r}; await ops.denoise or ops.score only"
+                    )
             if scoring:
                 self._serve_scores(scoring, ready)
                 scoring = []
@@ -211,11 +222,14 @@ class Engine:
     async def _unit(self, unit: Unit, ops: Ops) -> Pool:
         pool = await unit.strategy.search(unit.problem, ops)
         if not isinstance(pool, Pool):
-            raise TypeError(f"strategy of {unit.members[0][0].id!r} returned {type(pool).__name__}"
-                            ", not a Pool")
+            raise TypeError(
+                f"strategy of {unit.members[0][0].id!r} returned {type(pool).__name__}, not a Pool"
+            )
         if len(pool) < max(size for _, size in unit.members):
-            raise ValueError(f"strategy of {unit.members[0][0].id!r} returned {len(pool)} "
-                             "candidates, fewer than it declared")
+            raise ValueError(
+                f"strategy of {unit.members[0][0].id!r} returned {len(pool)} "
+                "candidates, fewer than it declared"
+            )
         needed = sorted({s for m, _ in unit.members for s in m.selector_scoring()})
         for scorer in needed:
             needy = [(m, size) for m, size in unit.members if scorer in m.selector_scoring()]
@@ -236,8 +250,10 @@ class Engine:
         for i in order:
             widest = max([lengths[j] for j in current] + [lengths[i]])
             too_many = len(current) >= self.limits.batch_rows
-            too_wide = (self.limits.batch_tokens is not None
-                        and (len(current) + 1) * widest > self.limits.batch_tokens)
+            too_wide = (
+                self.limits.batch_tokens is not None
+                and (len(current) + 1) * widest > self.limits.batch_tokens
+            )
             if current and (too_many or too_wide):
                 batches.append(current)
                 current = []
@@ -285,8 +301,12 @@ class Engine:
         """Every pending scoring request, batched per scorer."""
         results: dict[int, np.ndarray] = {}
         for name in sorted({req.scorer for _, req in scoring}):
-            flat = [(n, i) for n, (_, req) in enumerate(scoring) if req.scorer == name
-                    for i in range(len(req.rows))]
+            flat = [
+                (n, i)
+                for n, (_, req) in enumerate(scoring)
+                if req.scorer == name
+                for i in range(len(req.rows))
+            ]
             for n, _ in flat:
                 results.setdefault(n, np.empty(len(scoring[n][1].rows)))
             lengths = [scoring[n][1].rows.tokens.shape[1] for n, _ in flat]
@@ -303,8 +323,9 @@ class Engine:
                 values = np.asarray(self.scorers[name].score(request), dtype=np.float64)
                 seconds = time.perf_counter() - start
                 if values.shape != (len(items),):
-                    raise ValueError(f"scorer {name!r} returned shape {values.shape} for "
-                                     f"{len(items)} rows")
+                    raise ValueError(
+                        f"scorer {name!r} returned shape {values.shape} for {len(items)} rows"
+                    )
                 for (n, i), value in zip(items, values, strict=True):
                     results[n][i] = value
                 self.ledger.record_forward(
@@ -344,28 +365,30 @@ class Engine:
             if chosen is not None and not 0 <= chosen < size:
                 raise ValueError(f"selector of {method.id!r} chose {chosen} of {size} candidates")
             self.ledger.check(problem.id, method.id, self._costs[method.id])
-            records.append({
-                "problem": problem.id,
-                "method": method.id,
-                "selected": chosen,
-                "answer": None if chosen is None else answers[chosen],
-                "correct": False if chosen is None else labels[chosen],
-                "ceiling": method.ceiling,
-                "candidates": [
-                    {
-                        "text": c.text,
-                        "answer": c.answer,
-                        "valid": c.answer_key is not None,
-                        "key": None if c.answer_key is None else str(c.answer_key),
-                        "correct": labels[c.index],
-                        "scores": c.scores,
-                        "weight": c.weight,
-                        "lineage": list(c.lineage),
-                    }
-                    for c in candidates
-                ],
-                "ledger": self.ledger.entry(problem.id, method.id),
-                "info": pool.info,
-            })
+            records.append(
+                {
+                    "problem": problem.id,
+                    "method": method.id,
+                    "selected": chosen,
+                    "answer": None if chosen is None else answers[chosen],
+                    "correct": False if chosen is None else labels[chosen],
+                    "ceiling": method.ceiling,
+                    "candidates": [
+                        {
+                            "text": c.text,
+                            "answer": c.answer,
+                            "valid": c.answer_key is not None,
+                            "key": None if c.answer_key is None else str(c.answer_key),
+                            "correct": labels[c.index],
+                            "scores": c.scores,
+                            "weight": c.weight,
+                            "lineage": list(c.lineage),
+                        }
+                        for c in candidates
+                    ],
+                    "ledger": self.ledger.entry(problem.id, method.id),
+                    "info": pool.info,
+                }
+            )
             self.ledger.release(problem.id, method.id)
         return records

@@ -29,9 +29,7 @@ class Ledger:
             for method in row_owners:
                 self._passes[problem_id, method][kind] += passes
 
-    def record_forward(
-        self, kind: str, rows: list[tuple[str, Owners]], seconds: float
-    ) -> None:
+    def record_forward(self, kind: str, rows: list[tuple[str, Owners]], seconds: float) -> None:
         """One batched physical forward over `rows` (problem id, owners) that took `seconds`."""
         self.physical_forwards[kind] += 1
         self.physical_seconds[kind] += seconds

@@ -115,15 +115,18 @@ def load_plugin_manager() -> tuple[pluggy.PluginManager, dict[int, Source]]:
         try:
             module = importlib.import_module(modname)
         except ImportError as exc:
-            raise PluginError(f"DLLMBENCH_PLUGIN_MODULES names {modname!r}, which does not "
-                              f"import: {exc}") from exc
+            raise PluginError(
+                f"DLLMBENCH_PLUGIN_MODULES names {modname!r}, which does not import: {exc}"
+            ) from exc
         if not pm.is_registered(module):
             pm.register(module, name=modname)
             sources[id(module)] = Source(f"module:{modname}", "local")
     return pm, sources
 
 
-def collect(pm: pluggy.PluginManager, sources: dict[int, Source]) -> dict[str, dict[str, PluginInfo]]:
+def collect(
+    pm: pluggy.PluginManager, sources: dict[int, Source]
+) -> dict[str, dict[str, PluginInfo]]:
     """Call every plugin's register hooks, one plugin at a time, so clashes name both sides."""
     found: dict[str, dict[str, PluginInfo]] = {kind: {} for kind in KINDS}
     for kind, hook_name in KINDS.items():

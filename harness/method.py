@@ -36,7 +36,7 @@ def _format_value(value: Any) -> str:
     return str(value)
 
 
-def _part(text: str) -> tuple[str, dict[str, Any]]:
+def parse_part(text: str) -> tuple[str, dict[str, Any]]:
     name, _, rest = text.strip().partition(":")
     if not name:
         raise UserError(f"method spec part {text!r} has no plugin name; e.g. independent:n=8")
@@ -62,10 +62,12 @@ class MethodSpec:
     def parse(cls, text: str) -> MethodSpec:
         parts = text.split("+")
         if len(parts) > 2:
-            raise UserError(f"method spec {text!r} has more than one '+'; "
-                            "write strategy[:k=v,...][+selector[:k=v,...]]")
-        strategy, sconf = _part(parts[0])
-        selector, selconf = _part(parts[1]) if len(parts) == 2 else ("first", {})
+            raise UserError(
+                f"method spec {text!r} has more than one '+'; "
+                "write strategy[:k=v,...][+selector[:k=v,...]]"
+            )
+        strategy, sconf = parse_part(parts[0])
+        selector, selconf = parse_part(parts[1]) if len(parts) == 2 else ("first", {})
         return cls(strategy, sconf, selector, selconf)
 
     def free_field(self) -> str | None:
@@ -78,15 +80,21 @@ class MethodSpec:
         key = self.free_field()
         if key is None:
             return self
-        return MethodSpec(self.strategy, {**self.strategy_config, key: size}, self.selector,
-                          dict(self.selector_config))
+        return MethodSpec(
+            self.strategy,
+            {**self.strategy_config, key: size},
+            self.selector,
+            dict(self.selector_config),
+        )
 
     def text(self) -> str:
         def fmt(name: str, config: dict[str, Any]) -> str:
             opts = ",".join(f"{k}={_format_value(v)}" for k, v in config.items())
             return f"{name}:{opts}" if opts else name
 
-        return f"{fmt(self.strategy, self.strategy_config)}+{fmt(self.selector, self.selector_config)}"
+        return (
+            f"{fmt(self.strategy, self.strategy_config)}+{fmt(self.selector, self.selector_config)}"
+        )
 
 
 @dataclass
@@ -100,11 +108,18 @@ class Method:
     family: str | None = None
 
     @classmethod
-    def build(cls, registry: Registry, spec: MethodSpec, label: str | None = None,
-              family: str | None = None) -> Method:
+    def build(
+        cls,
+        registry: Registry,
+        spec: MethodSpec,
+        label: str | None = None,
+        family: str | None = None,
+    ) -> Method:
         if spec.free_field() is not None:
-            raise UserError(f"method {spec.text()!r} has a free size '*'; give --budget to "
-                            "choose it or write a number")
+            raise UserError(
+                f"method {spec.text()!r} has a free size '*'; give --budget to "
+                "choose it or write a number"
+            )
         strategy = registry.strategy(spec.strategy, **spec.strategy_config)
         selector = registry.selector(spec.selector, **spec.selector_config)
         return cls(label or spec.text(), spec, strategy, selector, family)

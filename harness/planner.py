@@ -23,20 +23,30 @@ FAMILIES: tuple[Family, ...] = (
     Family("vanilla", "Vanilla", "independent:n=1+first"),
     Family("majority", "Majority@{n}", "independent:n=*+majority"),
     Family("orm_rerank", "ORM Rerank@{n}", "independent:n=*+argmax:scorer=orm"),
-    Family("weighted_majority", "Weighted Majority@{n}", "independent:n=*+weighted_majority:by=orm"),
+    Family(
+        "weighted_majority", "Weighted Majority@{n}", "independent:n=*+weighted_majority:by=orm"
+    ),
     Family("prm_rerank", "PRM Rerank@{n}", "independent:n=*+argmax:scorer=prm"),
     Family("random_rerank", "Random Rerank@{n}", "independent:n=*+random"),
     Family("prm_guided", "PRM Guided K={k} b={every}", "prm_guided:k=*,every=64+first"),
-    Family("top_m", "Top-{keep} Retention K={k} b={every}",
-           "prm_guided:k=*,every=64,keep=2+first"),
-    Family("prm_hybrid", "PRM Hybrid K={k} b={every} + Majority",
-           "prm_guided:k=*,every=64,final=keep+majority"),
-    Family("smc_vote", "SMC K={k} b={every} (weighted vote)",
-           "smc:k=*,every=64+weighted_majority:by=weight"),
+    Family("top_m", "Top-{keep} Retention K={k} b={every}", "prm_guided:k=*,every=64,keep=2+first"),
+    Family(
+        "prm_hybrid",
+        "PRM Hybrid K={k} b={every} + Majority",
+        "prm_guided:k=*,every=64,final=keep+majority",
+    ),
+    Family(
+        "smc_vote",
+        "SMC K={k} b={every} (weighted vote)",
+        "smc:k=*,every=64+weighted_majority:by=weight",
+    ),
     Family("smc_top", "SMC K={k} b={every} (top particle)", "smc:k=*,every=64+argmax:scorer=prm"),
     Family("oracle", "Oracle@{n}", "independent:n=*+oracle"),
-    Family("hybrid_oracle", "Oracle of PRM Hybrid K={k} b={every}",
-           "prm_guided:k=*,every=64,final=keep+oracle"),
+    Family(
+        "hybrid_oracle",
+        "Oracle of PRM Hybrid K={k} b={every}",
+        "prm_guided:k=*,every=64,final=keep+oracle",
+    ),
 )
 
 FAMILY_BY_NAME = {f.name: f for f in FAMILIES}
@@ -101,7 +111,9 @@ def _label(template: str, method: Method) -> str:
         return template
 
 
-def _try_build(registry: Registry, spec: MethodSpec, label: str, family: str | None) -> Method | None:
+def _try_build(
+    registry: Registry, spec: MethodSpec, label: str, family: str | None
+) -> Method | None:
     try:
         method = Method.build(registry, spec, family=family)
     except PluginError:
@@ -110,8 +122,14 @@ def _try_build(registry: Registry, spec: MethodSpec, label: str, family: str | N
     return method
 
 
-def fit(registry: Registry, spec: MethodSpec, label: str, family: str | None, budget: int,
-        total_steps: int) -> tuple[Method | None, int | None]:
+def fit(
+    registry: Registry,
+    spec: MethodSpec,
+    label: str,
+    family: str | None,
+    budget: int,
+    total_steps: int,
+) -> tuple[Method | None, int | None]:
     """The largest configuration of `spec` costing at most `budget`, and the smallest cost."""
     free = spec.free_field()
     if free is None:
@@ -156,13 +174,16 @@ def plan(
             label, name = entry, None
         else:
             known = ", ".join(FAMILY_BY_NAME)
-            raise UserError(f"unknown method {entry!r}; families: {known}; or a spec such as "
-                            "independent:n=8+majority")
+            raise UserError(
+                f"unknown method {entry!r}; families: {known}; or a spec such as "
+                "independent:n=8+majority"
+            )
         method, smallest = fit(registry, spec, label, name, budget, total_steps)
         if method is None:
             at_least = f"; needs a budget of at least {smallest}" if smallest else ""
-            result.left_out.append(LeftOut(entry, f"does not fit {budget} passes{at_least}",
-                                           smallest))
+            result.left_out.append(
+                LeftOut(entry, f"does not fit {budget} passes{at_least}", smallest)
+            )
             continue
         missing = sorted(method.scorers() - scorers) if scorers is not None else []
         if missing:

@@ -66,7 +66,9 @@ class Rows:
 
     @property
     def keys(self) -> tuple[int, ...]:
-        return tuple(row_key(self.seed, self.problem.id, self.stream, path) for path in self.lineage)
+        return tuple(
+            row_key(self.seed, self.problem.id, self.stream, path) for path in self.lineage
+        )
 
     def take(self, index: int | Sequence[int] | np.ndarray) -> Rows:
         """The rows at `index` (an int or a sequence), lineage unchanged."""
@@ -95,7 +97,7 @@ class Rows:
 
     def fork(self) -> Rows:
         """Give every row a fresh key: row i extends its lineage with i."""
-        return replace(self, lineage=tuple(path + (i,) for i, path in enumerate(self.lineage)))
+        return replace(self, lineage=tuple((*path, i) for i, path in enumerate(self.lineage)))
 
     def owned_by(self, owners: Sequence[Owners]) -> Rows:
         """The same rows charged to other owners."""
@@ -120,8 +122,9 @@ class Pool:
     def prefix(self, n: int) -> Pool:
         """The first n candidates (pools of prefix-shareable strategies nest)."""
         w = None if self.weights is None else self.weights[:n]
-        return Pool(self.rows.take(range(n)), {k: v[:n] for k, v in self.scores.items()}, w,
-                    dict(self.info))
+        return Pool(
+            self.rows.take(range(n)), {k: v[:n] for k, v in self.scores.items()}, w, dict(self.info)
+        )
 
 
 @dataclass(frozen=True)

@@ -61,8 +61,11 @@ class ToyBackbone:
         self.config = ToyBackboneConfig(**config)
 
     def encode(self, prompt: Prompt) -> list[int]:
-        text = prompt.text if prompt.text is not None else "\n".join(
-            m["content"] for m in prompt.messages)
+        text = (
+            prompt.text
+            if prompt.text is not None
+            else "\n".join(m["content"] for m in prompt.messages)
+        )
         return encode_text(text)
 
     def canvas(self, prompt_ids: Sequence[int], gen_length: int) -> torch.Tensor:
@@ -70,8 +73,9 @@ class ToyBackbone:
 
     def denoise_step(self, batch: StepBatch) -> list[torch.Tensor]:
         out = []
-        for tokens, plen, step, key in zip(batch.tokens, batch.prompt_lens, batch.steps,
-                                           batch.keys, strict=True):
+        for tokens, plen, step, key in zip(
+            batch.tokens, batch.prompt_lens, batch.steps, batch.keys, strict=True
+        ):
             tokens = tokens.clone()
             gen = torch_generator(key, step)
             masked = (tokens[plen:] == MASK).nonzero().flatten() + plen
@@ -116,7 +120,11 @@ class ToyScorer:
             target = torch.tensor(intended(tokens[:plen].tolist(), len(tokens) - plen))
             gen = tokens[plen:]
             committed = gen != MASK
-            share = float((gen[committed] == target[committed]).float().mean()) if committed.any() else 0.5
+            share = (
+                float((gen[committed] == target[committed]).float().mean())
+                if committed.any()
+                else 0.5
+            )
             digest = hashlib.blake2b(tokens.numpy().tobytes(), digest_size=8).digest()
             noise = np.random.default_rng(int.from_bytes(digest, "little")).normal()
             values.append(6.0 * (share - 0.5) + self.config.noise * noise)

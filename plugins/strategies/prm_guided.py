@@ -46,8 +46,10 @@ class PRMGuided:
 
     def cost(self, total_steps: int) -> dict[str, int]:
         c = self.config
-        return {"denoise": c.k * total_steps,
-                f"score:{c.scorer}": c.k * math.ceil(total_steps / c.every)}
+        return {
+            "denoise": c.k * total_steps,
+            f"score:{c.scorer}": c.k * math.ceil(total_steps / c.every),
+        }
 
     def pool_size(self) -> int:
         return self.config.k if self.config.final == "keep" else 1

@@ -48,8 +48,9 @@ def ess(log_w: np.ndarray) -> float:
     return float(1.0 / np.sum(w * w))
 
 
-def choose_beta(log_w: np.ndarray, log_h: np.ndarray, prev: np.ndarray, grid: np.ndarray,
-                target: float) -> float:
+def choose_beta(
+    log_w: np.ndarray, log_h: np.ndarray, prev: np.ndarray, grid: np.ndarray, target: float
+) -> float:
     """The largest β on the grid with ESS(w · h^β / prev) ≥ target (else the smallest)."""
     for beta in grid[::-1]:
         if ess(log_w + beta * log_h - prev) >= target:
@@ -78,8 +79,10 @@ class SMC:
 
     def cost(self, total_steps: int) -> dict[str, int]:
         c = self.config
-        return {"denoise": c.k * total_steps,
-                f"score:{c.scorer}": c.k * math.ceil(total_steps / c.every)}
+        return {
+            "denoise": c.k * total_steps,
+            f"score:{c.scorer}": c.k * math.ceil(total_steps / c.every),
+        }
 
     def pool_size(self) -> int:
         return self.config.k
@@ -105,8 +108,12 @@ class SMC:
             info["beta"].append(beta)
             info["ess"].append(round(ess(log_w), 6))
             if last:
-                return ops.pool(particles, scores={c.scorer: np.asarray(logits)},
-                                weights=np.exp(log_w), info=info)
+                return ops.pool(
+                    particles,
+                    scores={c.scorer: np.asarray(logits)},
+                    weights=np.exp(log_w),
+                    info=info,
+                )
             prev = beta * log_h
             resample = info["ess"][-1] < c.resample_below
             info["resampled"].append(resample)

@@ -1,0 +1,269 @@
+"""The command line: `dllmbench run | plan | plugins | tasks`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, NoReturn
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from dllmbench import __version__
+from dllmbench.engine import Limits, Sampling
+from dllmbench.errors import CostMismatch, UserError
+from dllmbench.leaderboard import rich_table
+from dllmbench.method import parse_part
+from dllmbench.planner import plan
+from dllmbench.registry import registry
+
+DEFAULT_SCORERS = ("prm", "orm")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"dllmbench: error: {message} (see '{self.prog} --help')\n")
+        raise SystemExit(2)
+
+
+def _scorers_arg(entries: list[str]) -> dict[str, tuple[str, dict[str, Any]]]:
+    """`--scorer prm` or `--scorer orm=toy:partial=false` → {run name: (plugin, config)}."""
+    out: dict[str, tuple[str, dict[str, Any]]] = {}
+    for entry in entries:
+        name, eq, plugin = entry.partition("=")
+        out[name.strip()] = parse_part(plugin if eq else name)
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="dllmbench",
+        description=(
+            "Compare test-time search strategies for diffusion LMs "
+            "at a matched forward-pass budget."
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"dllmbench {__version__}")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+
+    run = sub.add_parser("run", help="run methods on a task and print the leaderboard")
+    run.add_argument("--task", help="task[:option=value,...], e.g. gsm8k or toy_sum:size=20")
+    run.add_argument("--split", default="test")
+    run.add_argument("--backbone", help="backbone[:option=value,...], e.g. dream")
+    run.add_argument(
+        "--scorer",
+        action="append",
+        default=None,
+        metavar="NAME[=PLUGIN[:k=v,...]]",
+        help="a scorer under the name methods use (prm, orm); repeatable; "
+        "default: the plugins named prm and orm when installed",
+    )
+    run.add_argument("--budget", type=int, help="passes per problem each method may spend")
+    run.add_argument("--methods", help="comma-separated method families; default: all")
+    run.add_argument(
+        "--method",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="a method spec, e.g. independent:n=8+majority; repeatable",
+    )
+    run.add_argument("--reference", help="method the Δ column is paired against (default Vanilla)")
+    run.add_argument("--steps", type=int, default=128, help="denoising steps T")
+    run.add_argument("--gen-length", type=int, default=256, help="generated tokens per canvas")
+    run.add_argument("--prompt", default="chat", choices=["chat", "fewshot"])
+    run.add_argument("--limit", type=int, help="first N problems of the split")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--batch-rows", type=int, default=64, help="rows per forward")
+    run.add_argument("--batch-tokens", type=int, help="rows × canvas length per forward")
+    run.add_argument("--max-problems", type=int, default=32, help="problems in flight")
+    run.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples")
+    run.add_argument("--out", help="run directory (default runs/TASK-BACKBONE-bBUDGET-seedSEED)")
+    run.add_argument(
+        "--resume", action="store_true", help="require an existing run directory and continue it"
+    )
+    run.add_argument("--json", action="store_true", help="print results.json instead of a table")
+
+    p = sub.add_parser("plan", help="show the configuration each method family takes")
+    p.add_argument("--budget", type=int, required=True)
+    p.add_argument("--steps", type=int, default=128)
+    p.add_argument("--methods", help="comma-separated method families; default: all")
+    p.add_argument("--method", action="append", default=[], metavar="SPEC")
+    p.add_argument("--json", action="store_true")
+
+    pl = sub.add_parser("plugins", help="list every registered plugin")
+    pl.add_argument("--json", action="store_true")
+
+    t = sub.add_parser("tasks", help="list tasks with their splits and sizes")
+    t.add_argument("--json", action="store_true")
+    return parser
+
+
+def _methods_arg(args: argparse.Namespace) -> list[str] | None:
+    families = [m.strip() for m in (args.methods or "").split(",") if m.strip()]
+    return (families + list(args.method)) or None
+
+
+def cmd_plan(args: argparse.Namespace, console: Console) -> int:
+    result = plan(registry(), args.budget, args.steps, _methods_arg(args))
+    if args.json:
+        print(json.dumps(result.as_dict(), indent=2))
+        return 0
+    table = Table(title=f"Plan for a budget of {args.budget} passes per problem (T={args.steps})")
+    for col in ("method", "configuration", "passes", "share", ""):
+        table.add_column(col)
+    for p in result.methods:
+        table.add_row(
+            p.method.id,
+            p.method.spec.text(),
+            str(p.passes),
+            f"{100 * p.passes / args.budget:.1f}%",
+            "ceiling" if p.method.ceiling else "",
+        )
+    console.print(table)
+    for x in result.left_out:
+        console.print(f"left out: {x.family} — {x.reason}")
+    return 0
+
+
+def cmd_plugins(args: argparse.Namespace, console: Console) -> int:
+    infos = sorted(registry().all(), key=lambda i: (i.kind, i.name))
+    if args.json:
+        print(json.dumps([i.as_dict() for i in infos], indent=2))
+        return 0
+    table = Table(title="dllmbench plugins")
+    for col in ("kind", "name", "distribution", "version", "module"):
+        table.add_column(col)
+    for i in infos:
+        table.add_row(i.kind, i.name, i.distribution, i.version, i.module)
+    console.print(table)
+    return 0
+
+
+def cmd_tasks(args: argparse.Namespace, console: Console) -> int:
+    reg = registry()
+    rows = []
+    for name in reg.names("task"):
+        rows.append(
+            {
+                "name": name,
+                "distribution": reg.info("task", name).distribution,
+                "splits": reg.task(name).splits(),
+            }
+        )
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    table = Table(title="dllmbench tasks")
+    for col in ("task", "splits", "distribution"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(
+            r["name"], ", ".join(f"{k} ({v})" for k, v in r["splits"].items()), r["distribution"]
+        )
+    console.print(table)
+    return 0
+
+
+def cmd_run(args: argparse.Namespace, console: Console) -> int:
+    from dllmbench.runner import RunConfig, run
+
+    reg = registry()
+    if not args.task:
+        raise UserError(f"--task is required; tasks: {', '.join(reg.names('task')) or 'none'}")
+    if not args.backbone:
+        raise UserError(
+            f"--backbone is required; backbones: {', '.join(reg.names('backbone')) or 'none'}"
+        )
+    task, task_config = parse_part(args.task)
+    backbone, backbone_config = parse_part(args.backbone)
+    defaults = [s for s in DEFAULT_SCORERS if s in reg.names("scorer")]
+    scorers = _scorers_arg(args.scorer if args.scorer is not None else defaults)
+    if args.steps < 1 or args.gen_length < 1:
+        raise UserError("--steps and --gen-length must be >= 1")
+    try:
+        limits = Limits(args.batch_rows, args.batch_tokens, args.max_problems)
+    except ValueError as exc:
+        raise UserError(f"{exc}; e.g. --batch-rows 64 --max-problems 32") from exc
+    cfg = RunConfig(
+        task=task,
+        task_config=task_config,
+        backbone=backbone,
+        backbone_config=backbone_config,
+        scorers=scorers,
+        split=args.split,
+        limit=args.limit,
+        budget=args.budget,
+        methods=_methods_arg(args),
+        reference=args.reference,
+        sampling=Sampling(args.steps, args.gen_length, args.prompt, args.seed),
+        limits=limits,
+        resamples=args.resamples,
+        out=args.out,
+        command=sys.argv,
+    )
+    if args.resume and not (cfg.run_dir() / "manifest.json").exists():
+        raise UserError(f"--resume: {cfg.run_dir()} holds no run to resume; drop --resume")
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    )
+    bar: dict[str, Any] = {}
+
+    def on_start(total: int, done: int) -> None:
+        bar["id"] = progress.add_task(f"{cfg.task} × methods", total=total, completed=done)
+
+    with progress:
+        try:
+            outcome = run(cfg, on_record=lambda _r: progress.advance(bar["id"]), on_start=on_start)
+        except KeyboardInterrupt:
+            progress.stop()
+            sys.stderr.write(
+                f"dllmbench: interrupted; every finished record is kept in "
+                f"{cfg.run_dir()}; run the same command again to resume\n"
+            )
+            return 130
+    if args.json:
+        print(json.dumps(outcome.results, indent=2))
+        return 0
+    title = (
+        f"{cfg.task} · {cfg.backbone} · budget {outcome.plan.budget} passes/problem · "
+        f"{outcome.results['task']['problems']} problems"
+    )
+    console.print(rich_table(outcome.results, title))
+    for x in outcome.plan.left_out:
+        console.print(f"left out: {x.family} — {x.reason}")
+    note = f", {outcome.resumed} resumed" if outcome.resumed else ""
+    console.print(f"run directory: {outcome.path} ({outcome.written} records written{note})")
+    return 0
+
+
+COMMANDS = {"run": cmd_run, "plan": cmd_plan, "plugins": cmd_plugins, "tasks": cmd_tasks}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    console = Console()
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return COMMANDS[args.command](args, console)
+    except UserError as exc:
+        sys.stderr.write(f"dllmbench: error: {exc}\n")
+        return 2
+    except CostMismatch as exc:
+        sys.stderr.write(f"dllmbench: ledger check failed: {exc}\n")
+        return 3
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
