@@ -127,6 +127,8 @@ class Engine:
         self.limits = limits or Limits()
         self.ledger = ledger or Ledger()
         self._costs = {m.id: m.cost(sampling.total_steps) for m in methods}
+        if len(self._costs) != len(methods):
+            raise ValueError("two methods of a run share one id; give each a distinct label")
 
     # -- running -------------------------------------------------------------------------
     def run(

@@ -64,8 +64,13 @@ def headers(results: dict[str, Any]) -> list[str]:
 def rich_table(results: dict[str, Any], title: str = "") -> Table:
     table = Table(title=title or None, show_lines=False)
     for i, h in enumerate(headers(results)):
-        table.add_column(h, justify="left" if i < 2 else "right", no_wrap=i != 1,
-                         overflow="fold", ratio=1 if i == 1 else None)
+        table.add_column(
+            h,
+            justify="left" if i < 2 else "right",
+            no_wrap=i != 1,
+            overflow="fold",
+            ratio=1 if i == 1 else None,
+        )
     previous_ceiling = False
     for ceiling, cells in rows(results):
         if ceiling and not previous_ceiling:

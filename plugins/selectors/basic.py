@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -31,6 +32,7 @@ class Argmax:
     """Rerank: the candidate the named scorer rates highest."""
 
     Config = ArgmaxConfig
+    contract_configs: ClassVar[list[dict]] = [{"scorer": "orm"}, {"scorer": "prm"}]
     ceiling = False
 
     def __init__(self, **config):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 from scipy.special import expit
@@ -54,6 +55,7 @@ class WeightedMajority:
     """The valid answer with the largest summed weight."""
 
     Config = WeightedMajorityConfig
+    contract_configs: ClassVar[list[dict]] = [{"by": "orm"}, {"by": "weight"}]
     ceiling = False
 
     def __init__(self, **config):

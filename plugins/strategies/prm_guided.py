@@ -38,6 +38,12 @@ class PRMGuidedConfig:
 
 class PRMGuided:
     Config = PRMGuidedConfig
+    contract_configs: ClassVar[list[dict]] = [
+        {"k": 4, "every": 5},
+        {"k": 4, "every": 5, "keep": 2},
+        {"k": 4, "every": 5, "final": "keep"},
+        {"k": 3, "every": 64},
+    ]
     prefix_field: ClassVar[str | None] = None
 
     def __init__(self, **config):

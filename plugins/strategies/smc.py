@@ -69,6 +69,10 @@ def systematic(weights: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 class SMC:
     Config = SMCConfig
+    contract_configs: ClassVar[list[dict]] = [
+        {"k": 6, "every": 4, "ess_target": 2.0, "resample_below": 5.0},
+        {"k": 4, "every": 64},
+    ]
     prefix_field: ClassVar[str | None] = None
 
     def __init__(self, **config):
