@@ -251,7 +251,8 @@ COMMANDS = {"run": cmd_run, "plan": cmd_plan, "plugins": cmd_plugins, "tasks": c
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    console = Console()
+    # piped output (a file, a log) is not cut to 80 columns
+    console = Console() if sys.stdout.isatty() else Console(width=160)
     if args.command is None:
         parser.print_help()
         return 2

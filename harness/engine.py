@@ -348,6 +348,8 @@ class Engine:
         labels = [bool(self.task.grade(problem, a, t)) for a, t in zip(answers, texts, strict=True)]
         records = []
         for method, size in unit.members:
+            # a method sees only the scores it paid for, whatever else shares its pool
+            paid = set(method.selector.needs) | method.strategy.pool_scores()
             candidates = [
                 Candidate(
                     index=i,
@@ -355,7 +357,7 @@ class Engine:
                     answer=answers[i],
                     answer_key=keys[i],
                     lineage=rows.lineage[i],
-                    scores={s: float(v[i]) for s, v in pool.scores.items() if not np.isnan(v[i])},
+                    scores={s: float(v[i]) for s, v in pool.scores.items() if s in paid},
                     weight=None if pool.weights is None else float(pool.weights[i]),
                 )
                 for i in range(size)

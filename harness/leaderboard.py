@@ -9,13 +9,13 @@ from rich.table import Table
 COLUMNS = (
     "method",
     "configuration",
-    "passes/problem",
-    "share of budget",
-    "accuracy %",
+    "passes",
+    "share",
+    "acc %",
     "95% CI",
-    "Δ vs {ref} (95% CI)",
+    "Δ vs {ref} [95% CI]",
     "oracle %",
-    "unique answers",
+    "unique",
 )
 
 
@@ -62,24 +62,18 @@ def headers(results: dict[str, Any]) -> list[str]:
 
 
 def rich_table(results: dict[str, Any], title: str = "") -> Table:
-    table = Table(title=title or None, show_lines=False)
+    table = Table(title=title or None)
     for i, h in enumerate(headers(results)):
-        table.add_column(
-            h,
-            justify="left" if i < 2 else "right",
-            no_wrap=i != 1,
-            overflow="fold",
-            ratio=1 if i == 1 else None,
-        )
+        if i == 1:
+            table.add_column(h, min_width=16, max_width=40, overflow="fold")
+        else:
+            table.add_column(h, justify="left" if i == 0 else "right", no_wrap=True)
     previous_ceiling = False
     for ceiling, cells in rows(results):
-        if ceiling and not previous_ceiling:
-            table.add_section()
-            cells = cells[:]
-            cells[0] = f"{cells[0]} (ceiling)"
-        elif ceiling:
-            cells = cells[:]
-            cells[0] = f"{cells[0]} (ceiling)"
+        if ceiling:
+            if not previous_ceiling:
+                table.add_section()
+            cells = [f"{cells[0]} (ceiling)", *cells[1:]]
         table.add_row(*cells, style="dim" if ceiling else None)
         previous_ceiling = ceiling
     return table

@@ -1,0 +1,238 @@
+"""Unit tests of the built-in selectors (first, argmax, random, majority, weighted_majority,
+oracle), built through the registry as the harness builds them."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from dllmbench.errors import PluginError
+from dllmbench.registry import registry
+from dllmbench.types import Candidate
+
+
+def cands(
+    keys: list[object | None],
+    *,
+    orm: list[float] | None = None,
+    prm: list[float] | None = None,
+    weights: list[float | None] | None = None,
+) -> list[Candidate]:
+    """Candidates whose answer key is keys[i] (None: extraction failed)."""
+    out = []
+    for i, key in enumerate(keys):
+        scores = {}
+        if orm is not None:
+            scores["orm"] = orm[i]
+        if prm is not None:
+            scores["prm"] = prm[i]
+        out.append(
+            Candidate(
+                index=i,
+                text="" if key is None else f"answer {key}",
+                answer=None if key is None else str(key),
+                answer_key=key,
+                lineage=(i,),
+                scores=scores,
+                weight=None if weights is None else weights[i],
+            )
+        )
+    return out
+
+
+def select(name: str, candidates: list[Candidate], *, labels=None, seed: int = 0, **config):
+    selector = registry().selector(name, **config)
+    return selector.select(candidates, rng=np.random.default_rng(seed), labels=labels)
+
+
+# -- majority -----------------------------------------------------------------------------------
+
+
+def test_majority_is_plurality():
+    assert select("majority", cands([7, 4, 4, 9, 4, 7])) == 1
+    assert select("majority", cands([1, 2, 3, 3])) == 2
+
+
+def test_majority_returns_first_holder_of_the_winner():
+    assert select("majority", cands([9, 5, 8, 5, 5])) == 1
+
+
+def test_majority_invalid_never_votes():
+    # None is the most frequent "answer" but does not vote
+    assert select("majority", cands([None, None, None, 4, 7, 4])) == 3
+    assert select("majority", cands([None, None, 6])) == 2
+
+
+def test_majority_tie_goes_to_answer_appearing_first():
+    assert select("majority", cands([7, 4, 4, 7])) == 0
+    assert select("majority", cands([None, 3, 8, 8, 3])) == 1
+    assert select("majority", cands([2, 5, 9])) == 0
+
+
+def test_majority_all_invalid_or_empty_is_none():
+    assert select("majority", cands([None, None, None])) is None
+    assert select("majority", []) is None
+
+
+# -- weighted_majority --------------------------------------------------------------------------
+
+
+def test_weighted_majority_orm_differs_from_plain_majority():
+    keys = [5, 5, 9]
+    orm = [-3.0, -3.0, 4.0]  # sigmoid: 2 × 0.047 against 0.982
+    assert select("majority", cands(keys, orm=orm)) == 0
+    assert select("weighted_majority", cands(keys, orm=orm), by="orm") == 2
+
+
+def test_weighted_majority_orm_sums_sigmoids_not_raw_scores():
+    # sigmoid: 2 × 0.731 = 1.46 > 0.953 → answer 5; raw sums (2 < 3) or exp (5.4 < 20.1)
+    # would pick 9 instead.
+    keys = [5, 5, 9]
+    orm = [1.0, 1.0, 3.0]
+    assert select("weighted_majority", cands(keys, orm=orm), by="orm") == 0
+    # and flipping the margin flips the answer: 2 × sigmoid(−1) = 0.54 < sigmoid(3)
+    assert select("weighted_majority", cands(keys, orm=[-1.0, -1.0, 3.0]), by="orm") == 2
+
+
+def test_weighted_majority_reads_the_named_scorer():
+    keys = [5, 9]
+    c = cands(keys, orm=[5.0, -5.0], prm=[-5.0, 5.0])
+    assert select("weighted_majority", c, by="orm") == 0
+    assert select("weighted_majority", c, by="prm") == 1
+
+
+def test_weighted_majority_invalid_never_votes():
+    c = cands([None, 3, 4], orm=[50.0, -1.0, -2.0])
+    assert select("weighted_majority", c, by="orm") == 1
+    assert select("weighted_majority", cands([None, None], orm=[1.0, 2.0]), by="orm") is None
+
+
+def test_weighted_majority_tie_goes_to_answer_appearing_first():
+    c = cands([8, 3, 3, 8], orm=[0.0, 0.0, 0.0, 0.0])
+    assert select("weighted_majority", c, by="orm") == 0
+
+
+def test_weighted_majority_by_weight_uses_candidate_weights():
+    keys = [5, 5, 9]
+    assert select("weighted_majority", cands(keys, weights=[0.2, 0.2, 0.6]), by="weight") == 2
+    assert select("weighted_majority", cands(keys, weights=[0.3, 0.3, 0.4]), by="weight") == 0
+    # weights of invalid candidates are not counted
+    c = cands([None, 1, 2], weights=[0.9, 0.04, 0.06])
+    assert select("weighted_majority", c, by="weight") == 2
+
+
+def test_weighted_majority_by_weight_without_weights_raises():
+    with pytest.raises(ValueError):
+        select("weighted_majority", cands([1, 2, 3]), by="weight")
+    with pytest.raises(ValueError):
+        select("weighted_majority", cands([1, 2], weights=[0.5, None]), by="weight")
+
+
+# -- argmax, first, random ----------------------------------------------------------------------
+
+
+def test_argmax_picks_highest_score_of_its_scorer():
+    c = cands([1, 2, 3, 4], orm=[0.3, -1.0, 2.5, 0.0], prm=[0.1, 0.9, -0.4, 0.2])
+    assert select("argmax", c, scorer="orm") == 2
+    assert select("argmax", c, scorer="prm") == 1
+    assert select("argmax", c) == 2  # default scorer: orm
+
+
+def test_argmax_ignores_validity():
+    c = cands([None, 2], prm=[3.0, 1.0])
+    assert select("argmax", c, scorer="prm") == 0
+
+
+def test_argmax_ties_go_to_lowest_index():
+    c = cands([1, 2, 3, 4], prm=[0.1, 0.9, 0.9, 0.9])
+    assert select("argmax", c, scorer="prm") == 1
+
+
+def test_argmax_nan_raises():
+    c = cands([1, 2, 3], prm=[0.1, math.nan, 0.3])
+    with pytest.raises(ValueError):
+        select("argmax", c, scorer="prm")
+
+
+def test_argmax_empty_is_none():
+    assert select("argmax", [], scorer="prm") is None
+
+
+def test_first_returns_zero_and_none_when_empty():
+    assert select("first", cands([None, 3, 3])) == 0
+    assert select("first", cands([8])) == 0
+    assert select("first", []) is None
+
+
+def test_random_uses_the_given_rng():
+    c = cands([1, 2, 3, 4, 5])
+    picks = [select("random", c, seed=s) for s in range(200)]
+    assert all(isinstance(p, int) and 0 <= p < 5 for p in picks)
+    assert set(picks) == set(range(5))
+    assert picks == [select("random", c, seed=s) for s in range(200)]
+    # two generators in the same state give the same pick; one selector, consecutive draws,
+    # read the generator's state rather than a fixed seed of their own
+    selector = registry().selector("random")
+    rng = np.random.default_rng(99)
+    draws = [selector.select(c, rng=rng) for _ in range(50)]
+    assert len(set(draws)) > 1
+    rng = np.random.default_rng(99)
+    assert draws == [selector.select(c, rng=rng) for _ in range(50)]
+
+
+def test_random_empty_is_none():
+    assert select("random", []) is None
+
+
+# -- oracle -------------------------------------------------------------------------------------
+
+
+def test_oracle_is_a_ceiling_and_picks_first_correct():
+    assert registry().selector("oracle").ceiling is True
+    c = cands([1, 2, 3, 4])
+    assert select("oracle", c, labels=[False, False, True, True]) == 2
+    assert select("oracle", c, labels=[True, False, False, True]) == 0
+
+
+def test_oracle_without_a_correct_candidate_picks_a_wrong_one():
+    labels = [False, False, False]
+    chosen = select("oracle", cands([1, 2, 3]), labels=labels)
+    assert chosen is None or (0 <= chosen < 3 and labels[chosen] is False)
+
+
+def test_oracle_needs_labels():
+    with pytest.raises(ValueError):
+        select("oracle", cands([1, 2]))
+
+
+# -- declarations and configuration -------------------------------------------------------------
+
+
+def test_selector_needs():
+    reg = registry()
+    assert reg.selector("argmax", scorer="prm").needs == ("prm",)
+    assert reg.selector("argmax").needs == ("orm",)
+    assert reg.selector("weighted_majority", by="weight").needs == ()
+    assert reg.selector("weighted_majority", by="orm").needs == ("orm",)
+    for name in ("first", "random", "majority", "oracle"):
+        assert reg.selector(name).needs == (), name
+
+
+def test_only_oracle_is_a_ceiling():
+    reg = registry()
+    for name in ("first", "random", "majority", "argmax", "weighted_majority"):
+        assert reg.selector(name).ceiling is False, name
+
+
+def test_unknown_option_raises_plugin_error():
+    with pytest.raises(PluginError, match="foo"):
+        registry().selector("argmax", foo=1)
+    with pytest.raises(PluginError):
+        registry().selector("majority", by="orm")
+
+
+def test_unknown_selector_raises_plugin_error():
+    with pytest.raises(PluginError, match="no_such_selector"):
+        registry().selector("no_such_selector")
