@@ -1,0 +1,415 @@
+"""SMC: its numerical pieces (ESS, tempering, systematic resampling) and, end to end through
+the engine on the toy doubles, the weight recursion of PROTOCOL.md."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import Counter, defaultdict
+
+import numpy as np
+import pytest
+from scipy.special import expit
+
+from dllmbench.engine import Engine, Sampling
+from dllmbench.errors import PluginError
+from dllmbench.interfaces import ScoreBatch
+from dllmbench.method import Method, MethodSpec
+from dllmbench.plugins.strategies.smc import choose_beta, ess, systematic
+from dllmbench.registry import registry
+from dllmbench.testing.doubles import MASK, ToyBackbone, ToySum
+
+GRID = np.round(np.linspace(0.0, 1.0, 21), 10)  # {0, 0.05, ..., 1}, as SMC builds it
+
+
+def ess_by_hand(log_w: np.ndarray) -> float:
+    w = np.exp(log_w - log_w.max())
+    w /= w.sum()
+    return 1.0 / float(np.sum(w**2))
+
+
+# -- ess ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [1, 4, 8, 32])
+def test_ess_uniform_is_k(k):
+    assert ess(np.zeros(k)) == pytest.approx(k)
+    assert ess(np.full(k, -math.log(k))) == pytest.approx(k)
+
+
+def test_ess_one_hot_is_one():
+    assert ess(np.array([0.0, -np.inf, -np.inf, -np.inf])) == pytest.approx(1.0)
+    assert ess(np.array([-2000.0, -2000.0, 0.0, -2000.0])) == pytest.approx(1.0)
+
+
+def test_ess_two_equal_of_four_is_two():
+    assert ess(np.log(np.array([0.5, 0.5, 1e-300, 1e-300]))) == pytest.approx(2.0)
+
+
+def test_ess_matches_definition_and_ignores_constant_shift():
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        log_w = rng.normal(0, 2, size=8)
+        value = ess(log_w)
+        assert value == pytest.approx(ess_by_hand(log_w))
+        assert 1.0 <= value <= 8.0
+        for shift in (-500.0, 3.7, 800.0):
+            assert ess(log_w + shift) == pytest.approx(value, rel=1e-9)
+
+
+# -- choose_beta --------------------------------------------------------------------------------
+
+
+def brute_beta(log_w, log_h, prev, target):
+    ok = [b for b in GRID if ess_by_hand(log_w + b * log_h - prev) >= target]
+    return float(max(ok)) if ok else float(GRID[0])
+
+
+def test_choose_beta_is_largest_grid_value_meeting_target():
+    rng = np.random.default_rng(1)
+    seen = set()
+    for trial in range(300):
+        k = 8
+        log_w = rng.normal(0, 1, size=k) if trial % 2 else np.full(k, -math.log(k))
+        log_h = np.log(np.clip(expit(rng.normal(0, rng.uniform(0.5, 8), size=k)), 1e-6, 1 - 1e-6))
+        prev = rng.uniform(0, 1) * np.log(expit(rng.normal(0, 3, size=k))) if trial % 3 else 0
+        target = float(rng.choice([2.0, 4.0, 6.0]))
+        beta = choose_beta(log_w, log_h, prev + np.zeros(k), GRID, target)
+        assert beta == brute_beta(log_w, log_h, prev, target)
+        assert beta in GRID
+        seen.add(beta)
+    # the random cases reach the ends of the grid and values in between
+    assert 0.0 in seen and 1.0 in seen and len(seen) > 5
+
+
+def test_choose_beta_not_fooled_by_non_monotone_ess():
+    # the incremental weight h^β / prev is flat exactly at β = 1: ESS is K there and near 1
+    # below it, so a search that stops at the first failure from β = 0 up would miss it.
+    k = 8
+    prev = np.log(np.array([1e-4] + [0.99] * (k - 1)))
+    log_h = prev.copy()
+    log_w = np.full(k, -math.log(k))
+    assert ess_by_hand(log_w - prev) < 2
+    assert ess_by_hand(log_w + 0.5 * log_h - prev) < 2
+    assert choose_beta(log_w, log_h, prev, GRID, 4.0) == 1.0
+
+
+def test_choose_beta_falls_back_to_zero_when_nothing_qualifies():
+    # with a nonzero prev, even β = 0 leaves weights far from uniform
+    k = 8
+    log_w = np.full(k, -math.log(k))
+    prev = np.log(np.array([1e-5] + [0.9] * (k - 1)))
+    log_h = np.log(np.array([0.9] + [0.1] * (k - 1)))
+    assert all(ess_by_hand(log_w + b * log_h - prev) < 4 for b in GRID)
+    assert choose_beta(log_w, log_h, prev, GRID, 4.0) == 0.0
+
+
+def test_choose_beta_first_checkpoint():
+    k = 8
+    uniform = np.full(k, -math.log(k))
+    # equal h: every β keeps ESS = K, so the untempered β = 1 is chosen
+    assert choose_beta(uniform, np.full(k, math.log(0.3)), np.zeros(k), GRID, 4.0) == 1.0
+    # one sure particle among hopeless ones: β stops where the next grid step drops ESS < 4
+    log_h = np.log(np.array([1 - 1e-6] + [1e-6] * (k - 1)))
+    beta = choose_beta(uniform, log_h, np.zeros(k), GRID, 4.0)
+    assert 0.0 < beta < 1.0
+    assert ess_by_hand(uniform + beta * log_h) >= 4.0
+    assert ess_by_hand(uniform + (beta + 0.05) * log_h) < 4.0
+
+
+# -- systematic ---------------------------------------------------------------------------------
+
+
+def test_systematic_counts_within_one_of_expectation():
+    rng = np.random.default_rng(2)
+    for trial in range(300):
+        k = int(rng.integers(1, 33))
+        w = rng.dirichlet(np.full(k, rng.choice([0.1, 1.0, 10.0])))
+        idx = systematic(w, np.random.default_rng(trial))
+        assert idx.shape == (k,)
+        assert idx.min() >= 0 and idx.max() < k
+        assert np.all(np.diff(idx) >= 0)  # sorted
+        counts = np.bincount(idx, minlength=k)
+        assert np.all(np.abs(counts - k * w) < 1.0 + 1e-9)
+
+
+def test_systematic_same_seed_same_result():
+    w = np.random.default_rng(3).dirichlet(np.ones(8))
+    first = systematic(w, np.random.default_rng(11))
+    np.testing.assert_array_equal(first, systematic(w, np.random.default_rng(11)))
+    outcomes = {tuple(systematic(w, np.random.default_rng(s))) for s in range(50)}
+    assert len(outcomes) > 1  # the offset does come from the generator
+
+
+def test_systematic_one_hot_and_uniform():
+    for j in range(6):
+        w = np.zeros(6)
+        w[j] = 1.0
+        for s in range(10):
+            np.testing.assert_array_equal(systematic(w, np.random.default_rng(s)), [j] * 6)
+    for s in range(10):
+        np.testing.assert_array_equal(
+            systematic(np.full(5, 0.2), np.random.default_rng(s)), range(5)
+        )
+
+
+# -- configuration and cost ---------------------------------------------------------------------
+
+
+def test_smc_cost_counts_checkpoints():
+    reg = registry()
+    assert reg.strategy("smc", k=8, every=6).cost(12) == {"denoise": 96, "score:prm": 16}
+    assert reg.strategy("smc", k=8, every=5).cost(12) == {"denoise": 96, "score:prm": 24}
+    assert reg.strategy("smc", k=8, every=64).cost(128) == {"denoise": 1024, "score:prm": 16}
+
+
+@pytest.mark.parametrize(
+    "config", [{"k": 0}, {"every": 0}, {"beta_step": 0.0}, {"clip": 0.5}, {"foo": 1}]
+)
+def test_smc_bad_config_raises_plugin_error(config):
+    with pytest.raises(PluginError):
+        registry().strategy("smc", **config)
+
+
+# -- end to end through the engine --------------------------------------------------------------
+
+K, T, EVERY, STEP1 = 8, 12, 6, 6
+CLIP = 1e-6
+
+
+def text_logit(text: str, step: int, scale: float, offset: float) -> float:
+    """A deterministic logit of (generated text, step): uniform in offset ± scale."""
+    digest = hashlib.blake2b(f"{text}|{step}".encode(), digest_size=8).digest()
+    u = int.from_bytes(digest, "little") / 2**64
+    return offset + scale * (2 * u - 1)
+
+
+class ScriptedPRM:
+    """A process scorer whose logit is a function of the decoded canvas and its step.
+
+    It logs every row it scores, by (prompt, step), in the order it was asked.
+    """
+
+    reads_partial = True
+
+    def __init__(self, scale: float, offset: float = 0.0):
+        self.scale, self.offset = scale, offset
+        self.backbone = ToyBackbone()
+        self.log: dict[tuple[str, int], list[tuple[str, float, int]]] = defaultdict(list)
+
+    def score(self, batch: ScoreBatch) -> np.ndarray:
+        out = []
+        for tokens, plen, step in zip(batch.tokens, batch.prompt_lens, batch.steps, strict=True):
+            prompt = self.backbone.decode(tokens[:plen], 0)
+            text = self.backbone.decode(tokens, plen)
+            masks = int((tokens[plen:] == MASK).sum())
+            value = text_logit(text, step, self.scale, self.offset)
+            self.log[prompt, step].append((text, value, masks))
+            out.append(value)
+        return np.asarray(out)
+
+
+def log_h(logits) -> np.ndarray:
+    return np.log(np.clip(expit(np.asarray(logits, np.float64)), CLIP, 1 - CLIP))
+
+
+def run_smc(scorer: ScriptedPRM, problems: int = 3):
+    reg = registry()
+    config = {"k": K, "every": EVERY}
+    methods = [
+        Method.build(reg, MethodSpec("smc", config, "first", {}), label="smc-first"),
+        Method.build(reg, MethodSpec("smc", config, "argmax", {"scorer": "prm"}), label="top"),
+        Method.build(reg, MethodSpec("smc", config, "weighted_majority", {"by": "weight"})),
+    ]
+    task = ToySum(size=problems)
+    engine = Engine(
+        backbone=ToyBackbone(),
+        scorers={"prm": scorer},
+        task=task,
+        methods=methods,
+        sampling=Sampling(total_steps=T, gen_length=5, prompt_style="fewshot", seed=0),
+    )
+    prompts = {p.id: f"question: {p.question}" for p in task.problems("test")}
+    return engine.run(task.problems("test")), prompts, [m.id for m in methods]
+
+
+@pytest.fixture(scope="module")
+def flat_run():
+    """Logits within 0 ± 0.05: weights stay near uniform, so SMC never resamples."""
+    scorer = ScriptedPRM(scale=0.05)
+    records, prompts, ids = run_smc(scorer)
+    return records, prompts, ids, scorer
+
+
+@pytest.fixture(scope="module")
+def sharp_run():
+    """Logits within 0 ± 12: weights collapse, so SMC tempers and resamples."""
+    scorer = ScriptedPRM(scale=12.0)
+    records, prompts, ids = run_smc(scorer, problems=4)
+    return records, prompts, ids, scorer
+
+
+@pytest.fixture(params=["flat", "sharp"])
+def smc_run(request, flat_run, sharp_run):
+    return flat_run if request.param == "flat" else sharp_run
+
+
+def test_records_shape_info_and_ledger(smc_run):
+    records, prompts, ids, _ = smc_run
+    assert len(records) == len(prompts) * len(ids)
+    for rec in records:
+        assert len(rec["candidates"]) == K
+        weights = np.array([c["weight"] for c in rec["candidates"]])
+        assert np.all(weights > 0)
+        assert weights.sum() == pytest.approx(1.0, abs=1e-9)
+        info = rec["info"]
+        assert len(info["beta"]) == 2 and info["beta"][-1] == 1.0
+        assert info["beta"][0] in GRID
+        assert len(info["ess"]) == 2 and len(info["resampled"]) == 1
+        assert rec["ledger"]["passes"] == {"denoise": K * T, "score:prm": K * 2}
+        for c in rec["candidates"]:
+            assert set(c["scores"]) == {"prm"}
+            assert len(c["lineage"]) == 3
+
+
+def test_every_checkpoint_scored_all_particles(smc_run):
+    _, prompts, _, scorer = smc_run
+    for prompt in prompts.values():
+        # three methods, each scoring K particles at both checkpoints; nothing else
+        assert len(scorer.log[prompt, STEP1]) == 3 * K
+        assert len(scorer.log[prompt, T]) == 3 * K
+    assert set(step for _, step in scorer.log) == {STEP1, T}
+
+
+def test_methods_share_one_pool_per_problem(smc_run):
+    records, _, ids, _ = smc_run
+    by_problem = defaultdict(dict)
+    for rec in records:
+        by_problem[rec["problem"]][rec["method"]] = rec
+    for recs in by_problem.values():
+        pools = [
+            [(c["text"], c["weight"], c["lineage"]) for c in recs[i]["candidates"]] for i in ids
+        ]
+        assert pools[0] == pools[1] == pools[2]
+
+
+def test_final_scores_are_the_scorer_on_final_canvases(smc_run):
+    records, _, _, scorer = smc_run
+    for rec in records:
+        for c in rec["candidates"]:
+            expected = text_logit(c["text"], T, scorer.scale, scorer.offset)
+            assert c["scores"]["prm"] == pytest.approx(expected, abs=1e-12)
+
+
+def _checkpoint_one(scorer: ScriptedPRM, prompt: str) -> list[float]:
+    """The K logits of the first checkpoint, in particle order (one method's share)."""
+    logged = scorer.log[prompt, STEP1]
+    rows = logged[:K]
+    assert logged == rows * 3  # the three methods draw the same particles (common noise)
+    # the toy backbone commits all 5 positions within the first 5 steps, so a particle's
+    # canvas at step 6 is already final: its descendants end with the same text
+    assert all(masks == 0 for _, _, masks in rows)
+    return [value for _, value, _ in rows]
+
+
+def test_tempering_and_resampling_decisions(smc_run):
+    records, prompts, _, scorer = smc_run
+    for rec in records:
+        h1 = log_h(_checkpoint_one(scorer, prompts[rec["problem"]]))
+        beta, ess_values = rec["info"]["beta"], rec["info"]["ess"]
+        uniform = np.full(K, -math.log(K))
+        assert beta[0] == brute_beta(uniform, h1, np.zeros(K), 4.0)
+        assert ess_values[0] == pytest.approx(ess_by_hand(beta[0] * h1), abs=1e-5)
+        assert ess_values[0] >= 4.0 - 1e-6
+        assert rec["info"]["resampled"][0] == (ess_values[0] < 6.0)
+        weights = np.array([c["weight"] for c in rec["candidates"]])
+        assert ess_values[1] == pytest.approx(1.0 / np.sum(weights**2), abs=1e-5)
+
+
+def test_terminal_weights_follow_the_recursion(smc_run):
+    """w ∝ w_prev · h_final / h_prev[ancestor]^β, with w_prev uniform after resampling."""
+    records, prompts, _, scorer = smc_run
+    for rec in records:
+        h1_all = log_h(_checkpoint_one(scorer, prompts[rec["problem"]]))
+        beta1 = rec["info"]["beta"][0]
+        cands = rec["candidates"]
+        ancestors = np.array([c["lineage"][1] for c in cands])
+        h1_anc = h1_all[ancestors]
+        # the ancestor's logit at step 6 is also the scorer on the particle's own final text
+        np.testing.assert_allclose(
+            h1_anc,
+            log_h([text_logit(c["text"], STEP1, scorer.scale, scorer.offset) for c in cands]),
+        )
+        if rec["info"]["resampled"][0]:
+            log_w_prev = np.full(K, -math.log(K))
+        else:
+            log_w_prev = beta1 * h1_all - np.log(np.sum(np.exp(beta1 * h1_all)))
+        h_final = log_h([c["scores"]["prm"] for c in cands])
+        log_w = log_w_prev + h_final - beta1 * h1_anc
+        expected = np.exp(log_w - log_w.max())
+        expected /= expected.sum()
+        weights = np.array([c["weight"] for c in cands])
+        np.testing.assert_allclose(weights, expected, rtol=1e-9, atol=1e-12)
+
+
+def test_lineage_reflects_resampling(smc_run):
+    records, prompts, _, scorer = smc_run
+    for rec in records:
+        lineage = [tuple(c["lineage"]) for c in rec["candidates"]]
+        assert [path[-1] for path in lineage] == list(range(K))  # fork: fresh keys
+        assert all(path[0] == 0 for path in lineage)
+        ancestors = [path[1] for path in lineage]
+        if not rec["info"]["resampled"][0]:
+            assert ancestors == list(range(K))
+            assert len({path[:-1] for path in lineage}) == K
+            continue
+        assert ancestors == sorted(ancestors)
+        h1 = log_h(_checkpoint_one(scorer, prompts[rec["problem"]]))
+        w1 = np.exp(rec["info"]["beta"][0] * h1)
+        w1 /= w1.sum()
+        counts = np.bincount(ancestors, minlength=K)
+        assert np.all(np.abs(counts - K * w1) < 1.0 + 1e-9)
+        if K * w1.max() >= 2.0:
+            assert len({path[:-1] for path in lineage}) < K  # some ancestor repeats
+
+
+def test_flat_run_never_resamples(flat_run):
+    records = flat_run[0]
+    assert all(rec["info"]["resampled"] == [False] for rec in records)
+    assert all(rec["info"]["beta"] == [1.0, 1.0] for rec in records)
+
+
+def test_sharp_run_resamples_with_shared_ancestors(sharp_run):
+    records = sharp_run[0]
+    resampled = [rec for rec in records if rec["info"]["resampled"][0]]
+    assert resampled, "the sharp scorer should force at least one resampling"
+    assert any(rec["info"]["beta"][0] < 1.0 for rec in resampled)
+    shared = [
+        rec
+        for rec in resampled
+        if max(Counter(c["lineage"][1] for c in rec["candidates"]).values()) > 1
+    ]
+    assert shared, "a collapsed weight vector should duplicate some ancestor"
+
+
+def test_readouts(smc_run):
+    records, _, _, _ = smc_run
+    for rec in records:
+        cands = rec["candidates"]
+        if rec["method"] == "smc-first":
+            assert rec["selected"] == 0
+        elif rec["method"] == "top":
+            logits = [c["scores"]["prm"] for c in cands]
+            assert rec["selected"] == int(np.argmax(logits))
+            assert rec["correct"] == cands[rec["selected"]]["correct"]
+        else:
+            totals: dict[str, float] = defaultdict(float)
+            for c in cands:
+                if c["valid"]:
+                    totals[c["key"]] += c["weight"]
+            if not totals:
+                assert rec["selected"] is None and rec["correct"] is False
+                continue
+            best = max(totals.values())
+            winner = next(c["key"] for c in cands if c["valid"] and totals[c["key"]] == best)
+            assert rec["selected"] == next(i for i, c in enumerate(cands) if c["key"] == winner)
