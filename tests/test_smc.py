@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import Counter, defaultdict
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -213,13 +214,19 @@ def log_h(logits) -> np.ndarray:
     return np.log(np.clip(expit(np.asarray(logits, np.float64)), CLIP, 1 - CLIP))
 
 
-def run_smc(scorer: ScriptedPRM, problems: int = 3):
+METHODS = {
+    "smc-first": ("first", {}),
+    "top": ("argmax", {"scorer": "prm"}),
+    "vote": ("weighted_majority", {"by": "weight"}),
+}
+
+
+def run_smc(scorer: ScriptedPRM, labels: list[str], problems: int) -> list[dict]:
     reg = registry()
     config = {"k": K, "every": EVERY}
     methods = [
-        Method.build(reg, MethodSpec("smc", config, "first", {}), label="smc-first"),
-        Method.build(reg, MethodSpec("smc", config, "argmax", {"scorer": "prm"}), label="top"),
-        Method.build(reg, MethodSpec("smc", config, "weighted_majority", {"by": "weight"})),
+        Method.build(reg, MethodSpec("smc", config, *METHODS[label]), label=label)
+        for label in labels
     ]
     task = ToySum(size=problems)
     engine = Engine(
@@ -229,34 +236,48 @@ def run_smc(scorer: ScriptedPRM, problems: int = 3):
         methods=methods,
         sampling=Sampling(total_steps=T, gen_length=5, prompt_style="fewshot", seed=0),
     )
-    prompts = {p.id: f"question: {p.question}" for p in task.problems("test")}
-    return engine.run(task.problems("test")), prompts, [m.id for m in methods]
+    return engine.run(task.problems("test"))
+
+
+@dataclass
+class Run:
+    records: list[dict]  # the three methods of METHODS, run together
+    solo: list[dict]  # "top" run alone, with its own scorer...
+    scorer: ScriptedPRM  # ...whose log holds exactly that run's scoring calls
+    prompts: dict[str, str]  # problem id → prompt text
+
+
+def make_run(scale: float, problems: int) -> Run:
+    records = run_smc(ScriptedPRM(scale), list(METHODS), problems)
+    scorer = ScriptedPRM(scale)
+    solo = run_smc(scorer, ["top"], problems)
+    prompts = {p.id: f"question: {p.question}" for p in ToySum(size=problems).problems("test")}
+    return Run(records, solo, scorer, prompts)
 
 
 @pytest.fixture(scope="module")
-def flat_run():
+def flat_run() -> Run:
     """Logits within 0 ± 0.05: weights stay near uniform, so SMC never resamples."""
-    scorer = ScriptedPRM(scale=0.05)
-    records, prompts, ids = run_smc(scorer)
-    return records, prompts, ids, scorer
+    return make_run(0.05, problems=3)
 
 
 @pytest.fixture(scope="module")
-def sharp_run():
+def sharp_run() -> Run:
     """Logits within 0 ± 12: weights collapse, so SMC tempers and resamples."""
-    scorer = ScriptedPRM(scale=12.0)
-    records, prompts, ids = run_smc(scorer, problems=4)
-    return records, prompts, ids, scorer
+    return make_run(12.0, problems=4)
 
 
 @pytest.fixture(params=["flat", "sharp"])
-def smc_run(request, flat_run, sharp_run):
+def smc_run(request, flat_run, sharp_run) -> Run:
     return flat_run if request.param == "flat" else sharp_run
 
 
 def test_records_shape_info_and_ledger(smc_run):
-    records, prompts, ids, _ = smc_run
-    assert len(records) == len(prompts) * len(ids)
+    records = smc_run.records
+    assert len(records) == len(smc_run.prompts) * len(METHODS)
+    assert {(r["problem"], r["method"]) for r in records} == {
+        (pid, m) for pid in smc_run.prompts for m in METHODS
+    }
     for rec in records:
         assert len(rec["candidates"]) == K
         weights = np.array([c["weight"] for c in rec["candidates"]])
@@ -273,49 +294,51 @@ def test_records_shape_info_and_ledger(smc_run):
 
 
 def test_every_checkpoint_scored_all_particles(smc_run):
-    _, prompts, _, scorer = smc_run
-    for prompt in prompts.values():
-        # three methods, each scoring K particles at both checkpoints; nothing else
-        assert len(scorer.log[prompt, STEP1]) == 3 * K
-        assert len(scorer.log[prompt, T]) == 3 * K
-    assert set(step for _, step in scorer.log) == {STEP1, T}
+    for prompt in smc_run.prompts.values():
+        assert len(smc_run.scorer.log[prompt, STEP1]) == K
+        assert len(smc_run.scorer.log[prompt, T]) == K
+    assert {step for _, step in smc_run.scorer.log} == {STEP1, T}
+
+
+def _pool(rec: dict) -> list[tuple]:
+    return [(c["text"], c["weight"], c["lineage"], c["scores"]) for c in rec["candidates"]]
 
 
 def test_methods_share_one_pool_per_problem(smc_run):
-    records, _, ids, _ = smc_run
-    by_problem = defaultdict(dict)
-    for rec in records:
-        by_problem[rec["problem"]][rec["method"]] = rec
-    for recs in by_problem.values():
-        pools = [
-            [(c["text"], c["weight"], c["lineage"]) for c in recs[i]["candidates"]] for i in ids
-        ]
-        assert pools[0] == pools[1] == pools[2]
+    """Common random numbers: the same particles whatever the selector or the company."""
+    pools = defaultdict(list)
+    for rec in smc_run.records + smc_run.solo:
+        pools[rec["problem"]].append((_pool(rec), rec["info"]))
+    for entries in pools.values():
+        assert len(entries) == len(METHODS) + 1
+        assert all(entry == entries[0] for entry in entries)
 
 
 def test_final_scores_are_the_scorer_on_final_canvases(smc_run):
-    records, _, _, scorer = smc_run
-    for rec in records:
+    for rec in smc_run.records:
         for c in rec["candidates"]:
-            expected = text_logit(c["text"], T, scorer.scale, scorer.offset)
+            expected = text_logit(c["text"], T, smc_run.scorer.scale, smc_run.scorer.offset)
             assert c["scores"]["prm"] == pytest.approx(expected, abs=1e-12)
 
 
-def _checkpoint_one(scorer: ScriptedPRM, prompt: str) -> list[float]:
-    """The K logits of the first checkpoint, in particle order (one method's share)."""
-    logged = scorer.log[prompt, STEP1]
-    rows = logged[:K]
-    assert logged == rows * 3  # the three methods draw the same particles (common noise)
+def _checkpoint_one(run: Run, problem: str) -> np.ndarray:
+    """log h of the K particles at the first checkpoint, in particle order.
+
+    Read from the solo run's scorer log; assumes the engine hands one request's rows to the
+    scorer in their order (it sorts rows by canvas length, stably, and a problem's canvases
+    are of one length).
+    """
+    rows = run.scorer.log[run.prompts[problem], STEP1]
+    assert len(rows) == K
     # the toy backbone commits all 5 positions within the first 5 steps, so a particle's
     # canvas at step 6 is already final: its descendants end with the same text
     assert all(masks == 0 for _, _, masks in rows)
-    return [value for _, value, _ in rows]
+    return log_h([value for _, value, _ in rows])
 
 
 def test_tempering_and_resampling_decisions(smc_run):
-    records, prompts, _, scorer = smc_run
-    for rec in records:
-        h1 = log_h(_checkpoint_one(scorer, prompts[rec["problem"]]))
+    for rec in smc_run.solo:
+        h1 = _checkpoint_one(smc_run, rec["problem"])
         beta, ess_values = rec["info"]["beta"], rec["info"]["ess"]
         uniform = np.full(K, -math.log(K))
         assert beta[0] == brute_beta(uniform, h1, np.zeros(K), 4.0)
@@ -328,18 +351,16 @@ def test_tempering_and_resampling_decisions(smc_run):
 
 def test_terminal_weights_follow_the_recursion(smc_run):
     """w ∝ w_prev · h_final / h_prev[ancestor]^β, with w_prev uniform after resampling."""
-    records, prompts, _, scorer = smc_run
-    for rec in records:
-        h1_all = log_h(_checkpoint_one(scorer, prompts[rec["problem"]]))
+    scorer = smc_run.scorer
+    for rec in smc_run.solo:
+        h1_all = _checkpoint_one(smc_run, rec["problem"])
         beta1 = rec["info"]["beta"][0]
         cands = rec["candidates"]
         ancestors = np.array([c["lineage"][1] for c in cands])
         h1_anc = h1_all[ancestors]
         # the ancestor's logit at step 6 is also the scorer on the particle's own final text
-        np.testing.assert_allclose(
-            h1_anc,
-            log_h([text_logit(c["text"], STEP1, scorer.scale, scorer.offset) for c in cands]),
-        )
+        own = [text_logit(c["text"], STEP1, scorer.scale, scorer.offset) for c in cands]
+        np.testing.assert_allclose(h1_anc, log_h(own))
         if rec["info"]["resampled"][0]:
             log_w_prev = np.full(K, -math.log(K))
         else:
@@ -353,8 +374,7 @@ def test_terminal_weights_follow_the_recursion(smc_run):
 
 
 def test_lineage_reflects_resampling(smc_run):
-    records, prompts, _, scorer = smc_run
-    for rec in records:
+    for rec in smc_run.solo:
         lineage = [tuple(c["lineage"]) for c in rec["candidates"]]
         assert [path[-1] for path in lineage] == list(range(K))  # fork: fresh keys
         assert all(path[0] == 0 for path in lineage)
@@ -364,7 +384,7 @@ def test_lineage_reflects_resampling(smc_run):
             assert len({path[:-1] for path in lineage}) == K
             continue
         assert ancestors == sorted(ancestors)
-        h1 = log_h(_checkpoint_one(scorer, prompts[rec["problem"]]))
+        h1 = _checkpoint_one(smc_run, rec["problem"])
         w1 = np.exp(rec["info"]["beta"][0] * h1)
         w1 /= w1.sum()
         counts = np.bincount(ancestors, minlength=K)
@@ -374,13 +394,13 @@ def test_lineage_reflects_resampling(smc_run):
 
 
 def test_flat_run_never_resamples(flat_run):
-    records = flat_run[0]
+    records = flat_run.records
     assert all(rec["info"]["resampled"] == [False] for rec in records)
     assert all(rec["info"]["beta"] == [1.0, 1.0] for rec in records)
 
 
 def test_sharp_run_resamples_with_shared_ancestors(sharp_run):
-    records = sharp_run[0]
+    records = sharp_run.records
     resampled = [rec for rec in records if rec["info"]["resampled"][0]]
     assert resampled, "the sharp scorer should force at least one resampling"
     assert any(rec["info"]["beta"][0] < 1.0 for rec in resampled)
@@ -393,8 +413,7 @@ def test_sharp_run_resamples_with_shared_ancestors(sharp_run):
 
 
 def test_readouts(smc_run):
-    records, _, _, _ = smc_run
-    for rec in records:
+    for rec in smc_run.records:
         cands = rec["candidates"]
         if rec["method"] == "smc-first":
             assert rec["selected"] == 0
@@ -402,7 +421,7 @@ def test_readouts(smc_run):
             logits = [c["scores"]["prm"] for c in cands]
             assert rec["selected"] == int(np.argmax(logits))
             assert rec["correct"] == cands[rec["selected"]]["correct"]
-        else:
+        else:  # weighted vote over valid answers, ties to the earliest particle
             totals: dict[str, float] = defaultdict(float)
             for c in cands:
                 if c["valid"]:
