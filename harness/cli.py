@@ -92,6 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=128)
     p.add_argument("--methods", help="comma-separated method families; default: all")
     p.add_argument("--method", action="append", default=[], metavar="SPEC")
+    p.add_argument(
+        "--scorer",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="scorer names the run will have; families needing others are left out",
+    )
     p.add_argument("--json", action="store_true")
 
     pl = sub.add_parser("plugins", help="list every registered plugin")
@@ -108,7 +115,8 @@ def _methods_arg(args: argparse.Namespace) -> list[str] | None:
 
 
 def cmd_plan(args: argparse.Namespace, console: Console) -> int:
-    result = plan(registry(), args.budget, args.steps, _methods_arg(args))
+    scorers = None if args.scorer is None else {s.partition("=")[0] for s in args.scorer}
+    result = plan(registry(), args.budget, args.steps, _methods_arg(args), scorers)
     if args.json:
         print(json.dumps(result.as_dict(), indent=2))
         return 0

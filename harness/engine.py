@@ -12,6 +12,7 @@ generated once at the largest size; each row is charged to every method whose pr
 
 from __future__ import annotations
 
+import json
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -55,13 +56,22 @@ class Limits:
 
 @dataclass
 class Unit:
-    """One strategy run on one problem, serving one method or a group sharing its pool."""
+    """One strategy run on one problem, serving every method that shares its pool.
+
+    Methods with the same strategy and configuration share one run. Methods whose strategy
+    nests its pools (`prefix_field`) share one run at the largest size: copy i belongs to
+    the methods whose pool is larger than i. Every row is charged to each method it belongs
+    to, as if that method had run alone.
+    """
 
     problem: Problem
     strategy: SearchStrategy
     members: list[tuple[Method, int]]  # (method, the size of its pool)
+    nested: bool = False
 
     def owners(self, copies: int) -> list[Owners]:
+        if not self.nested:
+            return [tuple(m.id for m, _ in self.members)] * copies
         return [tuple(m.id for m, size in self.members if i < size) for i in range(copies)]
 
 
@@ -89,21 +99,20 @@ class _InFlight:
 
 
 def plan_units(problem: Problem, methods: Iterable[Method]) -> list[Unit]:
-    """Group methods whose strategies share nested pools; every other method runs alone."""
-    groups: dict[Any, list[tuple[Method, int]]] = {}
-    units: list[Unit] = []
+    """Group methods into strategy runs: same strategy and configuration, or nested pools."""
+    groups: dict[str, list[tuple[Method, int]]] = {}
+    nested: dict[str, bool] = {}
     for method in methods:
-        field_name = getattr(method.strategy, "prefix_field", None)
-        if field_name is None:
-            units.append(Unit(problem, method.strategy, [(method, method.strategy.pool_size())]))
-            continue
         config = describe(method.strategy)
-        size = int(config.pop(field_name))
-        key = (method.spec.strategy, tuple(sorted(config.items())))
+        field_name = getattr(method.strategy, "prefix_field", None)
+        size = int(config.pop(field_name)) if field_name else method.strategy.pool_size()
+        key = json.dumps([method.spec.strategy, field_name, config], sort_keys=True, default=str)
         groups.setdefault(key, []).append((method, size))
-    for members in groups.values():
+        nested[key] = field_name is not None
+    units = []
+    for key, members in groups.items():
         largest = max(members, key=lambda ms: ms[1])[0]
-        units.append(Unit(problem, largest.strategy, members))
+        units.append(Unit(problem, largest.strategy, members, nested[key]))
     return units
 
 
@@ -176,7 +185,7 @@ class Engine:
                         canvas=canvas,
                         prompt_len=len(prompt_ids),
                         ledger=self.ledger,
-                        scorers=list(self.scorers),
+                        scorers={n: bool(s.reads_partial) for n, s in self.scorers.items()},
                         owners=unit.owners,
                     )
                     ready.append((_Task(unit, self._unit(unit, ops)), None))

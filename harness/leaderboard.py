@@ -28,7 +28,7 @@ def rows(results: dict[str, Any]) -> list[tuple[bool, list[str]]]:
     methods = results["methods"]
     ranked = sorted(
         (m for m in methods if not m["ceiling"]),
-        key=lambda m: -(m["accuracy"]["value"] if m["problems"] else -1),
+        key=lambda m: -(m["accuracy"]["value"] if m["accuracy"] else -1),
     )
     ceilings = [m for m in methods if m["ceiling"]]
     out = []
@@ -67,7 +67,13 @@ def rich_table(results: dict[str, Any], title: str = "") -> Table:
         if i == 1:
             table.add_column(h, min_width=16, max_width=40, overflow="fold")
         else:
-            table.add_column(h, justify="left" if i == 0 else "right", no_wrap=True)
+            table.add_column(
+                h,
+                justify="left" if i == 0 else "right",
+                no_wrap=i > 0,
+                max_width=32 if i == 0 else None,
+                overflow="fold",
+            )
     previous_ceiling = False
     for ceiling, cells in rows(results):
         if ceiling:

@@ -6,13 +6,14 @@ requests of many problems and methods together in large batches.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from dllmbench.errors import PluginError
 from dllmbench.keys import numpy_rng
 from dllmbench.ledger import Ledger
 from dllmbench.types import Owners, Pool, Problem, Rows
@@ -60,7 +61,7 @@ class Ops:
         canvas: torch.Tensor,
         prompt_len: int,
         ledger: Ledger,
-        scorers: Sequence[str],
+        scorers: dict[str, bool],
         owners: Callable[[int], list[Owners]],
     ):
         self.problem = problem
@@ -69,7 +70,7 @@ class Ops:
         self._canvas = canvas
         self._prompt_len = prompt_len
         self._ledger = ledger
-        self._scorers = frozenset(scorers)
+        self._scorers = dict(scorers)  # name → reads partial states
         self._owners = owners
 
     def start(self, problem: Problem, copies: int = 1, stream: str = "sample") -> Rows:
@@ -105,7 +106,14 @@ class Ops:
         """One float per row from the named scorer (one pass per row)."""
         if scorer not in self._scorers:
             known = ", ".join(sorted(self._scorers)) or "none"
-            raise KeyError(f"scorer {scorer!r} is not in this run (scorers: {known})")
+            raise PluginError(
+                f"a strategy asked for scorer {scorer!r}, which this run lacks "
+                f"(scorers: {known}); add it with --scorer {scorer}=PLUGIN"
+            )
+        if not self._scorers[scorer] and any(s != self.T for s in rows.steps):
+            raise PluginError(
+                f"scorer {scorer!r} reads final states only, but was asked to score a partial one"
+            )
         self._ledger.charge(self.problem.id, rows.owners, f"score:{scorer}", 1)
         return await _Post(ScoreRequest(rows, scorer))
 

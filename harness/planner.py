@@ -104,7 +104,9 @@ class Plan:
         }
 
 
-def _label(template: str, method: Method) -> str:
+def _label(template: str | None, method: Method) -> str:
+    if template is None:
+        return method.spec.text()
     try:
         return template.format(**describe(method.strategy))
     except (KeyError, IndexError):
@@ -112,7 +114,7 @@ def _label(template: str, method: Method) -> str:
 
 
 def _try_build(
-    registry: Registry, spec: MethodSpec, label: str, family: str | None
+    registry: Registry, spec: MethodSpec, label: str | None, family: str | None
 ) -> Method | None:
     try:
         method = Method.build(registry, spec, family=family)
@@ -125,7 +127,7 @@ def _try_build(
 def fit(
     registry: Registry,
     spec: MethodSpec,
-    label: str,
+    label: str | None,
     family: str | None,
     budget: int,
     total_steps: int,
@@ -171,7 +173,7 @@ def plan(
             spec, label, name = MethodSpec.parse(family.spec), family.label, family.name
         elif ":" in entry or "+" in entry or entry in registry.names("strategy"):
             spec = MethodSpec.parse(entry)
-            label, name = entry, None
+            label, name = None, None
         else:
             known = ", ".join(FAMILY_BY_NAME)
             raise UserError(

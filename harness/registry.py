@@ -11,6 +11,9 @@ from dllmbench.errors import PluginError
 from dllmbench.interfaces import Backbone, Scorer, SearchStrategy, Selector, Task
 from dllmbench.manager import KINDS, PluginInfo, collect, load_plugin_manager
 
+# Run objects a factory may ask for by parameter name; never configuration.
+SHARED = ("backbone",)
+
 
 def describe(obj: Any) -> dict[str, Any]:
     """The configuration of a built plugin object, as plain data (its `config` dataclass)."""
@@ -28,7 +31,8 @@ def options(factory: Any) -> list[str]:
     if config_cls is not None and dataclasses.is_dataclass(config_cls):
         return [f.name for f in dataclasses.fields(config_cls)]
     params = inspect.signature(factory).parameters.values()
-    return [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    kinds = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [p.name for p in params if p.kind in kinds and p.name not in SHARED]
 
 
 class Registry:
@@ -50,7 +54,14 @@ class Registry:
             raise PluginError(f"unknown {kind} {name!r}; known: {known}")
         return table[name]
 
-    def build(self, kind: str, name: str, **config: Any) -> Any:
+    def build(
+        self, kind: str, name: str, *, shared: dict[str, Any] | None = None, **config: Any
+    ) -> Any:
+        """Build a plugin from its configuration.
+
+        `shared` holds run objects (the backbone) passed to factories that ask for them by
+        parameter name; they are not configuration and never reach the manifest.
+        """
         factory = self.info(kind, name).factory
         allowed = options(factory)
         unknown = sorted(set(config) - set(allowed))
@@ -59,16 +70,18 @@ class Registry:
                 f"{kind} {name!r} has no option {', '.join(unknown)}; options: "
                 f"{', '.join(allowed) or 'none'}"
             )
+        params = inspect.signature(factory).parameters
+        extra = {k: v for k, v in (shared or {}).items() if k in params}
         try:
-            return factory(**config)
+            return factory(**extra, **config)
         except (TypeError, ValueError) as exc:
             raise PluginError(f"{kind} {name!r} with {config}: {exc}") from exc
 
     def backbone(self, name: str, **config: Any) -> Backbone:
         return self.build("backbone", name, **config)
 
-    def scorer(self, name: str, **config: Any) -> Scorer:
-        return self.build("scorer", name, **config)
+    def scorer(self, name: str, *, shared: dict[str, Any] | None = None, **config: Any) -> Scorer:
+        return self.build("scorer", name, shared=shared, **config)
 
     def strategy(self, name: str, **config: Any) -> SearchStrategy:
         return self.build("strategy", name, **config)

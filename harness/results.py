@@ -47,9 +47,9 @@ def summarize(
             "spec": m["spec"],
             "ceiling": m["ceiling"],
             "problems": len(recs),
-            "accuracy": bootstrap_ci(
-                correct, resamples=resamples, level=level, seed=seed
-            ).as_dict(),
+            "accuracy": bootstrap_ci(correct, resamples=resamples, level=level, seed=seed).as_dict()
+            if recs
+            else None,
             "passes_per_problem": float(np.mean([r["ledger"]["total_passes"] for r in recs]))
             if recs
             else None,

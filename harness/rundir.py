@@ -14,8 +14,10 @@ from typing import Any
 
 from dllmbench.errors import UserError
 
-# Manifest keys that may change between an interrupted run and its resumption.
-VOLATILE = ("created", "command", "execution")
+# Manifest keys that may change between an interrupted run and its resumption: when and how
+# it was started, batch limits (results do not depend on them) and settings of the summary
+# only (results.json is recomputed from every record at the end of each invocation).
+VOLATILE = ("created", "command", "execution", "reference", "statistics")
 
 
 def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -84,14 +86,20 @@ class RunDir:
         if not self.samples_path.exists():
             return []
         data = self.samples_path.read_bytes()
+        lines = data.splitlines(keepends=True)
         records, good = [], 0
-        for line in data.splitlines(keepends=True):
-            if not line.endswith(b"\n"):
-                break
+        for number, line in enumerate(lines, start=1):
             try:
+                if not line.endswith(b"\n"):
+                    raise ValueError("no newline")
                 records.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
+            except ValueError as exc:
+                if number == len(lines):
+                    break  # torn by a crash mid-write: dropped, and redone on resume
+                raise UserError(
+                    f"{self.samples_path} line {number} is damaged ({exc}); "
+                    "only a torn last line can be repaired"
+                ) from exc
             good += len(line)
         if repair and good < len(data):
             with open(self.samples_path, "r+b") as fh:
@@ -106,8 +114,12 @@ class RunDir:
             os.fsync(fh.fileno())
 
     def write_results(self, results: dict[str, Any], leaderboard: str) -> None:
-        _write_atomic(self.results_path, json.dumps(results, indent=2) + "\n")
+        _write_atomic(self.results_path, json.dumps(results, indent=2, allow_nan=False) + "\n")
         _write_atomic(self.leaderboard_path, leaderboard)
 
-    def write_json(self, name: str, value: dict[str, Any]) -> None:
-        _write_atomic(self.path / name, json.dumps(value, indent=2) + "\n")
+    def add_invocation(self, entry: dict[str, Any]) -> None:
+        """Append this invocation's physical compute to compute.json."""
+        path = self.path / "compute.json"
+        data = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+        data.setdefault("invocations", []).append(entry)
+        _write_atomic(path, json.dumps(data, indent=2) + "\n")

@@ -16,7 +16,7 @@ from dllmbench.errors import UserError
 from dllmbench.leaderboard import markdown
 from dllmbench.method import Method
 from dllmbench.planner import Plan, default_budget, plan
-from dllmbench.registry import Registry, describe, options, registry
+from dllmbench.registry import Registry, describe, registry
 from dllmbench.results import summarize
 from dllmbench.rundir import RunDir
 
@@ -164,12 +164,11 @@ def prepare(cfg: RunConfig, reg: Registry | None = None):
             raise UserError(f"--limit must be >= 1, got {cfg.limit}")
         problems = problems[: cfg.limit]
     backbone = reg.backbone(cfg.backbone, **cfg.backbone_config)
-    scorers = {}
-    for name, (plugin, config) in cfg.scorers.items():
-        config = dict(config)
-        if "backbone" in options(reg.info("scorer", plugin).factory):
-            config["backbone"] = backbone  # share the frozen weights instead of loading twice
-        scorers[name] = reg.scorer(plugin, **config)
+    # a scorer that asks for `backbone` shares the frozen weights instead of loading twice
+    scorers = {
+        name: reg.scorer(plugin, shared={"backbone": backbone}, **config)
+        for name, (plugin, config) in cfg.scorers.items()
+    }
     budget = cfg.budget or default_budget(cfg.sampling.total_steps)
     chosen = plan(reg, budget, cfg.sampling.total_steps, cfg.methods, set(scorers))
     if not chosen.methods:
@@ -230,5 +229,11 @@ def run(
         f"{cfg.task} ({cfg.split}, {len(problem_ids)} problems) · {cfg.backbone} · budget {budget}"
     )
     rundir.write_results(results, markdown(results, title))
-    rundir.write_json("compute.json", {"physical": engine.ledger.physical()})
+    rundir.add_invocation(
+        {
+            "created": manifest["created"],
+            "records_written": written,
+            "physical": engine.ledger.physical(),
+        }
+    )
     return Outcome(results, rundir.path, len(previous), written, chosen)

@@ -6,7 +6,6 @@ run is resampled on the same problems and differences are paired. Vectorised ove
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -50,7 +49,7 @@ def bootstrap_ci(
     """Mean of `values` (e.g. 0/1 correctness per problem) with a percentile bootstrap CI."""
     x = np.asarray(values, dtype=np.float64)
     if x.size == 0:
-        return Interval(math.nan, math.nan, math.nan)
+        raise ValueError("bootstrap_ci needs at least one value")
     idx = resample_indices(x.size, resamples, seed)
     return _interval(x, x[idx].mean(axis=1), level)
 

@@ -63,6 +63,7 @@ def test_plan_accepts_specs_with_a_free_size(capsys):
         "--json",
     )
     costs = {m["spec"]: m["passes"] for m in out["methods"]}
+    assert {m["id"] for m in out["methods"]} == set(costs)  # labelled with the chosen size
     assert costs["prm_guided:k=7,every=16+first"] == 7 * 136
     assert costs["prm_guided:k=7,every=48+first"] == 7 * 131
 

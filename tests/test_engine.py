@@ -225,3 +225,77 @@ def test_seed_changes_samples():
         )
         texts.append([c["text"] for r in eng.run(task.problems("test")) for c in r["candidates"]])
     assert texts[0] != texts[1]
+
+
+class StartsWide(Misreporting):
+    """Starts n copies, denoises them all, keeps the first: declares and spends n·T."""
+
+    def pool_size(self):
+        return 1
+
+    async def search(self, problem, ops):
+        rows = ops.start(problem, copies=self.n)
+        rows = await ops.denoise(rows, ops.T)
+        return ops.pool(rows.take(0))
+
+
+def test_every_row_of_a_non_nesting_strategy_is_charged():
+    task, eng = engine([_bad(StartsWide(4, T))], size=2)
+    records = eng.run(task.problems("test"))
+    assert all(r["ledger"]["passes"] == {"denoise": 4 * T} for r in records)
+
+
+def test_methods_with_one_strategy_configuration_share_one_run():
+    methods = [
+        method("smc:k=4,every=8+weighted_majority:by=weight", "vote"),
+        method("smc:k=4,every=8+argmax:scorer=prm", "top"),
+    ]
+    assert len(plan_units(ToySum().problems("test")[0], methods)) == 1
+    task, eng = engine(methods, size=3)
+    records = {(r["problem"], r["method"]): r for r in eng.run(task.problems("test"))}
+    for p in task.problems("test"):
+        vote, top = records[p.id, "vote"], records[p.id, "top"]
+        assert (
+            vote["ledger"]["passes"]
+            == top["ledger"]["passes"]
+            == {
+                "denoise": 4 * T,
+                "score:prm": 8,
+            }
+        )
+        assert [c["text"] for c in vote["candidates"]] == [c["text"] for c in top["candidates"]]
+    assert eng.ledger.physical()["denoise"]["rows"] == 3 * 4 * T  # generated once
+
+
+class AsksForAnUnknownScorer(Misreporting):
+    scorers = ("verifier",)
+
+    async def search(self, problem, ops):
+        rows = await ops.denoise(ops.start(problem, copies=self.n), ops.T)
+        await ops.score(rows, "verifier")
+        return ops.pool(rows)
+
+
+class ScoresPartialWithAnORM(Misreporting):
+    scorers = ("orm",)
+
+    async def search(self, problem, ops):
+        rows = await ops.denoise(ops.start(problem, copies=self.n), 2)
+        await ops.score(rows, "orm")
+        rows = await ops.denoise(rows, ops.T - 2)
+        return ops.pool(rows)
+
+
+@pytest.mark.parametrize(
+    "strategy,needle",
+    [
+        (AsksForAnUnknownScorer(1, T), "which this run lacks"),
+        (ScoresPartialWithAnORM(1, T), "reads final states only"),
+    ],
+)
+def test_ops_refuses_scorers_the_run_cannot_serve(strategy, needle):
+    from dllmbench.errors import PluginError
+
+    task, eng = engine([_bad(strategy)], size=1)
+    with pytest.raises(PluginError, match=needle):
+        eng.run(task.problems("test"))

@@ -122,3 +122,49 @@ def test_results_have_intervals_and_paired_deltas(tmp_path):
     assert maj["passes_per_problem"] == maj["planned_passes"] == 128
     board = (out.path / "leaderboard.md").read_text()
     assert "Ceilings" in board and board.index("Ceilings") < board.index("Oracle@8")
+
+
+def test_compute_json_keeps_every_invocation(tmp_path):
+    seen = []
+
+    def stop(record):
+        seen.append(record)
+        if len(seen) == 5:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        run(config(tmp_path / "r"), on_record=stop)
+    run(config(tmp_path / "r"))
+    compute = json.loads((tmp_path / "r" / "compute.json").read_text())
+    assert [i["records_written"] for i in compute["invocations"]] == [8 * len(METHODS) - 5]
+    run(config(tmp_path / "r"))
+    compute = json.loads((tmp_path / "r" / "compute.json").read_text())
+    assert [i["records_written"] for i in compute["invocations"]] == [8 * len(METHODS) - 5, 0]
+
+
+def test_damage_before_the_last_line_is_an_error_not_a_silent_cut(tmp_path):
+    run(config(tmp_path / "r", methods=["vanilla"]))
+    samples = tmp_path / "r" / "samples.jsonl"
+    lines = samples.read_text().splitlines(keepends=True)
+    lines[2] = "{not json\n"
+    samples.write_text("".join(lines))
+    with pytest.raises(UserError, match="line 3 is damaged"):
+        run(config(tmp_path / "r", methods=["vanilla"]))
+    assert samples.read_text() == "".join(lines)  # nothing was cut
+
+
+def test_summary_settings_may_change_on_resume(tmp_path):
+    run(config(tmp_path / "r"))
+    again = run(config(tmp_path / "r", reference="Majority@8", resamples=200))
+    assert again.written == 0 and again.results["reference"] == "Majority@8"
+
+
+def test_scorers_that_ask_for_the_backbone_share_it(tmp_path):
+    from dllmbench.runner import prepare
+
+    cfg = config(tmp_path / "r")
+    _, _, _, backbone, scorers, _, _ = prepare(cfg)
+    assert scorers["prm"].backbone is backbone and scorers["orm"].backbone is backbone
+    out = run(cfg)
+    manifest = json.loads((out.path / "manifest.json").read_text())
+    assert "backbone" not in manifest["scorers"]["prm"]["config"]

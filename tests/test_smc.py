@@ -432,3 +432,28 @@ def test_readouts(smc_run):
             best = max(totals.values())
             winner = next(c["key"] for c in cands if c["valid"] and totals[c["key"]] == best)
             assert rec["selected"] == next(i for i, c in enumerate(cands) if c["key"] == winner)
+
+
+def test_smc_refuses_a_nan_score():
+    from dllmbench.engine import Engine, Sampling
+    from dllmbench.method import Method, MethodSpec
+    from dllmbench.registry import registry
+    from dllmbench.testing.doubles import ToyBackbone, ToySum
+
+    class NaNScorer:
+        reads_partial = True
+
+        def score(self, batch):
+            return np.full(len(batch.tokens), np.nan)
+
+    task = ToySum(size=1)
+    method = Method.build(registry(), MethodSpec("smc", {"k": 4, "every": 6}, "first", {}))
+    engine = Engine(
+        backbone=ToyBackbone(),
+        scorers={"prm": NaNScorer()},
+        task=task,
+        methods=[method],
+        sampling=Sampling(12, 5, "fewshot", 0),
+    )
+    with pytest.raises(ValueError, match="NaN"):
+        engine.run(task.problems("test"))

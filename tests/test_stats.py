@@ -69,9 +69,9 @@ def test_bootstrap_lower_level_is_narrower():
     assert wide.low <= narrow.low <= narrow.high <= wide.high
 
 
-def test_bootstrap_empty_input_is_nan():
-    ci = bootstrap_ci([])
-    assert math.isnan(ci.value) and math.isnan(ci.low) and math.isnan(ci.high)
+def test_bootstrap_empty_input_is_refused():
+    with pytest.raises(ValueError, match="at least one value"):
+        bootstrap_ci([])
 
 
 def test_bootstrap_agrees_with_scipy_percentile():

@@ -1,8 +1,11 @@
 """Contract checks every plugin must pass, parametrised over every registered plugin.
 
-Run them on your own plugins with `pytest --pyargs dllmbench.testing.contracts` (set
-DLLMBENCH_PLUGINS=your-distribution to check only yours). A factory may carry
-`contract_configs`, a list of configurations to check (default: one, the defaults).
+Run them on every installed plugin with `pytest --pyargs dllmbench.testing.contracts`;
+`-k NAME` selects your plugin's checks (built-ins always load; DLLMBENCH_PLUGINS=your-dist
+leaves out other third-party packages). A factory may carry `contract_configs`, a list of
+configurations to check (default: one, the defaults). Backbone, scorer and task checks run
+over the registered ones; set DLLMBENCH_PLUGIN_MODULES=dllmbench.testing.doubles to include
+the doubles as well.
 
 Strategies and selectors run through the real engine on the deterministic doubles of
 `dllmbench.testing.doubles`; backbones, scorers and tasks are checked through their own

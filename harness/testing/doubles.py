@@ -110,7 +110,8 @@ class ToyScorer:
 
     Config = ToyScorerConfig
 
-    def __init__(self, **config):
+    def __init__(self, backbone: ToyBackbone | None = None, **config):
+        self.backbone = backbone  # shared with the generator when the run provides it
         self.config = ToyScorerConfig(**config)
         self.reads_partial = self.config.partial
 

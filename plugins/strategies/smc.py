@@ -103,8 +103,10 @@ class SMC:
         segments = ops.segments(c.every)
         for i, steps in enumerate(segments):
             particles = await ops.denoise(particles, steps)
-            logits = await ops.score(particles, c.scorer)
-            log_h = np.log(np.clip(expit(np.asarray(logits, np.float64)), c.clip, 1 - c.clip))
+            logits = np.asarray(await ops.score(particles, c.scorer), np.float64)
+            if np.isnan(logits).any():
+                raise ValueError(f"scorer {c.scorer!r} returned NaN")
+            log_h = np.log(np.clip(expit(logits), c.clip, 1 - c.clip))
             last = i == len(segments) - 1
             beta = 1.0 if last else choose_beta(log_w, log_h, prev, self._grid, c.ess_target)
             log_w = log_w + beta * log_h - prev
