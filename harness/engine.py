@@ -135,7 +135,8 @@ class Engine:
         self.sampling = sampling
         self.limits = limits or Limits()
         self.ledger = ledger or Ledger()
-        self._costs = {m.id: m.cost(sampling.total_steps) for m in methods}
+        self.passes_per_step = int(getattr(backbone, "passes_per_step", 1))
+        self._costs = {m.id: m.cost(sampling.total_steps, self.passes_per_step) for m in methods}
         if len(self._costs) != len(methods):
             raise ValueError("two methods of a run share one id; give each a distinct label")
 
@@ -186,6 +187,7 @@ class Engine:
                         prompt_len=len(prompt_ids),
                         ledger=self.ledger,
                         scorers={n: bool(s.reads_partial) for n, s in self.scorers.items()},
+                        passes_per_step=self.passes_per_step,
                         owners=unit.owners,
                     )
                     ready.append((_Task(unit, self._unit(unit, ops)), None))

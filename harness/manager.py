@@ -21,6 +21,8 @@ from dllmbench.errors import PluginError
 
 # The one place where the core names built-in plugins.
 BUILTIN_MODULES = (
+    "dllmbench.plugins.backbones.dream",
+    "dllmbench.plugins.backbones.llada",
     "dllmbench.plugins.strategies.independent",
     "dllmbench.plugins.strategies.prm_guided",
     "dllmbench.plugins.strategies.smc",

@@ -136,16 +136,22 @@ class Method:
         have = self.strategy.pool_scores()
         return tuple(s for s in self.selector.needs if s not in have)
 
-    def cost(self, total_steps: int) -> dict[str, int]:
-        """Declared passes per problem by kind."""
+    def cost(self, total_steps: int, passes_per_step: int = 1) -> dict[str, int]:
+        """Declared passes per problem by kind.
+
+        `passes_per_step` is the backbone's forwards per row-step (2 with classifier-free
+        guidance); it multiplies the denoising passes.
+        """
         cost = dict(self.strategy.cost(total_steps))
+        if "denoise" in cost:
+            cost["denoise"] *= passes_per_step
         for scorer in self.selector_scoring():
             kind = f"score:{scorer}"
             cost[kind] = cost.get(kind, 0) + self.strategy.pool_size()
         return {k: v for k, v in sorted(cost.items()) if v}
 
-    def total_cost(self, total_steps: int) -> int:
-        return sum(self.cost(total_steps).values())
+    def total_cost(self, total_steps: int, passes_per_step: int = 1) -> int:
+        return sum(self.cost(total_steps, passes_per_step).values())
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -63,6 +63,7 @@ class Ops:
         ledger: Ledger,
         scorers: dict[str, bool],
         owners: Callable[[int], list[Owners]],
+        passes_per_step: int = 1,
     ):
         self.problem = problem
         self.seed = seed
@@ -72,6 +73,7 @@ class Ops:
         self._ledger = ledger
         self._scorers = dict(scorers)  # name → reads partial states
         self._owners = owners
+        self._passes_per_step = passes_per_step
 
     def start(self, problem: Problem, copies: int = 1, stream: str = "sample") -> Rows:
         """`copies` fully masked canvases of the problem; copy i has lineage (i,)."""
@@ -99,7 +101,7 @@ class Ops:
             raise ValueError(f"denoise needs steps >= 1, got {steps}")
         if any(s + steps > self.T for s in rows.steps):
             raise ValueError(f"denoise past T={self.T}: rows at steps {sorted(set(rows.steps))}")
-        self._ledger.charge(self.problem.id, rows.owners, "denoise", steps)
+        self._ledger.charge(self.problem.id, rows.owners, "denoise", steps * self._passes_per_step)
         return await _Post(DenoiseRequest(rows, steps))
 
     async def score(self, rows: Rows, scorer: str) -> np.ndarray:

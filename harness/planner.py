@@ -131,20 +131,21 @@ def fit(
     family: str | None,
     budget: int,
     total_steps: int,
+    passes_per_step: int = 1,
 ) -> tuple[Method | None, int | None]:
     """The largest configuration of `spec` costing at most `budget`, and the smallest cost."""
     free = spec.free_field()
     if free is None:
         method = Method.build(registry, spec, family=family)
         method.id = _label(label, method)
-        cost = method.total_cost(total_steps)
+        cost = method.total_cost(total_steps, passes_per_step)
         return (method if cost <= budget else None), cost
     best, smallest = None, None
     for size in range(1, budget + 2):
         method = _try_build(registry, spec.with_size(size), label, family)
         if method is None:
             continue
-        cost = method.total_cost(total_steps)
+        cost = method.total_cost(total_steps, passes_per_step)
         if smallest is None:
             smallest = cost
         if cost > budget:
@@ -159,6 +160,7 @@ def plan(
     total_steps: int,
     entries: list[str] | None = None,
     scorers: set[str] | None = None,
+    passes_per_step: int = 1,
 ) -> Plan:
     """Choose every method for `budget`. `entries` are family names or method specs.
 
@@ -180,7 +182,7 @@ def plan(
                 f"unknown method {entry!r}; families: {known}; or a spec such as "
                 "independent:n=8+majority"
             )
-        method, smallest = fit(registry, spec, label, name, budget, total_steps)
+        method, smallest = fit(registry, spec, label, name, budget, total_steps, passes_per_step)
         if method is None:
             at_least = f"; needs a budget of at least {smallest}" if smallest else ""
             result.left_out.append(
@@ -193,5 +195,5 @@ def plan(
             continue
         if any(p.method.id == method.id for p in result.methods):
             continue
-        result.methods.append(Planned(method, method.cost(total_steps)))
+        result.methods.append(Planned(method, method.cost(total_steps, passes_per_step)))
     return result

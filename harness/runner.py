@@ -170,7 +170,14 @@ def prepare(cfg: RunConfig, reg: Registry | None = None):
         for name, (plugin, config) in cfg.scorers.items()
     }
     budget = cfg.budget or default_budget(cfg.sampling.total_steps)
-    chosen = plan(reg, budget, cfg.sampling.total_steps, cfg.methods, set(scorers))
+    chosen = plan(
+        reg,
+        budget,
+        cfg.sampling.total_steps,
+        cfg.methods,
+        set(scorers),
+        passes_per_step=int(getattr(backbone, "passes_per_step", 1)),
+    )
     if not chosen.methods:
         reasons = "; ".join(f"{x.family}: {x.reason}" for x in chosen.left_out)
         raise UserError(f"no method fits: {reasons}")

@@ -1,0 +1,1 @@
+"""Built-in backbones: Dream and LLaDA on native transformers classes, with their samplers."""

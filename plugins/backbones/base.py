@@ -1,0 +1,139 @@
+"""What Dream and LLaDA share: prompts, canvases, the padded bidirectional forward, decoding.
+
+A batch may mix rows of different problems and lengths. Rows are left-padded to the longest,
+with a key-padding attention mask and positions re-based so every row's first real token is
+at position 0: each row then sees exactly what it would see alone. Every random draw of a row
+comes from a generator seeded by (row key, step), drawn at the row's own length.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import torch
+
+from dllmbench.errors import UserError
+from dllmbench.interfaces import StepBatch
+from dllmbench.keys import torch_generator
+from dllmbench.plugins.backbones.loading import (
+    char_tokenizer,
+    device_and_dtype,
+    load_checkpoint,
+    mask_id_of,
+    random_model,
+)
+from dllmbench.types import Prompt
+
+# tokens that end an answer besides the tokenizer's EOS: chat turn ends of each family
+TURN_ENDS = ("<|im_end|>", "<|eot_id|>")
+
+
+class DiffusionBackbone(abc.ABC):
+    """A masked-diffusion LM on a native transformers class. Subclasses supply `commit`."""
+
+    arch: ClassVar[str]
+    shift: ClassVar[bool]  # read the logit of position i from position i-1 (Dream)
+    mask_names: ClassVar[tuple[str, ...]]
+    Config: ClassVar[type]
+
+    def __init__(self, *, transformer: Any = None, tokenizer: Any = None, **config: Any):
+        self.config = self.Config(**config)
+        c = self.config
+        self.device, self.dtype = device_and_dtype(c.device, c.dtype)
+        raw: dict[str, Any] = {}
+        if transformer is not None:  # an in-memory model (tests, the shipped demo)
+            self.transformer, self.tokenizer = transformer, tokenizer
+        elif c.model == "random":
+            self.tokenizer = char_tokenizer()
+            self.transformer = random_model(self.arch, self.tokenizer, c.seed, self.dtype)
+        else:
+            self.transformer, self.tokenizer, raw = load_checkpoint(
+                self.arch, c.model, self.device, self.dtype
+            )
+        self.transformer.to(self.device).eval().requires_grad_(False)
+        self.mask_id = (
+            c.mask_id
+            if c.mask_id is not None
+            else mask_id_of(raw, self.tokenizer, self.mask_names, c.model)
+        )
+        self.pad_id = self.tokenizer.pad_token_id
+        if self.pad_id is None or self.pad_id == self.mask_id:
+            self.pad_id = self.tokenizer.eos_token_id
+        if self.pad_id == self.mask_id or self.pad_id is None:
+            raise UserError(f"{c.model}: no pad token distinct from the mask token")
+        vocab = self.tokenizer.get_vocab()
+        self.stop_ids = {
+            i
+            for i in [self.tokenizer.eos_token_id, *(vocab.get(t) for t in TURN_ENDS)]
+            if i is not None
+        }
+        self.chat = c.chat if c.chat is not None else bool(self.tokenizer.chat_template)
+
+    # -- prompts and canvases -----------------------------------------------------------------
+    def encode(self, prompt: Prompt) -> list[int]:
+        if prompt.is_chat and not self.chat:
+            text = "\n\n".join(m["content"] for m in prompt.messages)
+            return list(self.tokenizer(text)["input_ids"])
+        if prompt.is_chat:
+            ids = self.tokenizer.apply_chat_template(
+                list(prompt.messages), add_generation_prompt=True, tokenize=True
+            )
+            return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        return list(self.tokenizer(prompt.text)["input_ids"])
+
+    def canvas(self, prompt_ids: Sequence[int], gen_length: int) -> torch.Tensor:
+        ids = torch.tensor(list(prompt_ids), dtype=torch.long)
+        return torch.cat([ids, torch.full((gen_length,), self.mask_id, dtype=torch.long)])
+
+    def decode(self, tokens: torch.Tensor, prompt_len: int) -> str:
+        out = []
+        for t in tokens[prompt_len:].tolist():
+            if t in self.stop_ids:
+                break
+            if t != self.mask_id:
+                out.append(t)
+        return self.tokenizer.decode(out, skip_special_tokens=True)
+
+    # -- the forward ----------------------------------------------------------------------------
+    def pad(self, rows: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """Left-padded ids [B, L], attention mask [B, L] and each row's left offset."""
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((len(rows), width), dtype=torch.long)
+        offsets = []
+        for i, row in enumerate(rows):
+            ids[i, width - len(row) :] = row
+            attn[i, width - len(row) :] = 1
+            offsets.append(width - len(row))
+        return ids, attn, offsets
+
+    @torch.no_grad()
+    def logits(self, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """Bidirectional logits [B, L, V]; shifted one position right for Dream."""
+        ids, attn = ids.to(self.device), attn.to(self.device)
+        positions = (attn.cumsum(-1) - 1).clamp(min=0)
+        out = self.transformer(input_ids=ids, attention_mask=attn, position_ids=positions).logits
+        if self.shift:
+            out = torch.cat([out[:, :1], out[:, :-1]], dim=1)
+        return out
+
+    def noise(self, batch: StepBatch, offsets: list[int], width: int, draws: int) -> torch.Tensor:
+        """[B, draws, L] uniforms, each row's drawn at its own length from (key, step)."""
+        out = torch.full((len(offsets), draws, width), 0.5, dtype=torch.float64)
+        for i, (key, step, off) in enumerate(zip(batch.keys, batch.steps, offsets, strict=True)):
+            gen = torch_generator(key, step)
+            out[i, :, off:] = torch.rand((draws, width - off), generator=gen, dtype=torch.float64)
+        return out
+
+    def denoise_step(self, batch: StepBatch) -> list[torch.Tensor]:
+        ids, attn, offsets = self.pad(batch.tokens)
+        new = self.commit(ids, attn, offsets, batch)
+        return [new[i, off:].cpu() for i, off in enumerate(offsets)]
+
+    @abc.abstractmethod
+    def commit(
+        self, ids: torch.Tensor, attn: torch.Tensor, offsets: list[int], batch: StepBatch
+    ) -> torch.Tensor:
+        """The padded ids after one denoising step of every row."""

@@ -1,0 +1,300 @@
+"""Loading Dream and LLaDA checkpoints into native transformers classes, without remote code.
+
+Dream is Qwen2 with bidirectional attention: its state dict loads strictly into
+`Qwen2ForCausalLM`. LLaDA is a Llama-3-style stack in OLMo naming: after a one-to-one key
+rename it loads strictly into `LlamaForCausalLM`. Both get `is_causal=False`. A model can
+also be a tiny random one of the same architecture (`model="random"`), with a character
+tokenizer, for smoke tests and CPU tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import string
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import (
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+from dllmbench.errors import UserError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# LLaDA (OLMo naming) → Llama naming; one-to-one.
+LLADA_RENAMES = (
+    (r"^model\.transformer\.wte\.", "model.embed_tokens."),
+    (r"^model\.transformer\.ln_f\.", "model.norm."),
+    (r"^model\.transformer\.ff_out\.", "lm_head."),
+    (r"^model\.transformer\.blocks\.(\d+)\.attn_out\.", r"model.layers.\1.self_attn.o_proj."),
+    (
+        r"^model\.transformer\.blocks\.(\d+)\.(q_proj|k_proj|v_proj)\.",
+        r"model.layers.\1.self_attn.\2.",
+    ),
+    (r"^model\.transformer\.blocks\.(\d+)\.ff_proj\.", r"model.layers.\1.mlp.gate_proj."),
+    (r"^model\.transformer\.blocks\.(\d+)\.up_proj\.", r"model.layers.\1.mlp.up_proj."),
+    (r"^model\.transformer\.blocks\.(\d+)\.ff_out\.", r"model.layers.\1.mlp.down_proj."),
+    (r"^model\.transformer\.blocks\.(\d+)\.attn_norm\.", r"model.layers.\1.input_layernorm."),
+    (
+        r"^model\.transformer\.blocks\.(\d+)\.ff_norm\.",
+        r"model.layers.\1.post_attention_layernorm.",
+    ),
+)
+
+
+def rename_llada_keys(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """LLaDA's state dict with Llama's key names. A key no rule covers is an error."""
+    out = {}
+    for key, value in state.items():
+        for pattern, repl in LLADA_RENAMES:
+            new, n = re.subn(pattern, repl, key)
+            if n:
+                out[new] = value
+                break
+        else:
+            raise UserError(f"LLaDA checkpoint has an unexpected key {key!r}")
+    return out
+
+
+def device_and_dtype(device: str | None, dtype: str | None) -> tuple[torch.device, torch.dtype]:
+    """bf16 on a GPU and fp32 on a CPU unless told otherwise."""
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    name = dtype or ("bfloat16" if dev.type == "cuda" else "float32")
+    if name not in DTYPES:
+        raise UserError(f"dtype {name!r} is not one of {', '.join(DTYPES)}")
+    return dev, DTYPES[name]
+
+
+def resolve(model: str) -> Path:
+    """A local checkpoint directory, or a Hub repo id fetched into the local cache."""
+    path = Path(os.path.expanduser(model))
+    if path.is_dir():
+        return path
+    if path.exists() or model.startswith((".", "/", "~")):
+        raise UserError(f"checkpoint directory {model!r} does not exist")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(
+            snapshot_download(
+                model, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"]
+            )
+        )
+    except Exception as exc:  # offline, unknown repo, no access
+        raise UserError(
+            f"cannot fetch {model!r} from the Hub ({type(exc).__name__}: {exc}); "
+            "pass a local checkpoint directory with model=PATH"
+        ) from exc
+
+
+def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint directory's safetensors shards."""
+    from safetensors.torch import load_file
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise UserError(f"{path} holds no *.safetensors weights")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        state.update(load_file(str(file)))
+    return state
+
+
+def load_strict(model: torch.nn.Module, state: Mapping[str, torch.Tensor], where: str) -> None:
+    """Load every key, and only those; a difference is an error naming the keys."""
+    expected = set(model.state_dict())
+    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+    if missing or unexpected:
+        raise UserError(
+            f"{where} does not fit its model: missing {missing[:5]}"
+            f"{'…' if len(missing) > 5 else ''}, unexpected {unexpected[:5]}"
+            f"{'…' if len(unexpected) > 5 else ''}"
+        )
+    model.load_state_dict(state, strict=True, assign=True)
+
+
+def qwen2_config(raw: dict[str, Any]) -> Qwen2Config:
+    """Dream's config.json (model_type "Dream") as a bidirectional Qwen2Config."""
+    keys = (
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "vocab_size",
+        "rope_theta",
+        "rms_norm_eps",
+        "max_position_embeddings",
+        "tie_word_embeddings",
+        "hidden_act",
+    )
+    config = Qwen2Config(**{k: raw[k] for k in keys if k in raw}, use_sliding_window=False)
+    config.is_causal = False
+    return config
+
+
+def llama_config(raw: dict[str, Any]) -> LlamaConfig:
+    """LLaDA's config.json (OLMo naming) as a bidirectional LlamaConfig."""
+    config = LlamaConfig(
+        hidden_size=raw["d_model"],
+        intermediate_size=raw["mlp_hidden_size"],
+        num_hidden_layers=raw["n_layers"],
+        num_attention_heads=raw["n_heads"],
+        num_key_value_heads=raw.get("n_kv_heads") or raw["n_heads"],
+        vocab_size=raw.get("embedding_size") or raw["vocab_size"],
+        rope_theta=raw.get("rope_theta", 10000.0),
+        rms_norm_eps=raw.get("rms_norm_eps", 1e-5),
+        max_position_embeddings=raw.get("max_sequence_length", 4096),
+        tie_word_embeddings=bool(raw.get("weight_tying", False)),
+        attention_bias=bool(raw.get("include_bias", False)),
+        mlp_bias=False,
+    )
+    config.is_causal = False
+    return config
+
+
+def build(arch: str, config: Any, dtype: torch.dtype) -> torch.nn.Module:
+    """The model with its parameters on the meta device (buffers real), ready to be assigned."""
+    from accelerate import init_empty_weights
+
+    cls = Qwen2ForCausalLM if arch == "dream" else LlamaForCausalLM
+    config._attn_implementation = "sdpa"
+    with init_empty_weights(include_buffers=False):
+        model = cls(config)
+    return model
+
+
+def load_checkpoint(arch: str, model: str, device: torch.device, dtype: torch.dtype):
+    """(transformer, tokenizer, raw config) of a Dream or LLaDA checkpoint."""
+    path = resolve(model)
+    config_file = path / "config.json"
+    if not config_file.exists():
+        raise UserError(f"{path} has no config.json")
+    raw = json.loads(config_file.read_text())
+    config = qwen2_config(raw) if arch == "dream" else llama_config(raw)
+    net = build(arch, config, dtype)
+    state = read_state_dict(path)
+    if arch == "llada":
+        state = rename_llada_keys(state)
+    state = {k: v.to(dtype) for k, v in state.items()}
+    load_strict(net, state, str(path))
+    net.to(device).eval().requires_grad_(False)
+    return net, load_tokenizer(path), raw
+
+
+def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
+    """The checkpoint's own tokenizer, without remote code.
+
+    Dream ships a slow Qwen2-style BPE class of its own; its vocab.json and merges.txt load
+    into transformers' Qwen2TokenizerFast.
+    """
+    try:
+        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
+    except (ValueError, OSError, KeyError):
+        from transformers import Qwen2TokenizerFast
+
+        try:
+            return Qwen2TokenizerFast.from_pretrained(str(path))
+        except Exception as exc:
+            raise UserError(f"cannot load the tokenizer in {path}: {exc}") from exc
+
+
+def mask_id_of(
+    raw: dict[str, Any], tokenizer: PreTrainedTokenizerBase, names: tuple[str, ...], where: str
+) -> int:
+    """The mask token id: the config's, else the tokenizer's, else a known mask token."""
+    for value in (raw.get("mask_token_id"), getattr(tokenizer, "mask_token_id", None)):
+        if isinstance(value, int):
+            return value
+    vocab = tokenizer.get_vocab()
+    for name in names:
+        if name in vocab:
+            return vocab[name]
+    raise UserError(
+        f"{where} names no mask token (config mask_token_id, tokenizer mask_token, "
+        f"or one of {', '.join(names)}); pass mask_id=N"
+    )
+
+
+# -- tiny random models and their tokenizer ----------------------------------------------------
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>")
+
+
+def char_tokenizer(extra_specials: tuple[str, ...] = ()) -> PreTrainedTokenizerFast:
+    """A character-level tokenizer: printable ASCII plus chat and mask tokens."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    specials = (*SPECIALS, *extra_specials)
+    chars = [c for c in string.printable if c not in "\x0b\x0c\r"]
+    vocab = {tok: i for i, tok in enumerate([*specials, *chars])}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        mask_token="<|mask|>",
+        additional_special_tokens=list(specials[1:3] + extra_specials),
+    )
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def random_model(
+    arch: str,
+    tokenizer: PreTrainedTokenizerBase,
+    seed: int,
+    dtype: torch.dtype,
+    hidden: int = 64,
+    layers: int = 2,
+) -> torch.nn.Module:
+    """A tiny randomly initialised model of the architecture, deterministic in `seed`."""
+    vocab = len(tokenizer)
+    if arch == "dream":
+        config = Qwen2Config(
+            hidden_size=hidden,
+            intermediate_size=2 * hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=vocab,
+            max_position_embeddings=2048,
+            tie_word_embeddings=False,
+        )
+    else:
+        config = LlamaConfig(
+            hidden_size=hidden,
+            intermediate_size=2 * hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            vocab_size=vocab,
+            rope_theta=5e5,
+            rms_norm_eps=1e-5,
+            max_position_embeddings=2048,
+            tie_word_embeddings=False,
+        )
+    config.is_causal = False
+    config._attn_implementation = "sdpa"
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        cls = Qwen2ForCausalLM if arch == "dream" else LlamaForCausalLM
+        net = cls(config)
+    return net.to(dtype).eval().requires_grad_(False)
