@@ -184,13 +184,13 @@ class MaskLover(torch.nn.Module):
 
     def __init__(self, vocab: int, mask_id: int):
         super().__init__()
-        self.vocab, self.mask_id = vocab, mask_id
-        self.config = type("C", (), {"is_causal": False})()
+        self.lm_head = torch.nn.Linear(1, vocab, bias=False)
+        torch.nn.init.zeros_(self.lm_head.weight)
+        self.lm_head.weight.data[mask_id] = 10.0
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None):
-        logits = torch.zeros(*input_ids.shape, self.vocab)
-        logits[..., self.mask_id] = 10.0
-        return type("Out", (), {"logits": logits})()
+    def model(self, input_ids, attention_mask=None, position_ids=None):
+        hidden = torch.ones(*input_ids.shape, 1)
+        return type("Out", (), {"last_hidden_state": hidden})()
 
 
 @pytest.mark.parametrize("cls", [Dream, LLaDA])

@@ -110,14 +110,27 @@ class DiffusionBackbone(abc.ABC):
         return ids, attn, offsets
 
     @torch.no_grad()
-    def logits(self, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        """Bidirectional logits [B, L, V]; shifted one position right for Dream."""
+    def hidden(self, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """Last hidden states [B, L, H] of the bidirectional forward, aligned with the logits
+        the sampler reads: shifted one position right for Dream."""
         ids, attn = ids.to(self.device), attn.to(self.device)
         positions = (attn.cumsum(-1) - 1).clamp(min=0)
-        out = self.transformer(input_ids=ids, attention_mask=attn, position_ids=positions).logits
+        out = self.transformer.model(
+            input_ids=ids, attention_mask=attn, position_ids=positions
+        ).last_hidden_state
         if self.shift:
             out = torch.cat([out[:, :1], out[:, :-1]], dim=1)
         return out
+
+    @torch.no_grad()
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits of the given hidden states. Samplers apply it to masked positions only,
+        which saves the [B, L, V] logits tensor of a full forward."""
+        return self.transformer.lm_head(hidden)
+
+    def logits(self, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """Logits [B, L, V] as the sampler reads them (shifted for Dream)."""
+        return self.head(self.hidden(ids, attn))
 
     def noise(self, batch: StepBatch, offsets: list[int], width: int, draws: int) -> torch.Tensor:
         """[B, draws, L] uniforms, each row's drawn at its own length from (key, step)."""

@@ -84,12 +84,13 @@ class Dream(DiffusionBackbone):
 
     def commit(self, ids, attn, offsets, batch: StepBatch) -> torch.Tensor:
         c = self.config
-        logits = self.logits(ids, attn)
-        masked = (ids == self.mask_id).to(logits.device)
-        u = self.noise(batch, offsets, ids.shape[1], 3).to(logits.device)
+        hidden = self.hidden(ids, attn)
+        device = hidden.device
+        masked = (ids == self.mask_id).to(device)
+        u = self.noise(batch, offsets, ids.shape[1], 3).to(device)
         steps = torch.tensor(list(batch.steps))
 
-        picked = logits[masked]  # [M, V]: every masked position of the batch
+        picked = self.head(hidden[masked])  # [M, V]: every masked position of the batch
         if c.suppress_mask:
             picked[:, self.mask_id] = -torch.inf
         if c.temperature > 0:
@@ -109,7 +110,7 @@ class Dream(DiffusionBackbone):
         elif c.alg == "entropy":
             confidence = (probs * torch.log(probs + 1e-10)).sum(-1)
 
-        proposal = ids.to(logits.device).clone()
+        proposal = ids.to(device).clone()
         proposal[masked] = x0
         if c.alg == "origin":
             grid = torch.linspace(1, c.eps, batch.total_steps + 1)
@@ -117,15 +118,15 @@ class Dream(DiffusionBackbone):
             p = torch.where(steps == batch.total_steps - 1, torch.ones_like(p), p)
             chosen = masked & (u[:, 1] < p.to(u.device)[:, None])
         else:
-            full = torch.full(ids.shape, -torch.inf, dtype=torch.float64, device=logits.device)
+            full = torch.full(ids.shape, -torch.inf, dtype=torch.float64, device=device)
             full[masked] = confidence.to(torch.float64)
             if c.alg_temp:
                 gumbel = -torch.log(-torch.log(u[:, 2].clamp(1e-300, 1 - 1e-16)))
                 full = full / c.alg_temp + gumbel
-            k = quota(masked.sum(-1).cpu(), steps, batch.total_steps, c.eps).to(logits.device)
+            k = quota(masked.sum(-1).cpu(), steps, batch.total_steps, c.eps).to(device)
             rank = torch.argsort(torch.argsort(full, dim=-1, descending=True, stable=True), dim=-1)
             chosen = masked & (rank < k[:, None])
-        return torch.where(chosen, proposal, ids.to(logits.device))
+        return torch.where(chosen, proposal, ids.to(device))
 
 
 @hookimpl

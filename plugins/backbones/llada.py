@@ -89,53 +89,55 @@ class LLaDA(DiffusionBackbone):
         c = self.config
         device = self.device
         ids, attn = ids.to(device), attn.to(device)
-        logits = self.logits(ids, attn)
+        width = ids.shape[1]
+        masked = ids == self.mask_id
+        positions = torch.arange(width, device=device)
+        eligible = torch.zeros_like(masked)  # masked and not right of the row's current block
+        quotas = torch.zeros(len(offsets), dtype=torch.long, device=device)
+        for i, (off, plen, step) in enumerate(
+            zip(offsets, batch.prompt_lens, batch.steps, strict=True)
+        ):
+            block, per_block = self.schedule(width - off - plen, batch.total_steps)
+            b, j = divmod(int(step), per_block)
+            eligible[i] = masked[i] & (positions < off + plen + (b + 1) * block)
+            quotas[i] = block_quota(block, per_block, torch.tensor(j))
+
+        logits = self.head(self.hidden(ids, attn)[eligible])  # [M, V], row-major
         if c.cfg_scale > 0:
             unprompted = ids.clone()
             for i, (off, plen) in enumerate(zip(offsets, batch.prompt_lens, strict=True)):
                 unprompted[i, off : off + plen] = self.mask_id
-            un = self.logits(unprompted, attn)
+            un = self.head(self.hidden(unprompted, attn)[eligible])
             logits = un + (c.cfg_scale + 1) * (logits - un)
         if c.suppress_mask:
-            logits[..., self.mask_id] = -torch.inf
-        masked = ids == self.mask_id
-        width = ids.shape[1]
-        positions = torch.arange(width, device=device)
-        steps = torch.tensor(list(batch.steps), device=device)
-        eligible = torch.zeros_like(masked)
-        quotas = torch.zeros(len(offsets), dtype=torch.long, device=device)
-        for i, (off, plen) in enumerate(zip(offsets, batch.prompt_lens, strict=True)):
-            gen_length = width - off - plen
-            block, per_block = self.schedule(gen_length, batch.total_steps)
-            b, j = divmod(int(steps[i]), per_block)
-            end = off + plen + (b + 1) * block
-            eligible[i] = masked[i] & (positions < end)
-            quotas[i] = block_quota(block, per_block, torch.tensor(j))
+            logits[:, self.mask_id] = -torch.inf
 
         x0 = logits.argmax(-1)
-        if c.temperature > 0:  # Gumbel-max in float64 on the positions that can commit
-            for i in range(len(offsets)):
-                where = eligible[i].nonzero().flatten()
-                if len(where) == 0:
-                    continue
-                gen = torch_generator(batch.keys[i], batch.steps[i], device)
-                u = torch.rand(
-                    (len(where), logits.shape[-1]),
-                    generator=gen,
-                    dtype=torch.float64,
-                    device=device,
-                )
-                noisy = logits[i, where].double().exp() / (-torch.log(u)) ** c.temperature
-                x0[i, where] = noisy.argmax(-1)
+        if c.temperature > 0:  # Gumbel-max in float64, each row's noise from its own key
+            start = 0
+            for i, count in enumerate(eligible.sum(-1).tolist()):
+                if count:
+                    gen = torch_generator(batch.keys[i], batch.steps[i], device)
+                    u = torch.rand(
+                        (count, logits.shape[-1]), generator=gen, dtype=torch.float64, device=device
+                    )
+                    rows = logits[start : start + count].double()
+                    x0[start : start + count] = (
+                        rows.exp() / (-torch.log(u)) ** c.temperature
+                    ).argmax(-1)
+                start += count
         if c.remasking == "low_confidence":
             probs = torch.softmax(logits.float(), dim=-1)
-            confidence = probs.gather(-1, x0[..., None]).squeeze(-1).double()
+            picked = probs.gather(-1, x0[:, None]).squeeze(-1).double()
         else:
-            confidence = self.noise(batch, offsets, width, 1)[:, 0].to(device)
-        confidence = torch.where(eligible, confidence, torch.full_like(confidence, -torch.inf))
+            picked = self.noise(batch, offsets, width, 1)[:, 0].to(device)[eligible]
+        confidence = torch.full(ids.shape, -torch.inf, dtype=torch.float64, device=device)
+        confidence[eligible] = picked
+        proposal = ids.clone()
+        proposal[eligible] = x0
         rank = torch.argsort(torch.argsort(confidence, dim=-1, descending=True, stable=True), -1)
         chosen = eligible & (rank < quotas[:, None])
-        return torch.where(chosen, x0, ids)
+        return torch.where(chosen, proposal, ids)
 
 
 @hookimpl
