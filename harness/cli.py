@@ -11,15 +11,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from dllmbench import __version__
+from dllmbench import __version__, scoring_cli
 from dllmbench.engine import Limits, Sampling
 from dllmbench.errors import CostMismatch, UserError
 from dllmbench.leaderboard import rich_table
 from dllmbench.method import parse_part
 from dllmbench.planner import plan
 from dllmbench.registry import registry
-
-DEFAULT_SCORERS = ("prm", "orm")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -59,8 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=None,
         metavar="NAME[=PLUGIN[:k=v,...]]",
-        help="a scorer under the name methods use (prm, orm); repeatable; "
-        "default: the plugins named prm and orm when installed",
+        help="a scorer under the name methods use, e.g. orm=orm:checkpoint=DIR; repeatable",
     )
     run.add_argument("--budget", type=int, help="passes per problem each method may spend")
     run.add_argument("--methods", help="comma-separated method families; default: all")
@@ -106,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("tasks", help="list tasks with their splits and sizes")
     t.add_argument("--json", action="store_true")
+    scoring_cli.add_parsers(sub)
     return parser
 
 
@@ -188,8 +186,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         )
     task, task_config = parse_part(args.task)
     backbone, backbone_config = parse_part(args.backbone)
-    defaults = [s for s in DEFAULT_SCORERS if s in reg.names("scorer")]
-    scorers = _scorers_arg(args.scorer if args.scorer is not None else defaults)
+    scorers = _scorers_arg(args.scorer or [])
     if args.steps < 1 or args.gen_length < 1:
         raise UserError("--steps and --gen-length must be >= 1")
     try:
@@ -253,7 +250,26 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run, "plan": cmd_plan, "plugins": cmd_plugins, "tasks": cmd_tasks}
+def _json_command(command):
+    """A command returning a dict, printed as JSON under --json."""
+
+    def run(args: argparse.Namespace, console: Console) -> int:
+        result = command(args, console)
+        if args.json:
+            print(json.dumps(result, indent=2))
+        return 0
+
+    return run
+
+
+COMMANDS = {
+    "run": cmd_run,
+    "plan": cmd_plan,
+    "plugins": cmd_plugins,
+    "tasks": cmd_tasks,
+    "collect": _json_command(scoring_cli.cmd_collect),
+    "train-scorer": _json_command(scoring_cli.cmd_train_scorer),
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,12 +23,17 @@ from dllmbench.errors import PluginError
 BUILTIN_MODULES = (
     "dllmbench.plugins.backbones.dream",
     "dllmbench.plugins.backbones.llada",
+    "dllmbench.plugins.scorers.reward",
     "dllmbench.plugins.strategies.independent",
     "dllmbench.plugins.strategies.prm_guided",
     "dllmbench.plugins.strategies.smc",
     "dllmbench.plugins.selectors.basic",
     "dllmbench.plugins.selectors.voting",
     "dllmbench.plugins.selectors.oracle",
+    "dllmbench.tasks.gsm8k",
+    "dllmbench.tasks.math500",
+    "dllmbench.tasks.mbpp",
+    "dllmbench.tasks.arith",
 )
 
 KINDS = {

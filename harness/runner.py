@@ -169,6 +169,12 @@ def prepare(cfg: RunConfig, reg: Registry | None = None):
         name: reg.scorer(plugin, shared={"backbone": backbone}, **config)
         for name, (plugin, config) in cfg.scorers.items()
     }
+    for name, scorer in scorers.items():
+        if getattr(scorer, "trained", True) is False:
+            raise UserError(
+                f"scorer {name!r} has no trained weights; give checkpoint=DIR "
+                "(dllmbench train-scorer makes one)"
+            )
     budget = cfg.budget or default_budget(cfg.sampling.total_steps)
     chosen = plan(
         reg,

@@ -252,8 +252,10 @@ def test_backbone_trajectory_ends_decodable(dllmbench_backbone):
 
 def test_scorer_returns_one_finite_float_per_row(dllmbench_scorer):
     name, config = dllmbench_scorer
-    scorer = registry().scorer(name, **config)
-    backbone = ToyBackbone()
+    # a scorer that reads a model names the backbone to check it on: (name, config)
+    spec = getattr(registry().info("scorer", name).factory, "contract_backbone", None)
+    backbone = registry().backbone(spec[0], **spec[1]) if spec else ToyBackbone()
+    scorer = registry().scorer(name, shared={"backbone": backbone}, **config)
     canvases = _canvases(backbone, 4)
     batch = ScoreBatch([c for c, _ in canvases], [p for _, p in canvases], [0] * 4, STEPS)
     values = np.asarray(scorer.score(batch))

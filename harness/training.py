@@ -1,0 +1,217 @@
+"""Training a scorer on collected trajectories: `dllmbench train-scorer`.
+
+Works with any scorer plugin that can be trained: one exposing `trainable()` (its
+parameters), a differentiable `logits(tokens, prompt_lens)`, `train_mode(flag)`,
+`save(path, extra)` and `load_weights(path)`. A PRM learns from every snapshot, an ORM from
+final states only; each is labelled with its trajectory's final correctness (BCE). AdamW, a
+cosine schedule with optional warmup, gradient clipping and accumulation. Validation uses
+held-out *training* problems: BCE, accuracy and ROC-AUC overall and per mask-ratio bucket;
+the checkpoint with the lowest validation BCE is kept as `best/`. `latest/` holds everything
+needed to resume exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from sklearn.metrics import roc_auc_score
+
+from dllmbench.collect import Snapshot, mask_ratios
+from dllmbench.errors import UserError
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    kind: str  # "prm": every snapshot; "orm": final states only
+    steps: int = 2000
+    batch: int = 32
+    accum: int = 1
+    lr: float = 2e-5
+    warmup: int = 0
+    weight_decay: float = 0.01
+    clip: float = 1.0
+    val_fraction: float = 0.1
+    val_every: int = 200
+    max_val: int = 4000
+    seed: int = 0
+
+
+def split_problems(snapshots: list[Snapshot], fraction: float, seed: int) -> set[str]:
+    """Validation problems: a seeded shuffle of the sorted ids, `fraction` of them (>= 1)."""
+    ids = sorted({s.problem for s in snapshots})
+    if len(ids) < 2:
+        raise UserError("training a scorer needs trajectories of at least 2 problems")
+    random.Random(seed).shuffle(ids)
+    return set(ids[: max(1, round(fraction * len(ids)))])
+
+
+def auc(labels: np.ndarray, scores: np.ndarray) -> float | None:
+    return float(roc_auc_score(labels, scores)) if 0 < labels.sum() < len(labels) else None
+
+
+def evaluate(scorer: Any, data: list[Snapshot], ratios: np.ndarray, batch: int) -> dict:
+    """Validation BCE, accuracy and ROC-AUC, overall and by mask-ratio bucket."""
+    logits = []
+    scorer.train_mode(False)
+    with torch.no_grad():
+        for i in range(0, len(data), batch):
+            chunk = data[i : i + batch]
+            logits.append(
+                scorer.logits([s.tokens for s in chunk], [s.prompt_len for s in chunk])
+                .float()
+                .cpu()
+            )
+    z = torch.cat(logits)
+    y = torch.tensor([float(s.correct) for s in data])
+    yn, zn = y.numpy(), z.numpy()
+    buckets = {}
+    for b in range(10):
+        lo, hi = b / 10, (b + 1) / 10
+        sel = (ratios >= lo) & ((ratios < hi) if b < 9 else (ratios <= hi))
+        if sel.any():
+            buckets[f"[{lo:.1f},{hi:.1f}{')' if b < 9 else ']'}"] = {
+                "n": int(sel.sum()),
+                "auc": auc(yn[sel], zn[sel]),
+                "accuracy": float(((zn[sel] > 0) == (yn[sel] > 0.5)).mean()),
+            }
+    return {
+        "bce": float(torch.nn.functional.binary_cross_entropy_with_logits(z, y)),
+        "accuracy": float(((zn > 0) == (yn > 0.5)).mean()),
+        "auc": auc(yn, zn),
+        "n": len(data),
+        "by_mask_ratio": buckets,
+    }
+
+
+def train(
+    scorer: Any,
+    snapshots: list[Snapshot],
+    cfg: TrainConfig,
+    out: Path,
+    mask_id: int,
+    log: Callable[[str], None] = print,
+    advance: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Train `scorer` and write best/, latest/ and train.json into `out`."""
+    if cfg.kind == "orm":
+        snapshots = [s for s in snapshots if s.final]
+    val_ids = split_problems(snapshots, cfg.val_fraction, cfg.seed)
+    train_set = [s for s in snapshots if s.problem not in val_ids]
+    val_set = [s for s in snapshots if s.problem in val_ids]
+    random.Random(cfg.seed).shuffle(val_set)
+    val_set = val_set[: cfg.max_val]
+    val_ratios = mask_ratios(val_set, mask_id)
+    if not train_set:
+        raise UserError("no training snapshots left after holding out validation problems")
+
+    out.mkdir(parents=True, exist_ok=True)
+    record = {
+        "config": asdict(cfg),
+        "train": len(train_set),
+        "validation": len(val_set),
+        "validation_problems": len(val_ids),
+    }
+    params = scorer.trainable()
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+    def factor(step: int) -> float:
+        if step < cfg.warmup:
+            return (step + 1) / cfg.warmup
+        return 0.5 * (1 + math.cos(math.pi * (step - cfg.warmup) / max(cfg.steps - cfg.warmup, 1)))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+    step, best, history = 0, None, []
+    latest = out / "latest"
+    if (latest / "state.pt").exists():
+        state = torch.load(latest / "state.pt", weights_only=True)
+        if json.loads(state["config"]) != asdict(cfg):
+            raise UserError(
+                f"{out} holds a training run with another configuration; choose another --out"
+            )
+        scorer.load_weights(latest)
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        step, best = int(state["step"]), json.loads(state["best"])
+        history = json.loads(state["history"])
+        log(f"resuming at step {step}")
+
+    per_step = cfg.batch * cfg.accum
+    while step < cfg.steps:
+        scorer.train_mode(True)
+        opt.zero_grad()
+        total = 0.0
+        for micro in range(cfg.accum):
+            chunk = _batch(train_set, step * per_step + micro * cfg.batch, cfg.batch, cfg.seed)
+            z = scorer.logits([s.tokens for s in chunk], [s.prompt_len for s in chunk])
+            y = torch.tensor([float(s.correct) for s in chunk], device=z.device)
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(z.float(), y) / cfg.accum
+            loss.backward()
+            total += loss.item()
+        torch.nn.utils.clip_grad_norm_(params, cfg.clip)
+        opt.step()
+        sched.step()
+        step += 1
+        if advance:
+            advance(1)
+        if step % cfg.val_every == 0 or step == cfg.steps:
+            metrics = evaluate(scorer, val_set, val_ratios, 2 * cfg.batch)
+            history.append(
+                {
+                    "step": step,
+                    "train_bce": total,
+                    **{k: metrics[k] for k in ("bce", "accuracy", "auc")},
+                }
+            )
+            log(
+                f"step {step}: train BCE {total:.4f}, validation BCE {metrics['bce']:.4f}, "
+                f"accuracy {metrics['accuracy']:.3f}, ROC-AUC {metrics['auc']}"
+            )
+            if best is None or metrics["bce"] < best["bce"]:
+                best = {"step": step, **metrics}
+                scorer.save(out / "best", {"validation": best})
+            scorer.save(latest)
+            torch.save(
+                {
+                    "optimizer": opt.state_dict(),
+                    "scheduler": sched.state_dict(),
+                    "step": step,
+                    "config": json.dumps(asdict(cfg)),
+                    "best": json.dumps(best),
+                    "history": json.dumps(history),
+                },
+                latest / "state.pt",
+            )
+    scorer.train_mode(False)
+    record.update(best=best, history=history)
+    (out / "train.json").write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
+def _batch(data: list[Snapshot], start: int, size: int, seed: int) -> list[Snapshot]:
+    """Items start..start+size of an endless stream of seeded epoch permutations."""
+    out = []
+    for position in range(start, start + size):
+        epoch, offset = divmod(position, len(data))
+        order = _permutation(len(data), seed, epoch)
+        out.append(data[order[offset]])
+    return out
+
+
+_PERMUTATIONS: dict[tuple[int, int, int], list[int]] = {}
+
+
+def _permutation(n: int, seed: int, epoch: int) -> list[int]:
+    key = (n, seed, epoch)
+    if key not in _PERMUTATIONS:
+        _PERMUTATIONS.clear()
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+        _PERMUTATIONS[key] = torch.randperm(n, generator=gen).tolist()
+    return _PERMUTATIONS[key]

@@ -1,0 +1,34 @@
+"""The shipped demo backbone: a ~1M-parameter Dream-architecture dLLM trained on `arith`.
+
+Weights, tokenizer and config live in `tiny_model/` inside the package and load through the
+same code as Dream checkpoints (Qwen2ForCausalLM, is_causal=False, shifted logits).
+`dllmbench retrain-demo` rebuilds them, with the demo's PRM and ORM, from a seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from dllmbench.hookspecs import hookimpl
+from dllmbench.plugins.backbones.dream import Dream, DreamConfig
+
+TINY_DIR = Path(__file__).parent / "tiny_model"
+
+
+@dataclass(frozen=True)
+class TinyConfig(DreamConfig):
+    model: str = str(TINY_DIR)  # the shipped checkpoint; any Dream-format directory works
+    chat: bool | None = False  # trained on raw "Question: …\nAnswer:" prompts
+
+
+class Tiny(Dream):
+    Config = TinyConfig
+    contract_configs: ClassVar[list[dict]] = [{"model": "random"}, {}]
+
+
+@hookimpl
+def dllmbench_register_backbones(register):
+    if (TINY_DIR / "model.safetensors").exists():
+        register("tiny", Tiny)

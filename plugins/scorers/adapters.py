@@ -1,0 +1,83 @@
+"""LoRA adapters on a frozen transformer shared with the generator.
+
+Each scorer injects its own named adapter into the backbone's transformer instead of
+loading a second copy. Adapters are off except inside `active(net, name)`, so the
+generator's forward always sees the plain frozen weights.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from peft import LoraConfig, inject_adapter_in_model
+from peft.tuners.tuners_utils import BaseTunerLayer
+
+
+def tuner_layers(net: torch.nn.Module) -> list[BaseTunerLayer]:
+    return [m for m in net.modules() if isinstance(m, BaseTunerLayer)]
+
+
+def adapter_names(net: torch.nn.Module) -> set[str]:
+    names: set[str] = set()
+    for layer in tuner_layers(net):
+        names |= set(getattr(layer, "lora_A", {}).keys())
+    return names
+
+
+def inject(
+    net: torch.nn.Module,
+    name: str,
+    *,
+    r: int,
+    alpha: int,
+    dropout: float,
+    targets: tuple[str, ...],
+    seed: int,
+) -> None:
+    """Add adapter `name` (initialised from `seed`) and leave every adapter switched off."""
+    config = LoraConfig(
+        r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(targets), bias="none"
+    )
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        # peft warns that a second adapter joins the first: that is the point here
+        warnings.filterwarnings("ignore", message="Already found a `peft_config`")
+        torch.manual_seed(seed)
+        inject_adapter_in_model(config, net, adapter_name=name)
+    if not any(name in getattr(layer, "lora_A", {}) for layer in tuner_layers(net)):
+        raise ValueError(f"no module of the backbone matches target_modules {list(targets)}")
+    for param in net.parameters():  # the base stays frozen; adapters train only when asked
+        param.requires_grad_(False)
+    net.eval()  # the new LoRA dropout modules start in training mode
+    switch(net, None)
+
+
+def switch(net: torch.nn.Module, name: str | None) -> None:
+    for layer in tuner_layers(net):
+        if name is None:
+            layer.enable_adapters(False)
+        else:
+            layer.enable_adapters(True)
+            layer.set_adapter(name)
+            for param in adapter_parameters(net, name).values():
+                param.requires_grad_(False)  # set_adapter marks them trainable
+
+
+@contextmanager
+def active(net: torch.nn.Module, name: str) -> Iterator[None]:
+    """Adapter `name` on for the block, every adapter off after it."""
+    switch(net, name)
+    try:
+        yield
+    finally:
+        switch(net, None)
+
+
+def adapter_parameters(net: torch.nn.Module, name: str) -> dict[str, torch.nn.Parameter]:
+    """The adapter's parameters, keyed without the adapter name (portable across names)."""
+    marker = f".{name}."
+    return {
+        k.replace(marker, "."): p for k, p in net.named_parameters() if marker in k and "lora_" in k
+    }

@@ -1,0 +1,266 @@
+"""PRM and ORM scorers: LoRA on the frozen backbone, a pooled readout and a small head.
+
+PRM ("cross-mask"): hidden states of the last layer pooled over the generated region
+(mask-aware mean, excluding MASK tokens and everything from the first end token; or the last
+such token), concatenated with a 256-d sinusoidal embedding of the mask ratio through
+Linear(256, 256) + GELU, then Linear(·, 1024) → GELU → Linear(1024, 1). It reads partial
+states. ORM: the same LoRA and mean pool, no step embedding, a linear head; final states
+only. Attention is bidirectional or causal: the same model with the causal mask on or off.
+
+The scorer shares the backbone's transformer: its adapter is injected under its own name and
+switched on only while it scores. A checkpoint is a directory holding adapter.safetensors,
+head.safetensors and config.json; it loads strictly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from dllmbench.errors import PluginError, UserError
+from dllmbench.hookspecs import hookimpl
+from dllmbench.interfaces import ScoreBatch
+from dllmbench.plugins.scorers.adapters import (
+    active,
+    adapter_names,
+    adapter_parameters,
+    inject,
+)
+from dllmbench.plugins.scorers.heads import ORMHead, PRMHead, pool, region
+
+FORMAT = 1
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    checkpoint: str | None = None  # a trained scorer directory; none: fresh, for training
+    attention: str | None = None  # "bidirectional" (default) or "causal"
+    pooling: str | None = None  # "mean" (default) or "last"
+    mask_aware: bool | None = None  # leave MASK tokens out of the pool (default true)
+    step_embedding: bool | None = None  # mask-ratio embedding (default: PRM yes, ORM no)
+    lora_r: int | None = None  # default 16
+    lora_alpha: int | None = None  # default 32
+    lora_dropout: float | None = None  # default 0.05
+    target_modules: str | None = None  # comma-separated; default "q_proj,v_proj"
+    head_width: int | None = None  # PRM MLP width; default 1024
+    seed: int = 0  # initialisation of a fresh adapter and head
+
+
+DEFAULTS = {
+    "attention": "bidirectional",
+    "pooling": "mean",
+    "mask_aware": True,
+    "lora_r": 16,
+    "lora_alpha": 32,
+    "lora_dropout": 0.05,
+    "target_modules": "q_proj,v_proj",
+    "head_width": 1024,
+}
+CHOICES = {"attention": ("bidirectional", "causal"), "pooling": ("mean", "last")}
+SETTINGS = (*DEFAULTS, "step_embedding")
+
+
+def fingerprint(net: torch.nn.Module) -> str:
+    """Identity of a base model: its architecture and the first rows of its embedding."""
+    c = net.config
+    h = hashlib.sha256()
+    h.update(
+        json.dumps([type(net).__name__, c.hidden_size, c.num_hidden_layers, c.vocab_size]).encode()
+    )
+    h.update(net.get_input_embeddings().weight[:8].detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+class RewardScorer:
+    """Base of the PRM and ORM scorers."""
+
+    Config = RewardConfig
+    contract_backbone: ClassVar[tuple[str, dict]] = ("dream", {"model": "random"})
+    contract_configs: ClassVar[list[dict]] = [{}, {"attention": "causal", "pooling": "last"}]
+    kind: ClassVar[str]
+    reads_partial: ClassVar[bool]
+
+    def __init__(self, backbone: Any = None, **config: Any):
+        self.config = RewardConfig(**config)
+        if backbone is None or not hasattr(backbone, "transformer"):
+            raise PluginError(
+                f"scorer {self.kind!r} needs a transformer backbone "
+                "(dream, llada or tiny), not "
+                f"{type(backbone).__name__ if backbone else 'none'}"
+            )
+        self.backbone = backbone
+        self.net = backbone.transformer
+        saved = self._read_checkpoint_config()
+        self.settings = self._resolve(saved)
+        s = self.settings
+        self.adapter = f"{self.kind}{len(adapter_names(self.net))}"
+        inject(
+            self.net,
+            self.adapter,
+            r=s["lora_r"],
+            alpha=s["lora_alpha"],
+            dropout=s["lora_dropout"],
+            targets=tuple(s["target_modules"].split(",")),
+            seed=self.config.seed,
+        )
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.config.seed)
+            hidden = self.net.config.hidden_size
+            self.head = (
+                PRMHead(hidden, s["head_width"], s["step_embedding"])
+                if self.kind == "prm"
+                else ORMHead(hidden)
+            )
+        self.head.to(backbone.device).eval()
+        self.trained = saved is not None
+        self.validation = None
+        if saved is not None:
+            self._load_weights(Path(self.config.checkpoint), saved)
+            self.validation = saved.get("validation")
+
+    # -- configuration ------------------------------------------------------------------------
+    def _read_checkpoint_config(self) -> dict[str, Any] | None:
+        if self.config.checkpoint is None:
+            return None
+        path = Path(self.config.checkpoint) / "config.json"
+        if not path.exists():
+            raise UserError(f"scorer checkpoint {self.config.checkpoint!r} has no config.json")
+        saved = json.loads(path.read_text())
+        if saved.get("kind") != self.kind:
+            raise UserError(
+                f"{self.config.checkpoint} is a {saved.get('kind')!r} checkpoint, "
+                f"not a {self.kind!r} one"
+            )
+        if saved.get("base") != fingerprint(self.net):
+            raise UserError(
+                f"{self.config.checkpoint} was trained on another base model "
+                f"(fingerprint {saved.get('base')}, this backbone's is "
+                f"{fingerprint(self.net)})"
+            )
+        return saved
+
+    def _resolve(self, saved: dict[str, Any] | None) -> dict[str, Any]:
+        defaults = {**DEFAULTS, "step_embedding": self.kind == "prm"}
+        settings = {k: (saved or defaults)[k] for k in SETTINGS}
+        for key in SETTINGS:
+            asked = getattr(self.config, key)
+            if asked is None:
+                continue
+            if key in CHOICES and asked not in CHOICES[key]:
+                raise ValueError(f"{key} must be one of {', '.join(CHOICES[key])}, got {asked!r}")
+            if saved is not None and asked != saved[key]:
+                raise UserError(
+                    f"{self.config.checkpoint} was trained with {key}={saved[key]!r}, not {asked!r}"
+                )
+            settings[key] = asked
+        return settings
+
+    # -- weights ------------------------------------------------------------------------------
+    def trainable(self) -> list[torch.nn.Parameter]:
+        return [*adapter_parameters(self.net, self.adapter).values(), *self.head.parameters()]
+
+    def state(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        adapter = {
+            k: v.detach().cpu().contiguous()
+            for k, v in adapter_parameters(self.net, self.adapter).items()
+        }
+        head = {k: v.detach().cpu().contiguous() for k, v in self.head.state_dict().items()}
+        return adapter, head
+
+    def save(self, path: str | Path, extra: dict[str, Any] | None = None) -> None:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        adapter, head = self.state()
+        save_file(adapter, str(path / "adapter.safetensors"))
+        save_file(head, str(path / "head.safetensors"))
+        config = {
+            "format": FORMAT,
+            "kind": self.kind,
+            "base": fingerprint(self.net),
+            **self.settings,
+            **(extra or {}),
+        }
+        (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+    def train_mode(self, flag: bool) -> None:
+        """LoRA dropout and head in training mode (the frozen base has no dropout)."""
+        self.net.train(flag)
+        self.head.train(flag)
+
+    def load_weights(self, path: str | Path) -> None:
+        """Adapter and head weights of a checkpoint directory (same settings), strictly."""
+        self._load_weights(Path(path), json.loads((Path(path) / "config.json").read_text()))
+
+    def _load_weights(self, path: Path, saved: dict[str, Any]) -> None:
+        for name, module_state in (
+            ("adapter", adapter_parameters(self.net, self.adapter)),
+            ("head", self.head.state_dict()),
+        ):
+            file = path / f"{name}.safetensors"
+            if not file.exists():
+                raise UserError(f"{path} has no {file.name}")
+            tensors = load_file(str(file))
+            missing = sorted(set(module_state) - set(tensors))
+            unexpected = sorted(set(tensors) - set(module_state))
+            if missing or unexpected:
+                raise UserError(
+                    f"{file} does not fit this {self.kind}: missing {missing[:4]}, "
+                    f"unexpected {unexpected[:4]}"
+                )
+            for key, value in tensors.items():
+                if module_state[key].shape != value.shape:
+                    raise UserError(
+                        f"{file}: {key} has shape {tuple(value.shape)}, the model "
+                        f"expects {tuple(module_state[key].shape)}"
+                    )
+                with torch.no_grad():
+                    module_state[key].copy_(value)
+
+    # -- scoring ------------------------------------------------------------------------------
+    def logits(self, tokens: list[torch.Tensor], prompt_lens: list[int]) -> torch.Tensor:
+        """One logit per row; differentiable in the adapter and head."""
+        bb = self.backbone
+        ids, attn, offsets = bb.pad(tokens)
+        ids, attn = ids.to(bb.device), attn.to(bb.device)
+        positions = (attn.cumsum(-1) - 1).clamp(min=0)
+        causal = self.settings["attention"] == "causal"
+        with active(self.net, self.adapter):
+            hidden = self.net.model(
+                input_ids=ids, attention_mask=attn, position_ids=positions, is_causal=causal
+            ).last_hidden_state.float()
+        start = torch.tensor(
+            [o + p for o, p in zip(offsets, prompt_lens, strict=True)], device=ids.device
+        )
+        inside, ratio = region(ids, start, bb.mask_id, bb.stop_ids, self.settings["mask_aware"])
+        pooled = pool(hidden, inside, start - 1, self.settings["pooling"])
+        return self.head(pooled, ratio)
+
+    def score(self, batch: ScoreBatch) -> np.ndarray:
+        with torch.no_grad():
+            return self.logits(list(batch.tokens), list(batch.prompt_lens)).cpu().numpy()
+
+    def describe_settings(self) -> dict[str, Any]:
+        return {**asdict(self.config), **self.settings}
+
+
+class PRM(RewardScorer):
+    kind = "prm"
+    reads_partial = True
+
+
+class ORM(RewardScorer):
+    kind = "orm"
+    reads_partial = False
+
+
+@hookimpl
+def dllmbench_register_scorers(register):
+    register("prm", PRM)
+    register("orm", ORM)

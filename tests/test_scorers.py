@@ -1,0 +1,178 @@
+"""PRM and ORM: shared weights, attention modes, pooling, strict checkpoints."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from dllmbench.errors import PluginError, UserError
+from dllmbench.interfaces import ScoreBatch
+from dllmbench.plugins.backbones.dream import Dream
+from dllmbench.plugins.backbones.llada import LLaDA
+from dllmbench.plugins.scorers.adapters import adapter_names
+from dllmbench.plugins.scorers.heads import pool, region
+from dllmbench.plugins.scorers.reward import ORM, PRM
+from dllmbench.types import Prompt
+
+
+def canvases(bb, n=3, gen=6):
+    out = []
+    for i in range(n):
+        ids = bb.encode(Prompt(text=f"{i}+{i * 7}="))
+        canvas = bb.canvas(ids, gen)
+        canvas[len(ids) : len(ids) + i + 1] = torch.tensor(
+            bb.tokenizer(str(i) * (i + 1))["input_ids"]
+        )
+        out.append((canvas, len(ids)))
+    return out
+
+
+def batch(rows):
+    return ScoreBatch([c for c, _ in rows], [p for _, p in rows], [0] * len(rows), 8)
+
+
+def test_region_excludes_masks_and_everything_from_the_first_end_token():
+    M, E = 99, 98
+    ids = torch.tensor([[5, 5, 7, M, 8, E, 9, 9], [1, 5, M, M, M, M, M, M]])
+    inside, ratio = region(ids, torch.tensor([2, 2]), M, {E}, mask_aware=True)
+    assert inside[0].nonzero().flatten().tolist() == [2, 4]
+    assert inside[1].sum() == 0
+    assert ratio.tolist() == pytest.approx([1 / 6, 1.0])
+    inside, _ = region(ids, torch.tensor([2, 2]), M, {E}, mask_aware=False)
+    assert inside[0].nonzero().flatten().tolist() == [2, 3, 4]
+
+
+def test_mean_and_last_pooling_read_the_right_positions():
+    hidden = torch.arange(2 * 5 * 1, dtype=torch.float).view(2, 5, 1)
+    inside = torch.tensor([[0, 1, 0, 1, 0], [0, 0, 0, 0, 0]], dtype=torch.bool)
+    fallback = torch.tensor([0, 2])
+    assert pool(hidden, inside, fallback, "mean").flatten().tolist() == [2.0, 7.0]
+    assert pool(hidden, inside, fallback, "last").flatten().tolist() == [3.0, 7.0]
+
+
+def test_scorers_share_the_frozen_backbone_and_leave_it_untouched():
+    bb = Dream(model="random")
+    ids, attn, _ = bb.pad([c for c, _ in canvases(bb)])
+    before = bb.logits(ids, attn)
+    prm, orm = PRM(backbone=bb), ORM(backbone=bb)
+    assert prm.net is bb.transformer and orm.net is bb.transformer
+    assert adapter_names(bb.transformer) == {prm.adapter, orm.adapter}
+    prm.score(batch(canvases(bb)))
+    torch.testing.assert_close(bb.logits(ids, attn), before)  # adapters are off again
+    assert not any(p.requires_grad for p in bb.transformer.parameters())
+
+
+def test_bidirectional_and_causal_attention_really_differ():
+    bb = Dream(model="random")
+    rows = canvases(bb)
+    bi = PRM(backbone=bb, seed=1).score(batch(rows))
+    causal = PRM(backbone=bb, seed=1, attention="causal").score(batch(rows))
+    assert abs(bi - causal).max() > 1e-4
+
+
+def test_scores_do_not_depend_on_batch_composition():
+    bb = LLaDA(model="random")
+    prm = PRM(backbone=bb, pooling="last")
+    rows = canvases(bb, 4)
+    together = prm.score(batch(rows))
+    alone = [prm.score(batch([r]))[0] for r in rows]
+    assert together == pytest.approx(alone, abs=1e-5)
+
+
+def test_step_embedding_changes_the_score_with_the_mask_ratio():
+    bb = Dream(model="random")
+    prm = PRM(backbone=bb)
+    ((canvas, plen),) = canvases(bb, 1)
+    fuller = canvas.clone()
+    fuller[plen + 1 :] = bb.tokenizer("7")["input_ids"][0]
+    a, b = prm.score(batch([(canvas, plen), (fuller, plen)]))
+    assert a != b
+    assert ORM(backbone=bb).reads_partial is False and prm.reads_partial is True
+
+
+@pytest.fixture()
+def saved(tmp_path):
+    bb = Dream(model="random")
+    prm = PRM(backbone=bb, seed=4)
+    with torch.no_grad():
+        for p in prm.trainable():
+            p.add_(0.01 * torch.randn_like(p))
+    prm.save(tmp_path / "prm")
+    return bb, prm, tmp_path / "prm"
+
+
+def test_checkpoint_round_trips(saved):
+    bb, prm, path = saved
+    loaded = PRM(backbone=bb, checkpoint=str(path))
+    rows = canvases(bb)
+    assert loaded.trained and not prm.trained
+    assert loaded.score(batch(rows)) == pytest.approx(prm.score(batch(rows)), abs=1e-6)
+    assert json.loads((path / "config.json").read_text())["pooling"] == "mean"
+
+
+def _rewrite(path, name, change):
+    tensors = load_file(str(path / name))
+    change(tensors)
+    save_file(tensors, str(path / name))
+
+
+@pytest.mark.parametrize(
+    "breakage,needle",
+    [
+        (
+            lambda p: _rewrite(p, "head.safetensors", lambda t: t.pop("mlp.0.weight")),
+            "missing ['mlp.0.weight']",
+        ),
+        (
+            lambda p: _rewrite(
+                p,
+                "adapter.safetensors",
+                lambda t: t.__setitem__("extra.lora_A.weight", torch.zeros(1)),
+            ),
+            "unexpected ['extra.lora_A.weight']",
+        ),
+        (
+            lambda p: _rewrite(
+                p, "head.safetensors", lambda t: t.__setitem__("mlp.2.weight", torch.zeros(1, 7))
+            ),
+            "has shape (1, 7)",
+        ),
+        (lambda p: (p / "head.safetensors").unlink(), "no head.safetensors"),
+    ],
+)
+def test_checkpoint_that_does_not_fit_raises_naming_the_keys(saved, breakage, needle):
+    bb, _, path = saved
+    breakage(path)
+    with pytest.raises(UserError) as err:
+        PRM(backbone=bb, checkpoint=str(path))
+    assert needle in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "options,needle",
+    [
+        ({"pooling": "last"}, "trained with pooling='mean', not 'last'"),
+        ({"attention": "causal"}, "trained with attention='bidirectional', not 'causal'"),
+        ({"lora_r": 8}, "trained with lora_r=16, not 8"),
+    ],
+)
+def test_checkpoint_settings_must_match(saved, options, needle):
+    bb, _, path = saved
+    with pytest.raises(UserError, match=needle.replace("(", r"\(")):
+        PRM(backbone=bb, checkpoint=str(path), **options)
+
+
+def test_checkpoint_on_another_base_model_or_kind_raises(saved):
+    _, _, path = saved
+    with pytest.raises(UserError, match="another base model"):
+        PRM(backbone=Dream(model="random", seed=1), checkpoint=str(path))
+    with pytest.raises(UserError, match="is a 'prm' checkpoint, not a 'orm' one"):
+        ORM(backbone=saved[0], checkpoint=str(path))
+
+
+def test_a_scorer_needs_a_transformer_backbone():
+    with pytest.raises(PluginError, match="needs a transformer backbone"):
+        PRM()
