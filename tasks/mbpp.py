@@ -1,0 +1,248 @@
+"""MBPP: 974 short Python tasks, each with three asserts, graded by running them in a sandbox.
+
+Splits by task_id, as in the dataset's own release: prompt 1–10, test 11–510, validation
+511–600, train 601–974. The program is the first fenced code block of the generation (the
+first that defines something when there are several), else the text before `[DONE]`; it passes
+when the program, the task's test_setup_code and every assert of `test_list` run to the end in
+the sandbox (`dllmbench.tasks.sandbox`). Grades are cached per (task, program).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import re
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
+
+from dllmbench.errors import UserError
+from dllmbench.hookspecs import hookimpl
+from dllmbench.tasks.data import TaskData, need_fields, shared_data_dir
+from dllmbench.tasks.sandbox import ISOLATIONS, Limits, Outcome, Sandbox
+from dllmbench.types import Problem, Prompt
+
+HUB = ("google-research-datasets/mbpp", "full")
+RANGES = {"prompt": (1, 10), "test": (11, 510), "validation": (511, 600), "train": (601, 974)}
+SIZES = {split: hi - lo + 1 for split, (lo, hi) in RANGES.items()}
+FEWSHOT_IDS = (2, 3, 4)  # the exemplars of the original paper and lm-eval (prompt split)
+
+_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
+_DEFINES = re.compile(r"^\s*(?:def|class|import|from)\s", re.MULTILINE)
+
+
+def task_text(text: str, tests: Sequence[str]) -> str:
+    """The task as the original paper and lm-eval state it, ending before the program."""
+    return (
+        f"You are an expert Python programmer, and here is your task: {text} "
+        f"Your code should pass these tests:\n\n" + "\n".join(tests)
+    )
+
+
+def extract_program(text: str) -> str | None:
+    """The program in a generation: a fenced block (```python …``` or ``` …```), else the raw
+    text cut at `[DONE]` (the few-shot stop marker; a leading `[BEGIN]` is dropped)."""
+    blocks = [(lang.lower(), body) for lang, body in _FENCE.findall(text)]
+    if blocks:
+        python = [b for lang, b in blocks if lang in ("python", "py", "python3", "")] or [
+            b for _, b in blocks
+        ]
+        body = next((b for b in python if _DEFINES.search(b)), python[0])
+        return body.strip("\n").rstrip() or None
+    raw = text.split("[DONE]", 1)[0]
+    if "[BEGIN]" in raw:
+        raw = raw.split("[BEGIN]", 1)[1]
+    raw = raw.strip("\n").rstrip()
+    return raw if raw.strip() else None
+
+
+def program_key(program: str) -> str:
+    """Programs vote together when their syntax trees match (comments, layout ignored)."""
+    try:
+        form = ast.dump(ast.parse(program))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        form = "unparsed:" + program.strip()
+    return hashlib.sha256(form.encode()).hexdigest()[:16]
+
+
+def _in_range(split: str, row: dict[str, Any]) -> bool:
+    lo, hi = RANGES[split]
+    return lo <= int(row["task_id"]) <= hi
+
+
+_check = need_fields(task_id=int, text=str, code=str, test_list=list)
+
+
+def _check_row(row: dict[str, Any]) -> str | None:
+    problem = _check(row)
+    if problem:
+        return problem
+    if not all(isinstance(t, str) for t in row["test_list"]) or not row["test_list"]:
+        return "has a test_list that is not a non-empty list of strings"
+    if not isinstance(row.get("test_setup_code", ""), str):
+        return "has a test_setup_code that is not a string"
+    return None
+
+
+@dataclass(frozen=True)
+class Tests:
+    """A task's gold: its asserts, its setup code and the reference solution."""
+
+    asserts: tuple[str, ...]
+    setup: str
+    reference: str
+
+
+def _slim(outcome: Outcome, keep: int = 2000) -> Outcome:
+    """An outcome with only the ends of its output, for the cache."""
+    return replace(outcome, stdout=outcome.stdout[-keep:], stderr=outcome.stderr[-keep:])
+
+
+@dataclass(frozen=True)
+class MbppConfig:
+    # a jsonl file or a folder (holding mbpp.jsonl, or mbpp/ with it); None:
+    # $DLLMBENCH_DATA/mbpp when it exists, else google-research-datasets/mbpp (full) from the Hub
+    data: str | None = None
+    revision: str | None = None  # Hub revision when loading from the Hub
+    isolation: str = "namespaces"  # sandbox isolation: "namespaces", or "process" (weak)
+    timeout: float = 15.0  # wall-clock seconds per program, interpreter start included
+    cpu_seconds: int = 5  # CPU seconds per program
+    memory_mb: int = 1024  # address space per process, MiB
+    output_bytes: int = 65536  # stdout and stderr kept; more fails the program
+    processes: int = 16  # processes of one program at once (RLIMIT_NPROC)
+    workers: int = 0  # programs graded at once by grade_many (0: two per CPU core)
+
+    def __post_init__(self) -> None:
+        if self.isolation not in ISOLATIONS:
+            raise ValueError(f"isolation must be namespaces or process, got {self.isolation!r}")
+        if self.workers < 0:
+            raise ValueError(f"workers must be >= 0, got {self.workers}")
+        self.limits()  # validates the limits
+
+    def limits(self) -> Limits:
+        return Limits(
+            timeout=self.timeout,
+            cpu_seconds=self.cpu_seconds,
+            memory_mb=self.memory_mb,
+            output_bytes=self.output_bytes,
+            processes=self.processes,
+        )
+
+
+class Mbpp:
+    """MBPP graded by execution; prompts `chat` (0-shot) and `fewshot` (3-shot, [BEGIN]/[DONE])."""
+
+    Config = MbppConfig
+    contract_configs: ClassVar[list[dict]] = [{"data": str(shared_data_dir())}]
+
+    def __init__(self, **config: Any):
+        self.config = MbppConfig(**config)
+        self._data = TaskData(
+            "mbpp",
+            data=self.config.data,
+            revision=self.config.revision,
+            files=dict.fromkeys(RANGES, "mbpp.jsonl"),
+            hub=HUB,
+            hub_sizes=SIZES,
+            check=_check_row,
+            select=_in_range,
+        )
+        self.sandbox = Sandbox(self.config.limits(), self.config.isolation)
+        self._outcomes: dict[tuple[str, str], Outcome] = {}
+        self._lock = threading.Lock()
+
+    def splits(self) -> dict[str, int]:
+        return self._data.splits()
+
+    def problems(self, split: str) -> list[Problem]:
+        out = []
+        for row in self._data.rows(split):
+            f = row.fields
+            tests = [t.strip() for t in f["test_list"]]
+            gold = Tests(
+                tuple(tests),
+                (f.get("test_setup_code") or "").replace("\r\n", "\n"),
+                f["code"].replace("\r\n", "\n"),
+            )
+            meta = {"task_id": int(f["task_id"]), "tests": tests, "source": row.where}
+            out.append(Problem(str(f["task_id"]), f["text"], gold, meta))
+        return out
+
+    def _exemplars(self) -> str:
+        rows = {int(r.fields["task_id"]): r.fields for r in self._data.rows("prompt")}
+        missing = [i for i in FEWSHOT_IDS if i not in rows]
+        if missing:
+            raise UserError(f"mbpp: the fewshot prompt needs tasks {missing} of the prompt split")
+        shots = []
+        for i in FEWSHOT_IDS:
+            f = rows[i]
+            code = f["code"].replace("\r\n", "\n").strip()
+            shots.append(f"{task_text(f['text'], f['test_list'])}\n[BEGIN]\n{code}\n[DONE]")
+        return "\n\n".join(shots)
+
+    def prompt(self, problem: Problem, style: str) -> Prompt:
+        task = task_text(problem.question, problem.meta["tests"])
+        if style == "chat":
+            return Prompt(
+                messages=(
+                    {
+                        "role": "user",
+                        "content": f"{task}\n\nWrite the program in one ```python code block.",
+                    },
+                )
+            )
+        if style == "fewshot":
+            return Prompt(text=f"{self._exemplars()}\n\n{task}\n[BEGIN]\n")
+        raise UserError(f"mbpp has prompt styles chat and fewshot, not {style!r}")
+
+    def extract(self, text: str) -> str | None:
+        return extract_program(text)
+
+    def answer_key(self, answer: str) -> str:
+        return program_key(answer)
+
+    @staticmethod
+    def steps(problem: Problem, program: str) -> list[tuple[str, str]]:
+        """What the sandbox runs: the program, the setup code, then each assert."""
+        gold: Tests = problem.gold
+        steps = [("program", program)]
+        if gold.setup.strip():
+            steps.append(("setup", gold.setup))
+        steps += [(f"test {i + 1}", t) for i, t in enumerate(gold.asserts)]
+        return steps
+
+    def run(self, problem: Problem, program: str) -> Outcome:
+        """The sandbox's outcome for a program on a task (cached)."""
+        key = (problem.id, program)
+        with self._lock:
+            cached = self._outcomes.get(key)
+        if cached is None:
+            cached = _slim(self.sandbox.run(self.steps(problem, program)))
+            with self._lock:
+                self._outcomes[key] = cached
+        return cached
+
+    def grade(self, problem: Problem, answer: str | None, text: str) -> bool:
+        return answer is not None and self.run(problem, answer).passed
+
+    def grade_many(self, items: Sequence[tuple[Problem, str | None, str]]) -> list[bool]:
+        """Grades of many (problem, answer, text) at once, `workers` sandboxes in parallel."""
+        todo = {(p.id, a): p for p, a, _ in items if a is not None}
+        with self._lock:
+            pending = [(p, a) for (_, a), p in todo.items() if (p.id, a) not in self._outcomes]
+        outcomes = self.sandbox.run_many(
+            [self.steps(p, a) for p, a in pending], workers=self.config.workers
+        )
+        with self._lock:
+            for (p, a), outcome in zip(pending, outcomes, strict=True):
+                self._outcomes[(p.id, a)] = _slim(outcome)
+        return [a is not None and self._outcomes[(p.id, a)].passed for p, a, _ in items]
+
+    def data_files(self) -> dict[str, str]:
+        return self._data.data_files()
+
+
+@hookimpl
+def dllmbench_register_tasks(register):
+    register("mbpp", Mbpp)

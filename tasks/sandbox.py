@@ -1,0 +1,252 @@
+"""Run untrusted Python programs in a sandbox, one fresh process each, many at a time.
+
+A program is a list of steps (source strings, e.g. the generated code, a setup, each assert);
+it passes when every step runs to the end. Each run is a fresh interpreter started with a clean
+environment (`python -S -s -B [-P] -c`, PYTHONHASHSEED=0 so that set and dict orders, and so the
+grades, repeat between runs) in its own session, whose child side (`_sandbox_boot.py`) sets up
+
+- isolation "namespaces" (the default): new mount, network, PID, IPC and UTS namespaces (and a
+  user namespace when not root); a new root holding only read-only system and interpreter
+  directories, a private /tmp and the scratch directory (cwd), each a small tmpfs; no network
+  interface but a down loopback; a /proc of its own; then, as root, a fresh unprivileged uid,
+  otherwise no capabilities; no_new_privs;
+- isolation "process": none of that, only the limits and the guard below, in a scratch
+  directory of the host (for machines without namespaces; far weaker);
+- resource limits: CPU seconds, address space, processes, file size, open files, no core;
+- a guard (an audit hook) that refuses sockets, process creation and signals.
+
+The grader enforces a wall-clock limit and an output cap (stdout and stderr together), and on
+either kills the whole process group; the PID namespace dies with its first process, so nothing
+the program started survives it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import marshal
+import os
+import secrets
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from functools import cache
+from pathlib import Path
+
+from dllmbench.errors import UserError
+
+ISOLATIONS = ("namespaces", "process")
+UID_BASE, UID_SPAN = 40000, 25000  # fresh uids for programs when running as root
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one program may use."""
+
+    timeout: float = 15.0  # wall-clock seconds, interpreter start included
+    cpu_seconds: int = 5  # RLIMIT_CPU: the process is killed past it
+    memory_mb: int = 1024  # RLIMIT_AS of each process
+    output_bytes: int = 1 << 16  # stdout and stderr together; more kills the program
+    processes: int = 16  # RLIMIT_NPROC
+    file_mb: int = 16  # RLIMIT_FSIZE
+    open_files: int = 64  # RLIMIT_NOFILE
+    tmpfs_mb: int = 32  # size of the scratch directory and of /tmp (namespaces only)
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if value <= 0:
+                raise ValueError(f"sandbox limit {name} must be > 0, got {value}")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a program ended."""
+
+    passed: bool
+    # passed; failed (an exception, or an exit before the end); killed (by a signal: the CPU
+    # limit, or the kernel); timeout (the wall-clock limit); output_limit
+    status: str
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    seconds: float
+
+
+@cache
+def _boot_source() -> str:
+    return Path(__file__).with_name("_sandbox_boot.py").read_text(encoding="utf-8")
+
+
+def _command() -> list[str]:
+    flags = ["-S", "-s", "-B"] + (["-P"] if sys.version_info >= (3, 11) else [])
+    return [sys.executable, *flags, "-c", _boot_source()]
+
+
+ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "LANG": "C.UTF-8",
+    "LC_ALL": "C.UTF-8",
+    "PYTHONHASHSEED": "0",
+    "PYTHONIOENCODING": "utf-8",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "HOME": "/",
+}
+
+
+class Sandbox:
+    """Runs programs under `limits` with the chosen isolation; thread-safe."""
+
+    def __init__(self, limits: Limits | None = None, isolation: str = "namespaces"):
+        if isolation not in ISOLATIONS:
+            raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}, got {isolation!r}")
+        self.limits = limits or Limits()
+        self.isolation = isolation
+
+    def run(self, steps: Sequence[tuple[str, str]]) -> Outcome:
+        """Run (name, source) steps in order, in one namespace; pass when all complete."""
+        scratch = None
+        if self.isolation == "process":
+            scratch = tempfile.mkdtemp(prefix="dllmbench-sandbox-")
+        try:
+            return self._run(steps, scratch)
+        finally:
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
+
+    def run_many(
+        self, programs: Sequence[Sequence[tuple[str, str]]], workers: int = 0
+    ) -> list[Outcome]:
+        """Run many programs, `workers` at a time (0: two per CPU core, as a run spends part
+        of its time waiting on the kernel)."""
+        workers = workers or 2 * (os.cpu_count() or 1)
+        with ThreadPoolExecutor(max(1, workers)) as pool:
+            return list(pool.map(self.run, programs))
+
+    def _run(self, steps: Sequence[tuple[str, str]], scratch: str | None) -> Outcome:
+        limits = self.limits
+        nonce = secrets.token_hex(16)
+        status_r, status_w = os.pipe()
+        request = {
+            **asdict(limits),
+            "steps": [list(s) for s in steps],
+            "nonce": nonce,
+            "isolation": self.isolation,
+            "status_fd": status_w,
+            "uid": UID_BASE + secrets.randbelow(UID_SPAN),
+        }
+        start = time.monotonic()
+        deadline = start + limits.timeout
+        try:
+            proc = subprocess.Popen(
+                _command(),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(status_w,),
+                start_new_session=True,
+                cwd=scratch or "/",
+                env={**ENV, "HOME": scratch or "/", "TMPDIR": scratch or "/tmp"},
+            )
+        finally:
+            os.close(status_w)
+        try:
+            try:
+                assert proc.stdin is not None
+                proc.stdin.write(marshal.dumps(request))
+                proc.stdin.close()
+            except (BrokenPipeError, OSError):
+                pass  # it died before reading: reported below
+            out, err, status, reason = _collect(proc, status_r, deadline, limits.output_bytes)
+        finally:
+            os.close(status_r)
+            _end(proc)
+        seconds = time.monotonic() - start
+        ready = status.startswith(b"ready")
+        if not ready and reason is None:
+            message = status.decode(errors="replace").strip() or err.decode(errors="replace")
+            raise UserError(
+                f"the code sandbox could not start ({message.strip()[-300:] or 'no message'}); "
+                "it needs Linux namespaces (root, or unprivileged user namespaces enabled); "
+                "isolation=process runs programs without them, with far weaker protection"
+            )
+        marker = f"\n{nonce}\n".encode()
+        passed = reason is None and proc.returncode == 0 and out.endswith(marker)
+        if passed:
+            out = out[: -len(marker)]
+        killed = proc.returncode is not None and (proc.returncode < 0 or proc.returncode > 128)
+        status_name = "passed" if passed else reason or ("killed" if killed else "failed")
+        return Outcome(
+            passed,
+            status_name,
+            proc.returncode,
+            out.decode(errors="replace"),
+            err.decode(errors="replace"),
+            seconds,
+        )
+
+
+def _collect(
+    proc: subprocess.Popen, status_r: int, deadline: float, cap: int
+) -> tuple[bytes, bytes, bytes, str | None]:
+    """Read stdout, stderr and the status pipe until all close, the deadline or the cap."""
+    assert proc.stdout is not None and proc.stderr is not None
+    fds = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
+    fds[status_r] = bytearray()
+    open_fds = set(fds)
+    total, reason = 0, None
+    while open_fds:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            reason = "timeout"
+            break
+        ready, _, _ = select.select(list(open_fds), [], [], remaining)
+        for fd in ready:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                open_fds.discard(fd)
+                continue
+            if fd != status_r:
+                total += len(chunk)
+                if total > cap:
+                    reason = "output_limit"
+            fds[fd] += chunk[: max(0, cap + 64 - len(fds[fd]))]
+        if reason:
+            break
+    while reason is None and not _exited(proc.pid):  # pipes closed: wait for the exit
+        if time.monotonic() >= deadline:
+            reason = "timeout"
+        time.sleep(0.002)
+    return (
+        bytes(fds[proc.stdout.fileno()]),
+        bytes(fds[proc.stderr.fileno()]),
+        bytes(fds[status_r]),
+        reason,
+    )
+
+
+def _exited(pid: int) -> bool:
+    """Whether the process has exited, without reaping it (its pid keeps the group's id)."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return True
+    return info is not None
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """Kill the program's process group (whatever is left of it), then reap its first process.
+
+    The first process is reaped only after the kill, so the group id cannot have been reused.
+    """
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
