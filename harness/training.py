@@ -129,6 +129,7 @@ def train(
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
     step, best, history = 0, None, []
+    torch.manual_seed(cfg.seed)  # LoRA dropout draws from the global generator
     latest = out / "latest"
     if (latest / "state.pt").exists():
         state = torch.load(latest / "state.pt", weights_only=True)
@@ -141,6 +142,7 @@ def train(
         sched.load_state_dict(state["scheduler"])
         step, best = int(state["step"]), json.loads(state["best"])
         history = json.loads(state["history"])
+        torch.set_rng_state(state["rng"])
         log(f"resuming at step {step}")
 
     per_step = cfg.batch * cfg.accum
@@ -186,6 +188,7 @@ def train(
                     "config": json.dumps(asdict(cfg)),
                     "best": json.dumps(best),
                     "history": json.dumps(history),
+                    "rng": torch.get_rng_state(),
                 },
                 latest / "state.pt",
             )
