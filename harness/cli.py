@@ -37,6 +37,19 @@ def _scorers_arg(entries: list[str]) -> dict[str, tuple[str, dict[str, Any]]]:
     return out
 
 
+# `dllmbench run` with neither --task nor --backbone: the shipped tiny model on arith, with
+# the PRM and ORM trained for it; every option can still be given.
+DEMO = {
+    "task": "arith:max_steps=2",
+    "backbone": "tiny",
+    "steps": 24,
+    "gen_length": 24,
+    "prompt": "fewshot",
+    "limit": 200,
+}
+GENERAL = {"steps": 128, "gen_length": 256, "prompt": "chat"}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="dllmbench",
@@ -69,9 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="a method spec, e.g. independent:n=8+majority; repeatable",
     )
     run.add_argument("--reference", help="method the Δ column is paired against (default Vanilla)")
-    run.add_argument("--steps", type=int, default=128, help="denoising steps T")
-    run.add_argument("--gen-length", type=int, default=256, help="generated tokens per canvas")
-    run.add_argument("--prompt", default="chat", choices=["chat", "fewshot"])
+    run.add_argument("--steps", type=int, help="denoising steps T (default 128)")
+    run.add_argument("--gen-length", type=int, help="generated tokens per canvas (default 256)")
+    run.add_argument("--prompt", choices=["chat", "fewshot"], help="prompt style (default chat)")
     run.add_argument("--limit", type=int, help="first N problems of the split")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--batch-rows", type=int, default=64, help="rows per forward")
@@ -178,6 +191,13 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     from dllmbench.runner import RunConfig, run
 
     reg = registry()
+    if not args.task and not args.backbone:  # the shipped demo
+        for key, value in DEMO.items():
+            if getattr(args, key) is None:
+                setattr(args, key, value)
+    for key, value in GENERAL.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     if not args.task:
         raise UserError(f"--task is required; tasks: {', '.join(reg.names('task')) or 'none'}")
     if not args.backbone:
@@ -186,7 +206,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         )
     task, task_config = parse_part(args.task)
     backbone, backbone_config = parse_part(args.backbone)
-    scorers = _scorers_arg(args.scorer or [])
+    scorers = None if args.scorer is None else _scorers_arg(args.scorer)
     if args.steps < 1 or args.gen_length < 1:
         raise UserError("--steps and --gen-length must be >= 1")
     try:

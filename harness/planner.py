@@ -16,7 +16,7 @@ class Family:
 
     name: str
     label: str  # formatted with the strategy's configuration, e.g. "ORM Rerank@{n}"
-    spec: str
+    spec: str  # "{half}" stands for T // 2, the segment length of the guided families
 
 
 FAMILIES: tuple[Family, ...] = (
@@ -28,33 +28,42 @@ FAMILIES: tuple[Family, ...] = (
     ),
     Family("prm_rerank", "PRM Rerank@{n}", "independent:n=*+argmax:scorer=prm"),
     Family("random_rerank", "Random Rerank@{n}", "independent:n=*+random"),
-    Family("prm_guided", "PRM Guided K={k} b={every}", "prm_guided:k=*,every=64+first"),
-    Family("top_m", "Top-{keep} Retention K={k} b={every}", "prm_guided:k=*,every=64,keep=2+first"),
+    Family("prm_guided", "PRM Guided K={k} b={every}", "prm_guided:k=*,every={half}+first"),
+    Family(
+        "top_m", "Top-{keep} Retention K={k} b={every}", "prm_guided:k=*,every={half},keep=2+first"
+    ),
     Family(
         "prm_hybrid",
         "PRM Hybrid K={k} b={every} + Majority",
-        "prm_guided:k=*,every=64,final=keep+majority",
+        "prm_guided:k=*,every={half},final=keep+majority",
     ),
     Family(
         "smc_vote",
         "SMC K={k} b={every} (weighted vote)",
-        "smc:k=*,every=64+weighted_majority:by=weight",
+        "smc:k=*,every={half}+weighted_majority:by=weight",
     ),
-    Family("smc_top", "SMC K={k} b={every} (top particle)", "smc:k=*,every=64+argmax:scorer=prm"),
+    Family(
+        "smc_top", "SMC K={k} b={every} (top particle)", "smc:k=*,every={half}+argmax:scorer=prm"
+    ),
     Family("oracle", "Oracle@{n}", "independent:n=*+oracle"),
     Family(
         "hybrid_oracle",
         "Oracle of PRM Hybrid K={k} b={every}",
-        "prm_guided:k=*,every=64,final=keep+oracle",
+        "prm_guided:k=*,every={half},final=keep+oracle",
     ),
 )
 
 FAMILY_BY_NAME = {f.name: f for f in FAMILIES}
 
 
+def half_steps(total_steps: int) -> int:
+    """The guided families' segment length: two segments, as b=64 at the paper's T=128."""
+    return max(1, total_steps // 2)
+
+
 def default_budget(total_steps: int) -> int:
-    """The headline budget: what PRM Guided K=8, b=64 spends (1040 at T=128)."""
-    return 8 * total_steps + 8 * math.ceil(total_steps / 64)
+    """The headline budget: what PRM Guided K=8 with two segments spends (1040 at T=128)."""
+    return 8 * total_steps + 8 * math.ceil(total_steps / half_steps(total_steps))
 
 
 @dataclass
@@ -172,7 +181,8 @@ def plan(
     for entry in entries or [f.name for f in FAMILIES]:
         family = FAMILY_BY_NAME.get(entry)
         if family is not None:
-            spec, label, name = MethodSpec.parse(family.spec), family.label, family.name
+            spec = MethodSpec.parse(family.spec.format(half=half_steps(total_steps)))
+            label, name = family.label, family.name
         elif ":" in entry or "+" in entry or entry in registry.names("strategy"):
             spec = MethodSpec.parse(entry)
             label, name = None, None

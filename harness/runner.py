@@ -27,7 +27,8 @@ class RunConfig:
     backbone: str
     task_config: dict[str, Any] = field(default_factory=dict)
     backbone_config: dict[str, Any] = field(default_factory=dict)
-    scorers: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
+    # scorers by run name; None: the scorers the backbone ships with (the demo's), if any
+    scorers: dict[str, tuple[str, dict[str, Any]]] | None = None
     split: str = "test"
     limit: int | None = None
     budget: int | None = None
@@ -165,6 +166,8 @@ def prepare(cfg: RunConfig, reg: Registry | None = None):
         problems = problems[: cfg.limit]
     backbone = reg.backbone(cfg.backbone, **cfg.backbone_config)
     # a scorer that asks for `backbone` shares the frozen weights instead of loading twice
+    if cfg.scorers is None:
+        cfg.scorers = dict(getattr(backbone, "shipped_scorers", {}))
     scorers = {
         name: reg.scorer(plugin, shared={"backbone": backbone}, **config)
         for name, (plugin, config) in cfg.scorers.items()

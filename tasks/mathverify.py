@@ -14,7 +14,7 @@ import importlib.util
 import json
 import os
 import queue
-import select
+import selectors
 import signal
 import subprocess
 import sys
@@ -56,14 +56,16 @@ class Worker:
         """One line from the worker, or None at the deadline or when it has died."""
         assert self.proc is not None and self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
-        while b"\n" not in self._buffer:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
-                return None
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                return None
-            self._buffer += chunk
+        with selectors.DefaultSelector() as selector:  # epoll: any descriptor number
+            selector.register(fd, selectors.EVENT_READ)
+            while b"\n" not in self._buffer:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not selector.select(remaining):
+                    return None
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    return None
+                self._buffer += chunk
         line, self._buffer = self._buffer.split(b"\n", 1)
         return line
 

@@ -26,7 +26,7 @@ import contextlib
 import marshal
 import os
 import secrets
-import select
+import selectors
 import shutil
 import signal
 import subprocess
@@ -156,13 +156,9 @@ class Sandbox:
         finally:
             os.close(status_w)
         try:
-            try:
-                assert proc.stdin is not None
-                proc.stdin.write(marshal.dumps(request))
-                proc.stdin.close()
-            except (BrokenPipeError, OSError):
-                pass  # it died before reading: reported below
-            out, err, status, reason = _collect(proc, status_r, deadline, limits.output_bytes)
+            out, err, status, reason = _exchange(
+                proc, marshal.dumps(request), status_r, deadline, limits.output_bytes
+            )
         finally:
             os.close(status_r)
             _end(proc)
@@ -191,43 +187,53 @@ class Sandbox:
         )
 
 
-def _collect(
-    proc: subprocess.Popen, status_r: int, deadline: float, cap: int
+def _exchange(
+    proc: subprocess.Popen, request: bytes, status_r: int, deadline: float, cap: int
 ) -> tuple[bytes, bytes, bytes, str | None]:
-    """Read stdout, stderr and the status pipe until all close, the deadline or the cap."""
-    assert proc.stdout is not None and proc.stderr is not None
-    fds = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
-    fds[status_r] = bytearray()
-    open_fds = set(fds)
+    """Write the request, then read stdout, stderr and the status pipe until all close, the
+    deadline passes or the output its cap; wait for the exit. Never blocks past the deadline."""
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    stdin, stdout, stderr = proc.stdin.fileno(), proc.stdout.fileno(), proc.stderr.fileno()
+    received = {stdout: bytearray(), stderr: bytearray(), status_r: bytearray()}
+    os.set_blocking(stdin, False)
+    pending = memoryview(request)
     total, reason = 0, None
-    while open_fds:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            reason = "timeout"
-            break
-        ready, _, _ = select.select(list(open_fds), [], [], remaining)
-        for fd in ready:
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                open_fds.discard(fd)
-                continue
-            if fd != status_r:
-                total += len(chunk)
-                if total > cap:
-                    reason = "output_limit"
-            fds[fd] += chunk[: max(0, cap + 64 - len(fds[fd]))]
-        if reason:
-            break
+    with selectors.DefaultSelector() as selector:  # epoll: no limit on descriptor numbers
+        selector.register(stdin, selectors.EVENT_WRITE)
+        for fd in received:
+            selector.register(fd, selectors.EVENT_READ)
+        while selector.get_map() and reason is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                reason = "timeout"
+                break
+            for key, _ in selector.select(remaining):
+                fd = key.fd
+                if fd == stdin:
+                    try:
+                        pending = pending[os.write(stdin, pending) :]
+                    except BlockingIOError:
+                        continue
+                    except OSError:
+                        pending = pending[:0]  # it died before reading: reported later
+                    if not pending:
+                        selector.unregister(stdin)
+                        proc.stdin.close()
+                    continue
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    selector.unregister(fd)
+                    continue
+                if fd != status_r:
+                    total += len(chunk)
+                    if total > cap:
+                        reason = "output_limit"
+                received[fd] += chunk[: max(0, cap + 64 - len(received[fd]))]
     while reason is None and not _exited(proc.pid):  # pipes closed: wait for the exit
         if time.monotonic() >= deadline:
             reason = "timeout"
         time.sleep(0.002)
-    return (
-        bytes(fds[proc.stdout.fileno()]),
-        bytes(fds[proc.stderr.fileno()]),
-        bytes(fds[status_r]),
-        reason,
-    )
+    return bytes(received[stdout]), bytes(received[stderr]), bytes(received[status_r]), reason
 
 
 def _exited(pid: int) -> bool:
@@ -247,6 +253,7 @@ def _end(proc: subprocess.Popen) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    for pipe in (proc.stdout, proc.stderr):
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
         if pipe is not None:
-            pipe.close()
+            with contextlib.suppress(OSError):
+                pipe.close()

@@ -98,7 +98,7 @@ def test_manifest_records_protocol_plugins_and_costs(tmp_path):
     assert manifest["scorers"]["orm"]["config"] == {"noise": 1.0, "partial": False}
     assert {"torch", "dllmbench", "python"} <= set(manifest["versions"])
     guided = next(m for m in manifest["methods"] if m["family"] == "prm_guided")
-    assert guided["cost"] == {"denoise": 8 * 16, "score:prm": 8}
+    assert guided["cost"] == {"denoise": 8 * 16, "score:prm": 16}  # two segments of T/2
     assert guided["strategy"]["config"]["k"] == 8
     assert guided["strategy"]["distribution"] == "dllmbench"
 
@@ -113,15 +113,15 @@ def test_results_have_intervals_and_paired_deltas(tmp_path):
     out = run(config(tmp_path / "r"))
     by_id = {m["id"]: m for m in out.results["methods"]}
     assert out.results["reference"] == "Vanilla"
-    maj = by_id["Majority@8"]
+    maj = by_id["Majority@9"]
     assert maj["accuracy"]["low"] <= maj["accuracy"]["value"] <= maj["accuracy"]["high"]
     assert maj["delta_vs_reference"]["problems"] == 8
-    assert maj["pool"]["size"] == 8.0
+    assert maj["pool"]["size"] == 9.0
     assert "pool" not in by_id["Vanilla"] and "delta_vs_reference" not in by_id["Vanilla"]
-    assert by_id["Oracle@8"]["ceiling"] is True
-    assert maj["passes_per_problem"] == maj["planned_passes"] == 128
+    assert by_id["Oracle@9"]["ceiling"] is True
+    assert maj["passes_per_problem"] == maj["planned_passes"] == 144  # 9 × 16 of a 144 budget
     board = (out.path / "leaderboard.md").read_text()
-    assert "Ceilings" in board and board.index("Ceilings") < board.index("Oracle@8")
+    assert "Ceilings" in board and board.index("Ceilings") < board.index("Oracle@9")
 
 
 def test_compute_json_keeps_every_invocation(tmp_path):
@@ -155,8 +155,8 @@ def test_damage_before_the_last_line_is_an_error_not_a_silent_cut(tmp_path):
 
 def test_summary_settings_may_change_on_resume(tmp_path):
     run(config(tmp_path / "r"))
-    again = run(config(tmp_path / "r", reference="Majority@8", resamples=200))
-    assert again.written == 0 and again.results["reference"] == "Majority@8"
+    again = run(config(tmp_path / "r", reference="Majority@9", resamples=200))
+    assert again.written == 0 and again.results["reference"] == "Majority@9"
 
 
 def test_scorers_that_ask_for_the_backbone_share_it(tmp_path):

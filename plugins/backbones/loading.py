@@ -199,6 +199,10 @@ def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
     Dream ships a slow Qwen2-style BPE class of its own; its vocab.json and merges.txt load
     into transformers' Qwen2TokenizerFast.
     """
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # config.json's model_type ("Dream") is not AutoConfig's
     try:
         return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
     except (ValueError, OSError, KeyError):
@@ -208,6 +212,8 @@ def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
             return Qwen2TokenizerFast.from_pretrained(str(path))
         except Exception as exc:
             raise UserError(f"cannot load the tokenizer in {path}: {exc}") from exc
+    finally:
+        hf_logging.set_verbosity(verbosity)
 
 
 def mask_id_of(

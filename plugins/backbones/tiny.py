@@ -27,6 +27,17 @@ class Tiny(Dream):
     Config = TinyConfig
     contract_configs: ClassVar[list[dict]] = [{"model": "random"}, {}]
 
+    @property
+    def shipped_scorers(self) -> dict[str, tuple[str, dict[str, str]]]:
+        """The PRM and ORM trained for the shipped weights, as --scorer would give them."""
+        if Path(self.config.model) != TINY_DIR:
+            return {}
+        return {
+            kind: (kind, {"checkpoint": str(TINY_DIR / kind)})
+            for kind in ("prm", "orm")
+            if (TINY_DIR / kind / "config.json").exists()
+        }
+
 
 @hookimpl
 def dllmbench_register_backbones(register):
