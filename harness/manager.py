@@ -23,6 +23,7 @@ from dllmbench.errors import PluginError
 BUILTIN_MODULES = (
     "dllmbench.plugins.backbones.dream",
     "dllmbench.plugins.backbones.llada",
+    "dllmbench.plugins.backbones.tiny",
     "dllmbench.plugins.scorers.reward",
     "dllmbench.plugins.strategies.independent",
     "dllmbench.plugins.strategies.prm_guided",

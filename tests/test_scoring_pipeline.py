@@ -1,0 +1,166 @@
+"""collect → train-scorer → run, end to end on a few problems, through the command line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from safetensors.torch import load_file
+
+from dllmbench.cli import main
+
+BACKBONE = "dream:model=random"
+COMMON = ["--steps", "6", "--gen-length", "8", "--prompt", "fewshot", "--seed", "1"]
+
+
+def test_collect_train_and_run(tmp_path, capsys):
+    data = tmp_path / "collection"
+    argv = [
+        "collect",
+        "--task",
+        "arith:max_steps=1",
+        "--backbone",
+        BACKBONE,
+        "--n",
+        "3",
+        "--snapshots",
+        "3",
+        "--limit",
+        "6",
+        "--out",
+        str(data),
+        "--json",
+        *COMMON,
+    ]
+    assert main(argv) == 0
+    counts = json.loads(capsys.readouterr().out)
+    assert counts == {"problems": 6, "skipped": 0, "trajectories": 18}
+    lines = [json.loads(x) for x in (data / "trajectories.jsonl").read_text().splitlines()]
+    assert len(lines) == 18 and {line["snapshots"] for line in lines} == {3}
+    shard = load_file(str(data / "snapshots-00000.safetensors"))
+    assert shard["tokens"].shape[0] == 18 * 3
+    assert sorted(set(shard["steps"].tolist())) == [2, 4, 6]
+    # resuming a finished collection writes nothing more
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["skipped"] == 6
+
+    for kind in ("prm", "orm"):
+        out = tmp_path / kind
+        assert (
+            main(
+                [
+                    "train-scorer",
+                    "--kind",
+                    kind,
+                    "--data",
+                    str(data),
+                    "--steps",
+                    "4",
+                    "--batch",
+                    "4",
+                    "--val-every",
+                    "2",
+                    "--val-fraction",
+                    "0.34",
+                    "--lr",
+                    "1e-3",
+                    "--out",
+                    str(out),
+                    "--json",
+                ]
+            )
+            == 0
+        )
+        record = json.loads(capsys.readouterr().out)
+        assert record["best"]["step"] in (2, 4)
+        assert set(record["best"]["by_mask_ratio"]) if kind == "prm" else True
+        assert (out / "best" / "adapter.safetensors").exists()
+        assert (out / "latest" / "state.pt").exists()
+        snapshots_used = record["train"] + record["validation"]
+        assert snapshots_used == (54 if kind == "prm" else 18)
+
+    run = [
+        "run",
+        "--task",
+        "arith:max_steps=1",
+        "--backbone",
+        BACKBONE,
+        "--limit",
+        "3",
+        "--scorer",
+        f"prm=prm:checkpoint={tmp_path / 'prm' / 'best'}",
+        "--scorer",
+        f"orm=orm:checkpoint={tmp_path / 'orm' / 'best'}",
+        "--methods",
+        "vanilla,orm_rerank,prm_guided,smc_vote",
+        "--budget",
+        "64",
+        "--out",
+        str(tmp_path / "run"),
+        "--json",
+        *COMMON,
+    ]
+    assert main(run) == 0
+    results = json.loads(capsys.readouterr().out)
+    ids = [m["id"] for m in results["methods"]]
+    assert ids == ["Vanilla", "ORM Rerank@9", "PRM Guided K=8 b=3", "SMC K=8 b=3 (weighted vote)"]
+    assert all(m["passes_per_problem"] == m["planned_passes"] for m in results["methods"])
+
+
+class Stop(Exception):
+    pass
+
+
+def test_training_resumes_exactly(tmp_path, capsys):
+    from dllmbench.collect import load
+    from dllmbench.registry import registry
+    from dllmbench.training import TrainConfig, train
+
+    data = tmp_path / "collection"
+    assert (
+        main(
+            [
+                "collect",
+                "--task",
+                "arith:max_steps=1",
+                "--backbone",
+                BACKBONE,
+                "--n",
+                "2",
+                "--snapshots",
+                "2",
+                "--limit",
+                "4",
+                "--out",
+                str(data),
+                "--json",
+                *COMMON,
+            ]
+        )
+        == 0
+    )
+    _, snapshots = load(data)
+    cfg = TrainConfig(kind="prm", steps=6, batch=4, lr=1e-3, val_every=2, val_fraction=0.5)
+
+    def fresh():
+        backbone = registry().backbone("dream", model="random")
+        return backbone, registry().scorer("prm", shared={"backbone": backbone})
+
+    backbone, scorer = fresh()
+    whole = train(scorer, snapshots, cfg, tmp_path / "whole", backbone.mask_id, log=str)
+    backbone, scorer = fresh()
+    seen = []
+
+    def interrupt(n):
+        seen.append(n)
+        if len(seen) == 3:  # after the step-2 checkpoint, during step 3's bookkeeping
+            raise Stop
+
+    with pytest.raises(Stop):
+        train(
+            scorer, snapshots, cfg, tmp_path / "cut", backbone.mask_id, log=str, advance=interrupt
+        )
+    backbone, scorer = fresh()
+    resumed = train(scorer, snapshots, cfg, tmp_path / "cut", backbone.mask_id, log=str)
+    assert resumed["history"] == whole["history"]
+    assert resumed["best"] == whole["best"]
