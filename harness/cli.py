@@ -8,7 +8,6 @@ import sys
 from typing import Any, NoReturn
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from dllmbench import __version__, scoring_cli
@@ -232,14 +231,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     )
     if args.resume and not (cfg.run_dir() / "manifest.json").exists():
         raise UserError(f"--resume: {cfg.run_dir()} holds no run to resume; drop --resume")
-    progress = Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        transient=True,
-    )
+    progress = scoring_cli.progress_bar()
     bar: dict[str, Any] = {}
 
     def on_start(total: int, done: int) -> None:

@@ -58,7 +58,8 @@ def add_parsers(sub: Any) -> None:
     t.add_argument("--json", action="store_true")
 
 
-def _progress() -> Progress:
+def progress_bar() -> Progress:
+    """Progress on stderr, gone when done (stdout stays clean for --json)."""
     return Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -99,7 +100,7 @@ def cmd_collect(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         Limits(batch_rows=args.batch_rows),
         shard_problems=64,
     )
-    with _progress() as bar:
+    with progress_bar() as bar:
         done = len(done_problems(out)) if out.exists() else 0
         job = bar.add_task(f"collect {task_name}/{args.split}", total=len(problems), completed=done)
         counts = collect(cfg, reg, out, advance=lambda: bar.advance(job))
@@ -137,7 +138,7 @@ def cmd_train_scorer(args: argparse.Namespace, console: Console) -> dict[str, An
         seed=args.seed,
     )
     out = Path(args.out)
-    with _progress() as bar:
+    with progress_bar() as bar:
         job = bar.add_task(f"train {args.kind}", total=cfg.steps)
         record = train(
             scorer,

@@ -44,6 +44,17 @@ class TrainConfig:
     seed: int = 0
 
 
+def warmup_cosine(total: int, warmup: int) -> Callable[[int], float]:
+    """Learning-rate factor: linear warmup over `warmup` steps, then cosine decay to 0."""
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(total - warmup, 1)))
+
+    return factor
+
+
 def split_problems(snapshots: list[Snapshot], fraction: float, seed: int) -> set[str]:
     """Validation problems: a seeded shuffle of the sorted ids, `fraction` of them (>= 1)."""
     ids = sorted({s.problem for s in snapshots})
@@ -122,12 +133,7 @@ def train(
     params = scorer.trainable()
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
-    def factor(step: int) -> float:
-        if step < cfg.warmup:
-            return (step + 1) / cfg.warmup
-        return 0.5 * (1 + math.cos(math.pi * (step - cfg.warmup) / max(cfg.steps - cfg.warmup, 1)))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(cfg.steps, cfg.warmup))
     step, best, history = 0, None, []
     torch.manual_seed(cfg.seed)  # LoRA dropout draws from the global generator
     latest = out / "latest"

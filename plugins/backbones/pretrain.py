@@ -11,7 +11,6 @@ read through Dream's logit shift.
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
@@ -20,6 +19,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from dllmbench.training import warmup_cosine
 
 PATTERN = r"####| ?[A-Za-z]+| ?\d|\d| ?[^\w\s]|\n| "
 EOS, MASK = "<|endoftext|>", "<|mask|>"
@@ -117,12 +118,7 @@ def pretrain(
     eos, mask_id = tokenizer.eos_token_id, tokenizer.mask_token_id
     opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=0.01)
 
-    def lr_at(step: int) -> float:
-        if step < cfg.warmup:
-            return (step + 1) / cfg.warmup
-        return 0.5 * (1 + math.cos(math.pi * (step - cfg.warmup) / max(cfg.steps - cfg.warmup, 1)))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(cfg.steps, cfg.warmup))
     gen = torch.Generator().manual_seed(cfg.seed)
     net.train()
     start, index = time.time(), 0
