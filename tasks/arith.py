@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 from dllmbench.errors import UserError
 from dllmbench.hookspecs import hookimpl
-from dllmbench.tasks.numeric import extract_strict, number_key
+from dllmbench.tasks.numeric import extract_strict, number_key, same_number
 from dllmbench.types import Problem, Prompt
 
 NAMES = (("Tom", "he", "his"), ("Ann", "she", "her"), ("Sam", "he", "his"), ("Mia", "she", "her"))
@@ -190,10 +190,7 @@ class Arith:
         return number_key(answer)
 
     def grade(self, problem: Problem, answer: str | None, text: str) -> bool:
-        if answer is None:
-            return False
-        key = number_key(answer)
-        return key is not None and key == number_key(problem.gold)
+        return same_number(answer, problem.gold)
 
     def data_files(self) -> dict[str, str]:
         return {}  # generated: the configuration (seed) is the data

@@ -15,7 +15,13 @@ from typing import Any, ClassVar
 from dllmbench.errors import UserError
 from dllmbench.hookspecs import hookimpl
 from dllmbench.tasks.data import Row, TaskData, need_fields, shared_data_dir
-from dllmbench.tasks.numeric import canonical, extract_flexible, extract_strict, number_key
+from dllmbench.tasks.numeric import (
+    canonical,
+    extract_flexible,
+    extract_strict,
+    number_key,
+    same_number,
+)
 from dllmbench.types import Problem, Prompt
 
 SYSTEM = "You are a helpful assistant."
@@ -185,10 +191,7 @@ class Gsm8k:
         return number_key(answer)
 
     def grade(self, problem: Problem, answer: str | None, text: str) -> bool:
-        if answer is None:
-            return False
-        key = number_key(answer)
-        return key is not None and key == number_key(problem.gold)
+        return same_number(answer, problem.gold)
 
     def data_files(self) -> dict[str, str]:
         return self._data.data_files()

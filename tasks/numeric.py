@@ -53,6 +53,12 @@ def number_key(answer: str) -> Decimal | None:
         return None
 
 
+def same_number(answer: str | None, gold: str) -> bool:
+    """Whether an extracted answer equals the gold answer as a number (3.50 == 3.5 != 3)."""
+    key = None if answer is None else number_key(answer)
+    return key is not None and key == number_key(gold)
+
+
 def extract_strict(text: str) -> str | None:
     """The protocol's extractor: first `####`, "answer is", `\\boxed{}`, then the last number."""
     for pattern in (_HASHES, _ANSWER_IS, _BOXED):
