@@ -276,11 +276,16 @@ class Engine:
         return batches
 
     def _tick(self, denoising: list[_Denoising], ready: deque) -> list[_Denoising]:
-        """One denoising step for every waiting row."""
+        """One denoising step for every waiting row; identical rows are computed once."""
         flat = [(state, i) for state in denoising for i in range(len(state.steps))]
-        lengths = [state.tokens.shape[1] for state, _ in flat]
+        copies = _identical(
+            (state.keys[i], state.steps[i], state.rows.prompt_len, state.tokens[i])
+            for state, i in flat
+        )
+        owners = [(state.rows.problem.id, state.rows.owners[i]) for state, i in flat]
+        lengths = [flat[rows[0]][0].tokens.shape[1] for rows in copies]
         for batch in self._batches(lengths):
-            items = [flat[j] for j in batch]
+            items = [flat[copies[j][0]] for j in batch]
             step = StepBatch(
                 tokens=[state.tokens[i] for state, i in items],
                 prompt_lens=[state.rows.prompt_len for state, _ in items],
@@ -293,13 +298,12 @@ class Engine:
             seconds = time.perf_counter() - start
             if len(out) != len(items):
                 raise ValueError(f"backbone returned {len(out)} rows for a batch of {len(items)}")
-            for (state, i), tokens in zip(items, out, strict=True):
-                state.tokens[i] = tokens
-                state.steps[i] += 1
+            for j, tokens in zip(batch, out, strict=True):
+                for state, i in (flat[n] for n in copies[j]):
+                    state.tokens[i] = tokens
+                    state.steps[i] += 1
             self.ledger.record_forward(
-                "denoise",
-                [(state.rows.problem.id, state.rows.owners[i]) for state, i in items],
-                seconds,
+                "denoise", [_charged(owners, copies[j]) for j in batch], seconds
             )
         still: list[_Denoising] = []
         for state in denoising:
@@ -311,25 +315,26 @@ class Engine:
         return still
 
     def _serve_scores(self, scoring: list[tuple[_Task, ScoreRequest]], ready: deque) -> None:
-        """Every pending scoring request, batched per scorer."""
-        results: dict[int, np.ndarray] = {}
+        """Every pending scoring request, batched per scorer; identical rows scored once."""
+        results = [np.empty(len(req.rows)) for _, req in scoring]
         for name in sorted({req.scorer for _, req in scoring}):
             flat = [
-                (n, i)
+                (req.rows, i, n)
                 for n, (_, req) in enumerate(scoring)
                 if req.scorer == name
                 for i in range(len(req.rows))
             ]
-            for n, _ in flat:
-                results.setdefault(n, np.empty(len(scoring[n][1].rows)))
-            lengths = [scoring[n][1].rows.tokens.shape[1] for n, _ in flat]
+            copies = _identical(
+                (r.problem.id, r.steps[i], r.prompt_len, r.tokens[i]) for r, i, _ in flat
+            )
+            owners = [(r.problem.id, r.owners[i]) for r, i, _ in flat]
+            lengths = [flat[rows[0]][0].tokens.shape[1] for rows in copies]
             for batch in self._batches(lengths):
-                items = [flat[j] for j in batch]
-                rows = [scoring[n][1].rows for n, _ in items]
+                items = [flat[copies[j][0]] for j in batch]
                 request = ScoreBatch(
-                    tokens=[r.tokens[i] for r, (_, i) in zip(rows, items, strict=True)],
-                    prompt_lens=[r.prompt_len for r in rows],
-                    steps=[r.steps[i] for r, (_, i) in zip(rows, items, strict=True)],
+                    tokens=[r.tokens[i] for r, i, _ in items],
+                    prompt_lens=[r.prompt_len for r, _, _ in items],
+                    steps=[r.steps[i] for r, i, _ in items],
                     total_steps=self.sampling.total_steps,
                 )
                 start = time.perf_counter()
@@ -339,15 +344,14 @@ class Engine:
                     raise ValueError(
                         f"scorer {name!r} returned shape {values.shape} for {len(items)} rows"
                     )
-                for (n, i), value in zip(items, values, strict=True):
-                    results[n][i] = value
+                for j, value in zip(batch, values, strict=True):
+                    for _, i, n in (flat[m] for m in copies[j]):
+                        results[n][i] = value
                 self.ledger.record_forward(
-                    f"score:{name}",
-                    [(r.problem.id, r.owners[i]) for r, (_, i) in zip(rows, items, strict=True)],
-                    seconds,
+                    f"score:{name}", [_charged(owners, copies[j]) for j in batch], seconds
                 )
-        for n, (task, _) in enumerate(scoring):
-            ready.append((task, results[n]))
+        for (task, _), values in zip(scoring, results, strict=True):
+            ready.append((task, values))
 
     # -- finishing -----------------------------------------------------------------------
     def _finish(self, unit: Unit, pool: Pool) -> list[dict[str, Any]]:
@@ -407,3 +411,17 @@ class Engine:
             )
             self.ledger.release(problem.id, method.id)
         return records
+
+
+def _identical(rows: Iterable[tuple[Any, ...]]) -> list[list[int]]:
+    """Group rows whose forward is the same computation: equal key or step fields and equal
+    tokens (the last field). Groups are in order of first appearance."""
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for n, (*fields, tokens) in enumerate(rows):
+        groups.setdefault((*fields, tokens.numpy().tobytes()), []).append(n)
+    return list(groups.values())
+
+
+def _charged(owners: list[tuple[str, Owners]], copies: list[int]) -> tuple[str, Owners]:
+    """(problem id, owners) of one computed row: every owner of every copy it stands for."""
+    return owners[copies[0]][0], tuple(o for n in copies for o in owners[n][1])

@@ -28,7 +28,11 @@ FAMILIES: tuple[Family, ...] = (
     ),
     Family("prm_rerank", "PRM Rerank@{n}", "independent:n=*+argmax:scorer=prm"),
     Family("random_rerank", "Random Rerank@{n}", "independent:n=*+random"),
-    Family("prm_guided", "PRM Guided K={k} b={every}", "prm_guided:k=*,every={half}+first"),
+    Family(
+        "prm_guided",
+        "PRM Guided K={k} b={every}",
+        "prm_guided:k=*,every={half},final=keep+argmax:scorer=prm",
+    ),
     Family(
         "top_m", "Top-{keep} Retention K={k} b={every}", "prm_guided:k=*,every={half},keep=2+first"
     ),

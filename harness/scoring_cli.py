@@ -53,6 +53,12 @@ def add_parsers(sub: Any) -> None:
     t.add_argument("--warmup", type=int, default=0)
     t.add_argument("--val-fraction", type=float, default=0.1)
     t.add_argument("--val-every", type=int, default=200)
+    t.add_argument(
+        "--groups",
+        choices=["all", "mixed"],
+        default="all",
+        help="mixed: train only on problems with both correct and incorrect trajectories",
+    )
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--out", required=True, help="training directory (resumed if it exists)")
     t.add_argument("--json", action="store_true")
@@ -135,6 +141,7 @@ def cmd_train_scorer(args: argparse.Namespace, console: Console) -> dict[str, An
         warmup=args.warmup,
         val_fraction=args.val_fraction,
         val_every=args.val_every,
+        groups=args.groups,
         seed=args.seed,
     )
     out = Path(args.out)
@@ -156,6 +163,12 @@ def cmd_train_scorer(args: argparse.Namespace, console: Console) -> dict[str, An
             f"{best['bce']:.4f}, accuracy {best['accuracy']:.3f}, ROC-AUC "
             f"{best['auc']})"
         )
+        ranked = best["rerank"]
+        if ranked["problems"]:
+            console.print(
+                f"  best-of-N on {ranked['problems']} validation problems: "
+                f"{ranked['top1_accuracy']:.3f} (their mean accuracy {ranked['mean_accuracy']:.3f})"
+            )
         for bucket, m in best["by_mask_ratio"].items():
             console.print(f"  mask ratio {bucket}: n={m['n']} ROC-AUC {m['auc']}")
     return json.loads(json.dumps(record))

@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from sklearn.metrics import roc_auc_score
 
 from dllmbench.collect import Snapshot, mask_ratios
 from dllmbench.errors import UserError
@@ -41,7 +40,14 @@ class TrainConfig:
     val_fraction: float = 0.1
     val_every: int = 200
     max_val: int = 4000
+    groups: str = "all"  # "mixed": train only on problems whose trajectories disagree
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("prm", "orm"):
+            raise ValueError(f"kind must be 'prm' or 'orm', got {self.kind!r}")
+        if self.groups not in ("all", "mixed"):
+            raise ValueError(f"groups must be 'all' or 'mixed', got {self.groups!r}")
 
 
 def warmup_cosine(total: int, warmup: int) -> Callable[[int], float]:
@@ -65,11 +71,44 @@ def split_problems(snapshots: list[Snapshot], fraction: float, seed: int) -> set
 
 
 def auc(labels: np.ndarray, scores: np.ndarray) -> float | None:
+    from sklearn.metrics import roc_auc_score  # imported here: only training needs it
+
     return float(roc_auc_score(labels, scores)) if 0 < labels.sum() < len(labels) else None
 
 
+def mixed_problems(snapshots: list[Snapshot]) -> set[str]:
+    """Problems with both a correct and an incorrect trajectory."""
+    outcomes: dict[str, set[bool]] = {}
+    for s in snapshots:
+        outcomes.setdefault(s.problem, set()).add(s.correct)
+    return {p for p, seen in outcomes.items() if len(seen) == 2}
+
+
+def rerank(data: list[Snapshot], scores: np.ndarray) -> dict[str, Any]:
+    """Best-of-N by score over each problem's final states, against their mean accuracy.
+
+    This is what reranking needs: telling one problem's answers apart, which ROC-AUC over
+    all problems mixes with telling easy problems from hard ones.
+    """
+    groups: dict[str, list[tuple[float, bool]]] = {}
+    for s, z in zip(data, scores, strict=True):
+        if s.final:
+            groups.setdefault(s.problem, []).append((float(z), s.correct))
+    groups = {p: g for p, g in groups.items() if len(g) > 1}
+    if not groups:
+        return {"problems": 0, "top1_accuracy": None, "mean_accuracy": None}
+    top1 = [max(g, key=lambda item: item[0])[1] for g in groups.values()]
+    mean = [sum(c for _, c in g) / len(g) for g in groups.values()]
+    return {
+        "problems": len(groups),
+        "top1_accuracy": float(np.mean(top1)),
+        "mean_accuracy": float(np.mean(mean)),
+    }
+
+
 def evaluate(scorer: Any, data: list[Snapshot], ratios: np.ndarray, batch: int) -> dict:
-    """Validation BCE, accuracy and ROC-AUC, overall and by mask-ratio bucket."""
+    """Validation BCE, accuracy and ROC-AUC, overall and by mask-ratio bucket, and the
+    best-of-N accuracy of reranking each problem's final states by score."""
     logits = []
     scorer.train_mode(False)
     with torch.no_grad():
@@ -98,6 +137,7 @@ def evaluate(scorer: Any, data: list[Snapshot], ratios: np.ndarray, batch: int) 
         "accuracy": float(((zn > 0) == (yn > 0.5)).mean()),
         "auc": auc(yn, zn),
         "n": len(data),
+        "rerank": rerank(data, zn),
         "by_mask_ratio": buckets,
     }
 
@@ -116,12 +156,18 @@ def train(
         snapshots = [s for s in snapshots if s.final]
     val_ids = split_problems(snapshots, cfg.val_fraction, cfg.seed)
     train_set = [s for s in snapshots if s.problem not in val_ids]
+    if cfg.groups == "mixed":
+        mixed = mixed_problems(train_set)
+        train_set = [s for s in train_set if s.problem in mixed]
     val_set = [s for s in snapshots if s.problem in val_ids]
     random.Random(cfg.seed).shuffle(val_set)
     val_set = val_set[: cfg.max_val]
     val_ratios = mask_ratios(val_set, mask_id)
     if not train_set:
-        raise UserError("no training snapshots left after holding out validation problems")
+        raise UserError(
+            "no training snapshots left after holding out validation problems"
+            + (" and keeping problems with mixed outcomes" if cfg.groups == "mixed" else "")
+        )
 
     out.mkdir(parents=True, exist_ok=True)
     record = {
@@ -171,16 +217,19 @@ def train(
             advance(1)
         if step % cfg.val_every == 0 or step == cfg.steps:
             metrics = evaluate(scorer, val_set, val_ratios, 2 * cfg.batch)
+            top1 = metrics["rerank"]["top1_accuracy"]
             history.append(
                 {
                     "step": step,
                     "train_bce": total,
                     **{k: metrics[k] for k in ("bce", "accuracy", "auc")},
+                    "rerank_top1": top1,
                 }
             )
             log(
                 f"step {step}: train BCE {total:.4f}, validation BCE {metrics['bce']:.4f}, "
-                f"accuracy {metrics['accuracy']:.3f}, ROC-AUC {metrics['auc']}"
+                f"accuracy {metrics['accuracy']:.3f}, ROC-AUC {_fmt(metrics['auc'])}, "
+                f"best-of-N {_fmt(top1)} (mean {_fmt(metrics['rerank']['mean_accuracy'])})"
             )
             if best is None or metrics["bce"] < best["bce"]:
                 best = {"step": step, **metrics}
@@ -202,6 +251,10 @@ def train(
     record.update(best=best, history=history)
     (out / "train.json").write_text(json.dumps(record, indent=2) + "\n")
     return record
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
 
 
 def _batch(data: list[Snapshot], start: int, size: int, seed: int) -> list[Snapshot]:

@@ -3,7 +3,7 @@
 Each problem has one to three arithmetic steps over small integers, in a small vocabulary:
 
     Tom has 3 apples. He buys 4 more. How many apples does he have now?
-    3 + 4 = 7
+    3+4=7
     #### 7
 
 Problems come from a seed. The test split is a fixed list (`test_size` distinct questions);
@@ -45,12 +45,18 @@ def format_example(question: str, solution: str | None = None) -> str:
     return head if solution is None else f"{head} {solution}"
 
 
-def generate(rng: random.Random, max_steps: int) -> Example:
-    """A problem of 1..max_steps steps; every intermediate value is a nonnegative integer."""
+def generate(
+    rng: random.Random, max_steps: int, max_start: int = 10, max_operand: int = 5
+) -> Example:
+    """A problem of 1..max_steps steps; every intermediate value is a nonnegative integer.
+
+    The first value is at most `max_start`; a term added or taken away is at most
+    `max_operand`; multiplying is by 2 or 3 (up to 50 before it), dividing by 2 to 5 exactly.
+    """
     name, he, _his = rng.choice(NAMES)
     other = rng.choice([n for n, _, _ in NAMES if n != name])
     items = rng.choice(ITEMS)
-    value = rng.randint(1, 20)
+    value = rng.randint(1, max_start)
     sentences = [f"{name} has {value} {items}."]
     lines = []
     for _ in range(rng.randint(1, max_steps)):
@@ -60,12 +66,12 @@ def generate(rng: random.Random, max_steps: int) -> Example:
             ops.append("/")
         op = rng.choice(ops)
         if op == "+":
-            b = rng.randint(1, 10)
+            b = rng.randint(1, max_operand)
             verb = rng.choice(("buys", "finds", "gets"))
             sentences.append(f"{he.capitalize()} {verb} {b} more.")
             new = value + b
         elif op == "-":
-            b = rng.randint(1, min(value, 10))
+            b = rng.randint(1, min(value, max_operand))
             verb = rng.choice((f"gives {b} to {other}", f"loses {b}", f"sells {b}"))
             sentences.append(f"{he.capitalize()} {verb}.")
             new = value - b
@@ -78,7 +84,7 @@ def generate(rng: random.Random, max_steps: int) -> Example:
             b = rng.choice(divisors)
             sentences.append(f"{he.capitalize()} puts them in {b} equal bags and keeps one bag.")
             new = value // b
-        lines.append(f"{value} {op} {b} = {new}")
+        lines.append(f"{value}{op}{b}={new}")
         value = new
     sentences.append(f"How many {items} does {he} have now?")
     solution = "\n".join([*lines, f"#### {value}"])
@@ -90,7 +96,9 @@ class ArithConfig:
     seed: int = 0  # generator seed: the test set and the train stream both follow from it
     test_size: int = 500  # problems in the fixed test split (distinct questions)
     train_size: int = 20000  # size splits() reports for train; examples() reaches any index
-    max_steps: int = 3  # arithmetic steps per problem, 1 to this
+    max_steps: int = 2  # arithmetic steps per problem, 1 to this (at most 3)
+    max_start: int = 10  # the first number is 1 to this
+    max_operand: int = 5  # a number added or taken away is 1 to this
     shots: int = 0  # exemplars (the first train problems) before the question in `fewshot`
 
     def __post_init__(self) -> None:
@@ -98,6 +106,8 @@ class ArithConfig:
             raise ValueError("test_size and train_size must be >= 1")
         if not 1 <= self.max_steps <= 3:
             raise ValueError(f"max_steps must be 1, 2 or 3, got {self.max_steps}")
+        if self.max_start < 1 or self.max_operand < 1:
+            raise ValueError("max_start and max_operand must be >= 1")
         if self.shots < 0:
             raise ValueError(f"shots must be >= 0, got {self.shots}")
 
@@ -117,11 +127,15 @@ class Arith:
         stream = {"test": 1, "train": 2}[split]
         return random.Random(((self.config.seed * 4 + stream) << 40 | index) << 12 | attempt)
 
+    def _generate(self, rng: random.Random) -> Example:
+        c = self.config
+        return generate(rng, c.max_steps, c.max_start, c.max_operand)
+
     @cached_property
     def _test(self) -> list[Example]:
         out, seen, index = [], set(), 0
         while len(out) < self.config.test_size:
-            example = generate(self._rng("test", index, 0), self.config.max_steps)
+            example = self._generate(self._rng("test", index, 0))
             index += 1
             if example.question not in seen:
                 seen.add(example.question)
@@ -140,7 +154,7 @@ class Arith:
     def train_example(self, index: int) -> Example:
         """Train problem `index` (any nonnegative integer); never a test question."""
         for attempt in range(1000):
-            example = generate(self._rng("train", index, attempt), self.config.max_steps)
+            example = self._generate(self._rng("train", index, attempt))
             if example.question not in self._test_questions:
                 return example
         raise UserError("arith: the train stream cannot avoid the test set; lower test_size")

@@ -39,25 +39,24 @@ def test_train_stream_never_repeats_a_test_question(task):
     assert len(list(itertools.islice(endless, 25000))) == 25000
 
 
-def test_solutions_are_short_correct_and_extract_strictly(task):
+@pytest.mark.parametrize(
+    "config", [{}, {"max_steps": 3, "max_start": 20, "max_operand": 10}], ids=["default", "wide"]
+)
+def test_solutions_are_short_correct_and_extract_strictly(config):
+    task = Arith(**config)
+    c = task.config
     for example in task.examples("train", 0, 3000):
         lines = example.solution.split("\n")
-        assert 2 <= len(lines) <= 4 and lines[-1] == f"#### {example.answer}"
+        assert 2 <= len(lines) <= c.max_steps + 1 and lines[-1] == f"#### {example.answer}"
         value = None
         for line in lines[:-1]:
-            a, op, b, eq, c = line.split()
-            assert eq == "=" and (value is None or int(a) == value)
-            assert (
-                int(c)
-                == {
-                    "+": int(a) + int(b),
-                    "-": int(a) - int(b),
-                    "*": int(a) * int(b),
-                    "/": int(a) // int(b),
-                }[op]
-            )
-            assert op != "/" or int(a) % int(b) == 0
-            value = int(c)
+            a, op, b, result = re.fullmatch(r"(\d+)([-+*/])(\d+)=(\d+)", line).groups()
+            a, b, result = int(a), int(b), int(result)
+            assert a == value if value is not None else 1 <= a <= c.max_start
+            assert result == {"+": a + b, "-": a - b, "*": a * b, "/": a // b}[op]
+            assert op not in "+-" or 1 <= b <= c.max_operand
+            assert op != "/" or a % b == 0
+            value = result
         assert value == example.answer >= 0
         assert task.extract(example.solution) == str(example.answer)
         assert len(example.question.split()) <= 40
@@ -94,5 +93,7 @@ def test_config_errors():
         Arith(max_steps=4)
     with pytest.raises(ValueError):
         Arith(test_size=0)
+    with pytest.raises(ValueError):
+        Arith(max_operand=0)
     with pytest.raises(UserError, match="no split"):
         Arith().problems("validation")

@@ -22,12 +22,14 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from dllmbench.training import warmup_cosine
 
-PATTERN = r"####| ?[A-Za-z]+| ?\d|\d| ?[^\w\s]|\n| "
+PATTERN = r"####| ?[A-Za-z]+|\d| ?[^\w\s]|\n| "
 EOS, MASK = "<|endoftext|>", "<|mask|>"
 
 
 def word_tokenizer(texts: Iterable[str]) -> PreTrainedTokenizerFast:
-    """Whole words (with their leading space), single digits, punctuation, newline; lossless."""
+    """Whole words and punctuation (with their leading space), bare single digits, a space
+    on its own before a digit, newline; lossless. A digit is one token wherever it stands,
+    so the model learns one addition table, not one per spacing."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
     pre = pre_tokenizers.Split(Regex(PATTERN), behavior="isolated")
@@ -49,6 +51,7 @@ class PretrainConfig:
     lr: float = 1e-3
     warmup: int = 100
     hidden: int = 128
+    intermediate: int = 512  # the MLP's width
     layers: int = 4
     heads: int = 4
     gen_length: int = 40
@@ -58,7 +61,7 @@ class PretrainConfig:
 def build_model(vocab: int, cfg: PretrainConfig, tokenizer: PreTrainedTokenizerFast):
     config = Qwen2Config(
         hidden_size=cfg.hidden,
-        intermediate_size=4 * cfg.hidden,
+        intermediate_size=cfg.intermediate,
         num_hidden_layers=cfg.layers,
         num_attention_heads=cfg.heads,
         num_key_value_heads=cfg.heads,

@@ -11,8 +11,10 @@ held-out train problems. The default output is the package's own `tiny_model/` f
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -25,7 +27,6 @@ from dllmbench.registry import registry
 from dllmbench.tasks.arith import Arith, format_example
 from dllmbench.training import TrainConfig, train
 
-TASK = {"max_steps": 2}  # the demo's arith: one or two steps
 STEPS, GEN_LENGTH = 24, 24  # the demo's sampling protocol (T and generated tokens)
 SCORER = {
     "target_modules": "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
@@ -39,8 +40,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=TINY_DIR)
-    parser.add_argument("--pretrain-steps", type=int, default=1200)
+    parser.add_argument("--pretrain-steps", type=int, default=2500)
     parser.add_argument("--problems", type=int, default=1000, help="train problems to collect")
+    parser.add_argument("--samples", type=int, default=8, help="trajectories per problem")
     parser.add_argument("--scorer-steps", type=int, default=600)
     parser.add_argument(
         "--work",
@@ -50,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    task = Arith(seed=args.seed, **TASK)
+    task = Arith(seed=args.seed)
     started = time.time()
 
     def stage(name: str) -> None:
@@ -68,15 +70,24 @@ def main(argv: list[str] | None = None) -> None:
         return format_example(e.question), " " + e.solution
 
     model_dir = args.work / "model"
-    pretrain(
-        example,
-        word_tokenizer(texts),
-        PretrainConfig(
-            seed=args.seed, steps=args.pretrain_steps, batch=64, lr=1.5e-3, gen_length=GEN_LENGTH
-        ),
-        model_dir,
-        log=lambda line: print("   ", line, flush=True),
+    config = PretrainConfig(
+        seed=args.seed,
+        steps=args.pretrain_steps,
+        batch=64,
+        lr=2e-3,
+        intermediate=256,
+        gen_length=GEN_LENGTH,
     )
+    if pretrained(model_dir) == asdict(config):
+        print(f"    {model_dir} holds this pretraining already", flush=True)
+    else:
+        pretrain(
+            example,
+            word_tokenizer(texts),
+            config,
+            model_dir,
+            log=lambda line: print("   ", line, flush=True),
+        )
 
     stage("collecting trajectories")
     reg = registry()
@@ -85,11 +96,18 @@ def main(argv: list[str] | None = None) -> None:
     steps = snapshot_steps(STEPS, 6)
     problems = task.problems("train")[: args.problems]
     description = describe_collection(
-        "arith", task, "train", "tiny", backbone, sampling, 4, steps, len(problems)
+        "arith", task, "train", "tiny", backbone, sampling, args.samples, steps, len(problems)
     )
     collect(
         CollectConfig(
-            task, backbone, description, problems, 4, steps, sampling, Limits(batch_rows=128)
+            task,
+            backbone,
+            description,
+            problems,
+            args.samples,
+            steps,
+            sampling,
+            Limits(batch_rows=128),
         ),
         reg,
         args.work / "trajectories",
@@ -109,6 +127,8 @@ def main(argv: list[str] | None = None) -> None:
                 lr=1e-3,
                 warmup=50,
                 val_every=100,
+                # the ORM ranks one problem's answers: learn from problems whose answers differ
+                groups="mixed" if kind == "orm" else "all",
                 seed=args.seed,
             ),
             args.work / kind,
@@ -124,6 +144,14 @@ def main(argv: list[str] | None = None) -> None:
         shutil.rmtree(args.out / kind, ignore_errors=True)
         shutil.copytree(args.work / kind / "best", args.out / kind)
     stage("done")
+
+
+def pretrained(model_dir: Path) -> dict | None:
+    """The pretraining configuration of a finished model in `model_dir`, if there is one."""
+    config = model_dir / "config.json"
+    if not (config.exists() and (model_dir / "model.safetensors").exists()):
+        return None
+    return json.loads(config.read_text()).get("pretrain")
 
 
 if __name__ == "__main__":

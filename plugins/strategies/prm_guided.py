@@ -65,10 +65,12 @@ class PRMGuided:
 
     async def search(self, problem: Problem, ops: Ops) -> Pool:
         c = self.config
-        kept = ops.start(problem)
         segments = ops.segments(c.every)
         for i, steps in enumerate(segments):
-            children = kept.repeat(c.k // len(kept))
+            if i == 0:
+                children = ops.start(problem, copies=c.k)  # K independent samples
+            else:
+                children = kept.repeat(c.k // len(kept))
             children = await ops.denoise(children, steps)
             scores = await ops.score(children, c.scorer)
             if i == len(segments) - 1:

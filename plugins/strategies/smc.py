@@ -96,7 +96,7 @@ class SMC:
 
     async def search(self, problem: Problem, ops: Ops) -> Pool:
         c = self.config
-        particles = ops.start(problem).repeat(c.k)
+        particles = ops.start(problem, copies=c.k)  # K independent samples
         log_w = np.full(c.k, -math.log(c.k))
         prev = np.zeros(c.k)  # log h_prev^β_prev of each particle's ancestor
         info = {"beta": [], "ess": [], "resampled": []}
