@@ -39,12 +39,12 @@ def _scorers_arg(entries: list[str]) -> dict[str, tuple[str, dict[str, Any]]]:
 # `dllmbench run` with neither --task nor --backbone: the shipped tiny model on arith, with
 # the PRM and ORM trained for it; every option can still be given.
 DEMO = {
-    "task": "arith:max_steps=2",
+    "task": "arith",
     "backbone": "tiny",
     "steps": 24,
     "gen_length": 24,
     "prompt": "fewshot",
-    "limit": 200,
+    "limit": 150,
 }
 GENERAL = {"steps": 128, "gen_length": 256, "prompt": "chat"}
 

@@ -55,9 +55,10 @@ def add_parsers(sub: Any) -> None:
     t.add_argument("--val-every", type=int, default=200)
     t.add_argument(
         "--groups",
-        choices=["all", "mixed"],
+        choices=["all", "mixed", "balanced"],
         default="all",
-        help="mixed: train only on problems with both correct and incorrect trajectories",
+        help="mixed: only problems with both correct and incorrect trajectories; balanced: "
+        "of those, as many correct as incorrect trajectories per problem",
     )
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--out", required=True, help="training directory (resumed if it exists)")

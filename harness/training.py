@@ -12,6 +12,7 @@ needed to resume exactly.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import random
@@ -40,14 +41,16 @@ class TrainConfig:
     val_fraction: float = 0.1
     val_every: int = 200
     max_val: int = 4000
-    groups: str = "all"  # "mixed": train only on problems whose trajectories disagree
+    # "mixed": only problems whose trajectories disagree; "balanced": of those, as many
+    # correct as incorrect final states per problem (drawn with the seed)
+    groups: str = "all"
     seed: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in ("prm", "orm"):
             raise ValueError(f"kind must be 'prm' or 'orm', got {self.kind!r}")
-        if self.groups not in ("all", "mixed"):
-            raise ValueError(f"groups must be 'all' or 'mixed', got {self.groups!r}")
+        if self.groups not in ("all", "mixed", "balanced"):
+            raise ValueError(f"groups must be 'all', 'mixed' or 'balanced', got {self.groups!r}")
 
 
 def warmup_cosine(total: int, warmup: int) -> Callable[[int], float]:
@@ -82,6 +85,32 @@ def mixed_problems(snapshots: list[Snapshot]) -> set[str]:
     for s in snapshots:
         outcomes.setdefault(s.problem, set()).add(s.correct)
     return {p for p, seen in outcomes.items() if len(seen) == 2}
+
+
+def balance(snapshots: list[Snapshot], seed: int) -> list[Snapshot]:
+    """Per problem, as many trajectories ending correct as ending wrong: the smaller side
+    whole, the same number drawn from the larger. Every snapshot of a kept trajectory stays.
+    With each problem at a 50% base rate, what tells one problem from another (its length,
+    its difficulty) says nothing of the label; only what tells its answers apart does."""
+    trajectories: dict[str, dict[bool, list[int]]] = {}
+    for s in snapshots:
+        if s.final:
+            sides = trajectories.setdefault(s.problem, {True: [], False: []})
+            sides[s.correct].append(len(sides[s.correct]))
+    rng = random.Random(seed)
+    keep: dict[tuple[str, bool], set[int]] = {}
+    for problem, sides in sorted(trajectories.items()):
+        n = min(len(sides[True]), len(sides[False]))
+        for label, members in sides.items():
+            keep[problem, label] = set(rng.sample(members, n))
+    out, seen = [], {}
+    for s in snapshots:  # a trajectory's snapshots end with its final one
+        index = seen.get((s.problem, s.correct), 0)
+        if index in keep.get((s.problem, s.correct), set()):
+            out.append(s)
+        if s.final:
+            seen[s.problem, s.correct] = index + 1
+    return out
 
 
 def rerank(data: list[Snapshot], scores: np.ndarray) -> dict[str, Any]:
@@ -156,9 +185,11 @@ def train(
         snapshots = [s for s in snapshots if s.final]
     val_ids = split_problems(snapshots, cfg.val_fraction, cfg.seed)
     train_set = [s for s in snapshots if s.problem not in val_ids]
-    if cfg.groups == "mixed":
+    if cfg.groups != "all":
         mixed = mixed_problems(train_set)
         train_set = [s for s in train_set if s.problem in mixed]
+    if cfg.groups == "balanced":
+        train_set = balance(train_set, cfg.seed)
     val_set = [s for s in snapshots if s.problem in val_ids]
     random.Random(cfg.seed).shuffle(val_set)
     val_set = val_set[: cfg.max_val]
@@ -170,8 +201,10 @@ def train(
         )
 
     out.mkdir(parents=True, exist_ok=True)
+    data = fingerprint(train_set + val_set)
     record = {
         "config": asdict(cfg),
+        "data": data,
         "train": len(train_set),
         "validation": len(val_set),
         "validation_problems": len(val_ids),
@@ -188,6 +221,10 @@ def train(
         if json.loads(state["config"]) != asdict(cfg):
             raise UserError(
                 f"{out} holds a training run with another configuration; choose another --out"
+            )
+        if state.get("data", data) != data:
+            raise UserError(
+                f"{out} holds a training run on other trajectories; choose another --out"
             )
         scorer.load_weights(latest)
         opt.load_state_dict(state["optimizer"])
@@ -241,6 +278,7 @@ def train(
                     "scheduler": sched.state_dict(),
                     "step": step,
                     "config": json.dumps(asdict(cfg)),
+                    "data": data,
                     "best": json.dumps(best),
                     "history": json.dumps(history),
                     "rng": torch.get_rng_state(),
@@ -251,6 +289,15 @@ def train(
     record.update(best=best, history=history)
     (out / "train.json").write_text(json.dumps(record, indent=2) + "\n")
     return record
+
+
+def fingerprint(snapshots: list[Snapshot]) -> str:
+    """A digest of the snapshots a run trains and validates on (order included)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for s in snapshots:
+        digest.update(f"{s.problem}|{s.step}|{s.correct}|{s.final}|{s.prompt_len}|".encode())
+        digest.update(s.tokens.numpy().tobytes())
+    return digest.hexdigest()
 
 
 def _fmt(value: float | None) -> str:

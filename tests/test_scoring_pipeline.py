@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from safetensors.torch import load_file
 
 from dllmbench.cli import main
+from dllmbench.errors import UserError
 
 BACKBONE = "dream:model=random"
 COMMON = ["--steps", "6", "--gen-length", "8", "--prompt", "fewshot", "--seed", "1"]
@@ -164,3 +166,28 @@ def test_training_resumes_exactly(tmp_path, capsys):
     resumed = train(scorer, snapshots, cfg, tmp_path / "cut", backbone.mask_id, log=str)
     assert resumed["history"] == whole["history"]
     assert resumed["best"] == whole["best"]
+    # a training directory is never resumed on other trajectories
+    relabelled = [replace(s, correct=not s.correct) for s in snapshots]
+    backbone, scorer = fresh()
+    with pytest.raises(UserError, match="other trajectories"):
+        train(scorer, relabelled, cfg, tmp_path / "cut", backbone.mask_id, log=str)
+
+
+def test_best_of_n_ranks_each_problems_final_states():
+    import numpy as np
+    import torch
+
+    from dllmbench.collect import Snapshot
+    from dllmbench.training import mixed_problems, rerank
+
+    def snap(problem, correct, final=True):
+        return Snapshot(problem, torch.zeros(3, dtype=torch.long), 1, 4, correct, final)
+
+    data = [
+        snap("a", False), snap("a", True), snap("a", True, final=False),
+        snap("b", False), snap("b", False), snap("c", True),  # c: one final, not ranked
+    ]  # fmt: skip
+    scores = np.array([0.1, 0.9, -5.0, 0.3, 0.2, 0.0])
+    assert rerank(data, scores) == {"problems": 2, "top1_accuracy": 0.5, "mean_accuracy": 0.25}
+    assert rerank(data, -scores)["top1_accuracy"] == 0.0
+    assert mixed_problems(data) == {"a"}

@@ -14,7 +14,8 @@ from scipy.special import expit
 
 from dllmbench.engine import Engine, Sampling
 from dllmbench.errors import PluginError
-from dllmbench.interfaces import ScoreBatch
+from dllmbench.interfaces import ScoreBatch, StepBatch
+from dllmbench.keys import row_key
 from dllmbench.method import Method, MethodSpec
 from dllmbench.plugins.strategies.smc import choose_beta, ess, systematic
 from dllmbench.registry import registry
@@ -174,7 +175,7 @@ def test_smc_bad_config_raises_plugin_error(config):
 
 # -- end to end through the engine --------------------------------------------------------------
 
-K, T, EVERY, STEP1 = 8, 12, 6, 6
+K, T, EVERY, STEP1, GEN = 8, 12, 6, 6, 5
 CLIP = 1e-6
 
 
@@ -234,7 +235,7 @@ def run_smc(scorer: ScriptedPRM, labels: list[str], problems: int) -> list[dict]
         scorers={"prm": scorer},
         task=task,
         methods=methods,
-        sampling=Sampling(total_steps=T, gen_length=5, prompt_style="fewshot", seed=0),
+        sampling=Sampling(total_steps=T, gen_length=GEN, prompt_style="fewshot", seed=0),
     )
     return engine.run(task.problems("test"))
 
@@ -264,7 +265,7 @@ def flat_run() -> Run:
 @pytest.fixture(scope="module")
 def sharp_run() -> Run:
     """Logits within 0 ± 12: weights collapse, so SMC tempers and resamples."""
-    return make_run(12.0, problems=4)
+    return make_run(12.0, problems=8)
 
 
 @pytest.fixture(params=["flat", "sharp"])
@@ -290,13 +291,17 @@ def test_records_shape_info_and_ledger(smc_run):
         assert rec["ledger"]["passes"] == {"denoise": K * T, "score:prm": K * 2}
         for c in rec["candidates"]:
             assert set(c["scores"]) == {"prm"}
-            assert len(c["lineage"]) == 3
+            assert len(c["lineage"]) == 2  # (ancestor, particle)
 
 
 def test_every_checkpoint_scored_all_particles(smc_run):
-    for prompt in smc_run.prompts.values():
-        assert len(smc_run.scorer.log[prompt, STEP1]) == K
-        assert len(smc_run.scorer.log[prompt, T]) == K
+    """Every particle is scored at both checkpoints; the engine scores identical rows once."""
+    for problem, prompt in smc_run.prompts.items():
+        first = [text for text, _, _ in smc_run.scorer.log[prompt, STEP1]]
+        assert set(first) == set(_first_segment_texts(problem)) and len(first) <= K
+        final = [text for text, _, _ in smc_run.scorer.log[prompt, T]]
+        solo = next(r for r in smc_run.solo if r["problem"] == problem)
+        assert set(final) == {c["text"] for c in solo["candidates"]} and len(final) <= K
     assert {step for _, step in smc_run.scorer.log} == {STEP1, T}
 
 
@@ -321,19 +326,29 @@ def test_final_scores_are_the_scorer_on_final_canvases(smc_run):
             assert c["scores"]["prm"] == pytest.approx(expected, abs=1e-12)
 
 
-def _checkpoint_one(run: Run, problem: str) -> np.ndarray:
-    """log h of the K particles at the first checkpoint, in particle order.
-
-    Read from the solo run's scorer log; assumes the engine hands one request's rows to the
-    scorer in their order (it sorts rows by canvas length, stably, and a problem's canvases
-    are of one length).
-    """
-    rows = run.scorer.log[run.prompts[problem], STEP1]
-    assert len(rows) == K
-    # the toy backbone commits all 5 positions within the first 5 steps, so a particle's
+def _first_segment_texts(problem_id: str) -> list[str]:
+    """The K particles' texts after the first segment, replayed from their keys: SMC starts
+    K independent samples, particle j with lineage (j,)."""
+    backbone, task = ToyBackbone(), ToySum(size=8)
+    problem = next(p for p in task.problems("test") if p.id == problem_id)
+    prompt_ids = backbone.encode(task.prompt(problem, "fewshot"))
+    rows = [backbone.canvas(prompt_ids, GEN) for _ in range(K)]
+    keys = [row_key(0, problem.id, "sample", (j,)) for j in range(K)]
+    for step in range(STEP1):
+        batch = StepBatch(rows, [len(prompt_ids)] * K, [step] * K, keys, T)
+        rows = backbone.denoise_step(batch)
+    # the toy backbone commits all GEN positions within the first 5 steps, so a particle's
     # canvas at step 6 is already final: its descendants end with the same text
-    assert all(masks == 0 for _, _, masks in rows)
-    return log_h([value for _, value, _ in rows])
+    assert all(int((row == MASK).sum()) == 0 for row in rows)
+    return [backbone.decode(row, len(prompt_ids)) for row in rows]
+
+
+def _checkpoint_one(run: Run, problem: str) -> np.ndarray:
+    """log h of the K particles at the first checkpoint, in particle order."""
+    texts = _first_segment_texts(problem)
+    logged = {text: value for text, value, _ in run.scorer.log[run.prompts[problem], STEP1]}
+    assert set(logged) == set(texts)
+    return log_h([logged[text] for text in texts])
 
 
 def test_tempering_and_resampling_decisions(smc_run):
@@ -356,7 +371,7 @@ def test_terminal_weights_follow_the_recursion(smc_run):
         h1_all = _checkpoint_one(smc_run, rec["problem"])
         beta1 = rec["info"]["beta"][0]
         cands = rec["candidates"]
-        ancestors = np.array([c["lineage"][1] for c in cands])
+        ancestors = np.array([c["lineage"][0] for c in cands])
         h1_anc = h1_all[ancestors]
         # the ancestor's logit at step 6 is also the scorer on the particle's own final text
         own = [text_logit(c["text"], STEP1, scorer.scale, scorer.offset) for c in cands]
@@ -377,8 +392,8 @@ def test_lineage_reflects_resampling(smc_run):
     for rec in smc_run.solo:
         lineage = [tuple(c["lineage"]) for c in rec["candidates"]]
         assert [path[-1] for path in lineage] == list(range(K))  # fork: fresh keys
-        assert all(path[0] == 0 for path in lineage)
-        ancestors = [path[1] for path in lineage]
+        assert all(len(path) == 2 for path in lineage)
+        ancestors = [path[0] for path in lineage]
         if not rec["info"]["resampled"][0]:
             assert ancestors == list(range(K))
             assert len({path[:-1] for path in lineage}) == K
@@ -407,7 +422,7 @@ def test_sharp_run_resamples_with_shared_ancestors(sharp_run):
     shared = [
         rec
         for rec in resampled
-        if max(Counter(c["lineage"][1] for c in rec["candidates"]).values()) > 1
+        if max(Counter(c["lineage"][0] for c in rec["candidates"]).values()) > 1
     ]
     assert shared, "a collapsed weight vector should duplicate some ancestor"
 

@@ -33,7 +33,7 @@ class Recording(ToyScorer):
         return values
 
 
-def run(spec: str, T: int, problems: int = 2, scorer=None):
+def run(spec: str, T: int, problems: int = 2, scorer=None, gen: int = 4):
     task = ToySum(size=problems)
     method = Method.build(registry(), MethodSpec.parse(spec), "m")
     engine = Engine(
@@ -41,7 +41,7 @@ def run(spec: str, T: int, problems: int = 2, scorer=None):
         scorers={"prm": scorer or ToyScorer()},
         task=task,
         methods=[method],
-        sampling=Sampling(T, 4, "fewshot", 0),
+        sampling=Sampling(T, gen, "fewshot", 0),
         limits=Limits(batch_rows=256, problems=problems),
     )
     return method, engine.run(task.problems("test")), engine
@@ -111,8 +111,14 @@ def test_top_is_stable_descending_and_rejects_nan():
 def test_guided_search_keeps_the_best_children_each_segment(keep):
     k, b, T = 8, 6, 12
     scorer = Recording()
+    # 12 generated positions: no two children are the same row at step b, so every child's
+    # score is its own (the engine scores identical rows once)
     _, records, _ = run(
-        f"prm_guided:k={k},every={b},keep={keep},final=keep+first", T, problems=3, scorer=scorer
+        f"prm_guided:k={k},every={b},keep={keep},final=keep+first",
+        T,
+        problems=3,
+        scorer=scorer,
+        gen=12,
     )
     assert len(scorer.calls) == 3
     for record in records:
@@ -121,17 +127,17 @@ def test_guided_search_keeps_the_best_children_each_segment(keep):
         calls = next(
             c
             for c in scorer.calls.values()
-            if np.allclose(sorted(v for s, v in c if s == T), sorted(finals))
+            if {round(float(v), 9) for s, v in c if s == T} == {round(v, 9) for v in finals}
         )
         first = np.array([v for step, v in calls if step == b])
         assert len(first) == k
         survivors = set(top(first, keep).tolist())
-        # children of segment 2 descend from the survivors: lineage (0, survivor, child)
-        assert {c["lineage"][1] for c in record["candidates"]} == survivors
-        assert all(len(c["lineage"]) == 3 for c in record["candidates"])
+        # children of segment 2 descend from the survivors: lineage (survivor, child)
+        assert {c["lineage"][0] for c in record["candidates"]} == survivors
+        assert all(len(c["lineage"]) == 2 for c in record["candidates"])
         per_survivor = defaultdict(int)
         for c in record["candidates"]:
-            per_survivor[c["lineage"][1]] += 1
+            per_survivor[c["lineage"][0]] += 1
         assert set(per_survivor.values()) == {k // keep}
 
 

@@ -45,6 +45,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--samples", type=int, default=8, help="trajectories per problem")
     parser.add_argument("--scorer-steps", type=int, default=600)
     parser.add_argument(
+        "--orm-groups",
+        choices=["all", "mixed", "balanced"],
+        default="mixed",
+        help="the ORM learns from problems whose answers differ (mixed) or from all",
+    )
+    parser.add_argument(
         "--work",
         type=Path,
         default=Path("demo-build"),
@@ -128,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
                 warmup=50,
                 val_every=100,
                 # the ORM ranks one problem's answers: learn from problems whose answers differ
-                groups="mixed" if kind == "orm" else "all",
+                groups=args.orm_groups if kind == "orm" else "all",
                 seed=args.seed,
             ),
             args.work / kind,

@@ -1,4 +1,4 @@
-"""The shipped demo backbone: a ~1M-parameter Dream-architecture dLLM trained on `arith`.
+"""The shipped demo backbone: a 0.7M-parameter Dream-architecture dLLM trained on `arith`.
 
 Weights, tokenizer and config live in `tiny_model/` inside the package and load through the
 same code as Dream checkpoints (Qwen2ForCausalLM, is_causal=False, shifted logits).
@@ -21,6 +21,10 @@ TINY_DIR = Path(__file__).parent / "tiny_model"
 class TinyConfig(DreamConfig):
     model: str = str(TINY_DIR)  # the shipped checkpoint; any Dream-format directory works
     chat: bool | None = False  # trained on raw "Question: …\nAnswer:" prompts
+    # The tiny model is sharp (it knows its arithmetic): it samples hot, in random order, so
+    # that its samples differ and about a third of them go wrong, leaving room for search.
+    temperature: float = 2.0
+    alg: str = "origin"
 
 
 class Tiny(Dream):

@@ -48,7 +48,7 @@ class RewardConfig:
     lora_r: int | None = None  # default 16
     lora_alpha: int | None = None  # default 32
     lora_dropout: float | None = None  # default 0.05
-    target_modules: str | None = None  # comma-separated; default "q_proj,v_proj"
+    target_modules: str | None = None  # "q_proj,v_proj" (default) or "q_proj+v_proj" in options
     head_width: int | None = None  # PRM MLP width; default 1024
     seed: int = 0  # initialisation of a fresh adapter and head
 
@@ -107,7 +107,7 @@ class RewardScorer:
             r=s["lora_r"],
             alpha=s["lora_alpha"],
             dropout=s["lora_dropout"],
-            targets=tuple(s["target_modules"].split(",")),
+            targets=tuple(s["target_modules"].replace("+", ",").split(",")),
             seed=self.config.seed,
         )
         with torch.random.fork_rng(devices=[]):

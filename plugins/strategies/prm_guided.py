@@ -1,8 +1,9 @@
 """PRM-guided search (the paper's Algorithm 1), top-M retention and PRM Hybrid.
 
-Segments of `every` steps (the last shorter when every does not divide T). In each segment
-the kept states spawn K children in all, all K are denoised with independent noise and
-scored by the PRM, and the best `keep` survive. The final segment either prunes to the
+Segments of `every` steps (the last shorter when every does not divide T). The first segment
+starts K independent samples (the same rows as independent sampling's first `every` steps);
+in each later one the kept states spawn K children in all. All K are denoised with independent
+noise and scored by the PRM, and the best `keep` survive. The final segment either prunes to the
 argmax (`final="prune"`) or keeps all K for a selector (`final="keep"`, PRM Hybrid).
 Cost: K·T denoising passes plus K scoring passes per segment.
 """
@@ -66,11 +67,8 @@ class PRMGuided:
     async def search(self, problem: Problem, ops: Ops) -> Pool:
         c = self.config
         segments = ops.segments(c.every)
+        children = ops.start(problem, copies=c.k)  # the first segment: K independent samples
         for i, steps in enumerate(segments):
-            if i == 0:
-                children = ops.start(problem, copies=c.k)  # K independent samples
-            else:
-                children = kept.repeat(c.k // len(kept))
             children = await ops.denoise(children, steps)
             scores = await ops.score(children, c.scorer)
             if i == len(segments) - 1:
@@ -79,6 +77,7 @@ class PRMGuided:
                 best = top(scores, 1)
                 return ops.pool(children.take(best), scores={c.scorer: scores[best]})
             kept = children.take(top(scores, c.keep))
+            children = kept.repeat(c.k // c.keep)
         raise AssertionError("unreachable: T >= 1 gives at least one segment")
 
 
