@@ -44,7 +44,7 @@ DEMO = {
     "steps": 24,
     "gen_length": 24,
     "prompt": "fewshot",
-    "limit": 120,
+    "limit": 100,
 }
 GENERAL = {"steps": 128, "gen_length": 256, "prompt": "chat"}
 
