@@ -6,7 +6,9 @@ batches of one row and once with batches of 64, and prints ratios measured in th
 
 - rows per forward (occupancy of a 64-row batch),
 - wall-time speed-up of batching,
-- share of wall time spent outside the backbone and scorers (scheduler overhead).
+- share of wall time spent outside the backbone and scorers (scheduler overhead),
+- sharing: the denoising passes every method is charged (as if it ran alone) over the rows
+  actually computed (nested pools, shared runs, identical rows computed once).
 
     python benchmarks/bench_scheduler.py [--problems 8] [--steps 16]
 """
@@ -58,7 +60,7 @@ def measure(batch_rows: int, problems: int, steps: int) -> dict[str, float]:
         limits=Limits(batch_rows=batch_rows, problems=problems),
     )
     start = time.perf_counter()
-    engine.run(task.problems("test"))
+    records = engine.run(task.problems("test"))
     wall = time.perf_counter() - start
     phys = engine.ledger.physical()
     inside = sum(v["seconds"] for v in phys.values())
@@ -66,6 +68,7 @@ def measure(batch_rows: int, problems: int, steps: int) -> dict[str, float]:
         "wall": wall,
         "forwards": phys["denoise"]["forwards"],
         "rows": phys["denoise"]["rows"],
+        "charged": sum(r["ledger"]["passes"].get("denoise", 0) for r in records),
         "overhead": (wall - inside) / wall,
     }
 
@@ -88,6 +91,10 @@ def main() -> None:
     print(
         f"scheduler overhead share: batch=1 {single['overhead']:.1%}, "
         f"batch=64 {batched['overhead']:.1%}"
+    )
+    print(
+        f"sharing: {batched['charged']} denoising passes charged, {batched['rows']} computed "
+        f"({batched['charged'] / batched['rows']:.2f}x)"
     )
 
 
