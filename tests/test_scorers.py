@@ -12,7 +12,7 @@ from dllmbench.errors import PluginError, UserError
 from dllmbench.interfaces import ScoreBatch
 from dllmbench.plugins.backbones.dream import Dream
 from dllmbench.plugins.backbones.llada import LLaDA
-from dllmbench.plugins.scorers.adapters import adapter_names
+from dllmbench.plugins.scorers.adapters import adapter_names, adapter_parameters
 from dllmbench.plugins.scorers.heads import pool, region
 from dllmbench.plugins.scorers.reward import ORM, PRM
 from dllmbench.types import Prompt
@@ -62,6 +62,32 @@ def test_scorers_share_the_frozen_backbone_and_leave_it_untouched():
     assert adapter_names(bb.transformer) == {prm.adapter, orm.adapter}
     prm.score(batch(canvases(bb)))
     torch.testing.assert_close(bb.logits(ids, attn), before)  # adapters are off again
+    assert not any(p.requires_grad for p in bb.transformer.parameters())
+
+
+def test_training_moves_only_the_trained_scorers_adapter_and_head():
+    bb = Dream(model="random")
+    prm, orm = PRM(backbone=bb), ORM(backbone=bb)
+    base = {k: p.clone() for k, p in bb.transformer.named_parameters() if "lora_" not in k}
+    other = {k: p.clone() for k, p in adapter_parameters(orm.net, orm.adapter).items()}
+    mine = {k: p.clone() for k, p in adapter_parameters(prm.net, prm.adapter).items()}
+    opt = torch.optim.AdamW(prm.trainable(), lr=1e-2)
+    prm.train_mode(True)
+    rows = canvases(bb)
+    z = prm.logits([c for c, _ in rows], [p for _, p in rows])
+    torch.nn.functional.binary_cross_entropy_with_logits(
+        z, torch.tensor([1.0, 0.0, 1.0])
+    ).backward()
+    opt.step()
+    prm.train_mode(False)
+    after = adapter_parameters(prm.net, prm.adapter)
+    assert all(after[k].grad is not None for k in mine)  # every LoRA matrix got a gradient
+    assert any(not torch.equal(after[k], mine[k]) for k in mine if "lora_B" in k)
+    for k, p in adapter_parameters(orm.net, orm.adapter).items():
+        torch.testing.assert_close(p, other[k])
+    for k, p in bb.transformer.named_parameters():
+        if "lora_" not in k:
+            torch.testing.assert_close(p, base[k])
     assert not any(p.requires_grad for p in bb.transformer.parameters())
 
 

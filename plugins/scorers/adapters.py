@@ -55,14 +55,17 @@ def inject(
 
 
 def switch(net: torch.nn.Module, name: str | None) -> None:
+    """Turn adapter `name` on (None: every adapter off). Which parameters train is not
+    changed: peft's set_adapter marks the active adapter trainable, so it is put back."""
+    trainable = [(p, p.requires_grad) for k, p in net.named_parameters() if "lora_" in k]
     for layer in tuner_layers(net):
         if name is None:
             layer.enable_adapters(False)
         else:
             layer.enable_adapters(True)
             layer.set_adapter(name)
-            for param in adapter_parameters(net, name).values():
-                param.requires_grad_(False)  # set_adapter marks them trainable
+    for param, flag in trainable:
+        param.requires_grad_(flag)
 
 
 @contextmanager

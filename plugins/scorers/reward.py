@@ -190,9 +190,12 @@ class RewardScorer:
         (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
     def train_mode(self, flag: bool) -> None:
-        """LoRA dropout and head in training mode (the frozen base has no dropout)."""
+        """LoRA dropout and head in training mode (the frozen base has no dropout), and this
+        scorer's adapter trainable or not; the base and other adapters stay frozen."""
         self.net.train(flag)
         self.head.train(flag)
+        for param in adapter_parameters(self.net, self.adapter).values():
+            param.requires_grad_(flag)
 
     def load_weights(self, path: str | Path) -> None:
         """Adapter and head weights of a checkpoint directory (same settings), strictly."""
