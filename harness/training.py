@@ -16,6 +16,7 @@ import hashlib
 import json
 import math
 import random
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -92,24 +93,18 @@ def balance(snapshots: list[Snapshot], seed: int) -> list[Snapshot]:
     whole, the same number drawn from the larger. Every snapshot of a kept trajectory stays.
     With each problem at a 50% base rate, what tells one problem from another (its length,
     its difficulty) says nothing of the label; only what tells its answers apart does."""
-    trajectories: dict[str, dict[bool, list[int]]] = {}
-    for s in snapshots:
-        if s.final:
-            sides = trajectories.setdefault(s.problem, {True: [], False: []})
-            sides[s.correct].append(len(sides[s.correct]))
+    finals = Counter((s.problem, s.correct) for s in snapshots if s.final)
     rng = random.Random(seed)
     keep: dict[tuple[str, bool], set[int]] = {}
-    for problem, sides in sorted(trajectories.items()):
-        n = min(len(sides[True]), len(sides[False]))
-        for label, members in sides.items():
-            keep[problem, label] = set(rng.sample(members, n))
-    out, seen = [], {}
+    for problem in sorted({p for p, _ in finals}):
+        n = min(finals[problem, True], finals[problem, False])
+        for label in (True, False):
+            keep[problem, label] = set(rng.sample(range(finals[problem, label]), n))
+    out, seen = [], Counter()
     for s in snapshots:  # a trajectory's snapshots end with its final one
-        index = seen.get((s.problem, s.correct), 0)
-        if index in keep.get((s.problem, s.correct), set()):
+        if seen[s.problem, s.correct] in keep[s.problem, s.correct]:
             out.append(s)
-        if s.final:
-            seen[s.problem, s.correct] = index + 1
+        seen[s.problem, s.correct] += s.final
     return out
 
 
@@ -197,7 +192,7 @@ def train(
     if not train_set:
         raise UserError(
             "no training snapshots left after holding out validation problems"
-            + (" and keeping problems with mixed outcomes" if cfg.groups == "mixed" else "")
+            + (" and keeping problems with mixed outcomes" if cfg.groups != "all" else "")
         )
 
     out.mkdir(parents=True, exist_ok=True)

@@ -15,25 +15,29 @@ BACKBONE = "dream:model=random"
 COMMON = ["--steps", "6", "--gen-length", "8", "--prompt", "fewshot", "--seed", "1"]
 
 
-def test_collect_train_and_run(tmp_path, capsys):
-    data = tmp_path / "collection"
-    argv = [
+def collect_argv(out, n: int, snapshots: int, limit: int) -> list[str]:
+    return [
         "collect",
         "--task",
         "arith:max_steps=1",
         "--backbone",
         BACKBONE,
         "--n",
-        "3",
+        str(n),
         "--snapshots",
-        "3",
+        str(snapshots),
         "--limit",
-        "6",
+        str(limit),
         "--out",
-        str(data),
+        str(out),
         "--json",
         *COMMON,
     ]
+
+
+def test_collect_train_and_run(tmp_path, capsys):
+    data = tmp_path / "collection"
+    argv = collect_argv(data, n=3, snapshots=3, limit=6)
     assert main(argv) == 0
     counts = json.loads(capsys.readouterr().out)
     assert counts == {"problems": 6, "skipped": 0, "trajectories": 18}
@@ -119,28 +123,7 @@ def test_training_resumes_exactly(tmp_path, capsys):
     from dllmbench.training import TrainConfig, train
 
     data = tmp_path / "collection"
-    assert (
-        main(
-            [
-                "collect",
-                "--task",
-                "arith:max_steps=1",
-                "--backbone",
-                BACKBONE,
-                "--n",
-                "2",
-                "--snapshots",
-                "2",
-                "--limit",
-                "4",
-                "--out",
-                str(data),
-                "--json",
-                *COMMON,
-            ]
-        )
-        == 0
-    )
+    assert main(collect_argv(data, n=2, snapshots=2, limit=4)) == 0
     _, snapshots = load(data)
     cfg = TrainConfig(kind="prm", steps=6, batch=4, lr=1e-3, val_every=2, val_fraction=0.5)
 
@@ -178,7 +161,7 @@ def test_best_of_n_ranks_each_problems_final_states():
     import torch
 
     from dllmbench.collect import Snapshot
-    from dllmbench.training import mixed_problems, rerank
+    from dllmbench.training import balance, mixed_problems, rerank
 
     def snap(problem, correct, final=True):
         return Snapshot(problem, torch.zeros(3, dtype=torch.long), 1, 4, correct, final)
@@ -191,3 +174,12 @@ def test_best_of_n_ranks_each_problems_final_states():
     assert rerank(data, scores) == {"problems": 2, "top1_accuracy": 0.5, "mean_accuracy": 0.25}
     assert rerank(data, -scores)["top1_accuracy"] == 0.0
     assert mixed_problems(data) == {"a"}
+    # balance: a problem's trajectories, as many ending correct as ending wrong, whole
+    trajectories = [
+        [snap("p", True, final=False), snap("p", True)],
+        [snap("p", False, final=False), snap("p", False)],
+        [snap("p", False, final=False), snap("p", False)],
+    ]
+    kept = balance([s for t in trajectories for s in t], seed=0)
+    assert [s.correct for s in kept].count(True) == [s.correct for s in kept].count(False) == 2
+    assert [s.final for s in kept] == [False, True, False, True]
