@@ -4,6 +4,100 @@ checks them too and the engine tests have a backbone, a task and a scorer."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
 
 os.environ["DLLMBENCH_PLUGIN_MODULES"] = "dllmbench.testing.doubles"
 os.environ.pop("DLLMBENCH_PLUGINS", None)
+
+from dllmbench.cli import main
+
+# A small finished-run command on the doubles: a few seconds, every file of a run directory.
+TOY_RUN = [
+    "run",
+    "--task",
+    "toy_sum:size=4",
+    "--backbone",
+    "toy",
+    "--scorer",
+    "prm=toy",
+    "--scorer",
+    "orm=toy:partial=false",
+    "--steps",
+    "8",
+    "--gen-length",
+    "5",
+    "--methods",
+    "vanilla,majority,orm_rerank,oracle",
+    "--budget",
+    "72",
+    "--resamples",
+    "200",
+]
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+
+def snapshot(path: Path) -> dict[str, bytes]:
+    """Every file under `path` (relative name → bytes), to show a command changed nothing."""
+    path = Path(path)
+    if not path.exists():
+        return {}
+    files = sorted(p for p in path.rglob("*") if p.is_file())
+    return {str(p.relative_to(path)): p.read_bytes() for p in files}
+
+
+def assert_user_error(result: Result, *needles: str) -> None:
+    """Exit status 2, one line (at most two) on stderr naming what was wrong, no traceback."""
+    lines = result.err.strip().splitlines()
+    assert result.code == 2, (result.code, result.err)
+    assert "Traceback" not in result.err, result.err
+    assert 1 <= len(lines) <= 2, result.err
+    for needle in needles:
+        assert needle in result.err, (needle, result.err)
+
+
+@pytest.fixture
+def cli(capsys):
+    """Run `dllmbench ARGV` in this process: exit status (SystemExit included), stdout, stderr."""
+
+    def call(*argv: str) -> Result:
+        try:
+            code = main([str(a) for a in argv])
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        captured = capsys.readouterr()
+        return Result(code, captured.out, captured.err)
+
+    return call
+
+
+def cli_subprocess(*argv: str, cwd: Path | None = None, env: dict | None = None, timeout=60):
+    """Run `python -m dllmbench.cli ARGV` in a child process (a real exit status and stderr)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "dllmbench.cli", *map(str, argv)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=timeout,
+    )
+    return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+@pytest.fixture
+def finished_run(tmp_path, cli):
+    """A finished toy run directory (manifest, samples, results, leaderboard, compute)."""
+    out = tmp_path / "run"
+    result = cli(*TOY_RUN, "--out", out)
+    assert result.code == 0, result.err
+    return out
