@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any, NoReturn
 
@@ -16,6 +17,7 @@ from dllmbench.errors import CostMismatch, UserError
 from dllmbench.leaderboard import rich_table
 from dllmbench.method import parse_part
 from dllmbench.planner import plan
+from dllmbench.progress import Progress
 from dllmbench.registry import registry
 
 
@@ -58,12 +60,14 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument("--version", action="version", version=f"dllmbench {__version__}")
+    # `dllmbench --json plugins` as well as `dllmbench plugins --json`
+    parser.add_argument("--json", dest="json_before", action="store_true", help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
 
     run = sub.add_parser("run", help="run methods on a task and print the leaderboard")
-    run.add_argument("--task", help="task[:option=value,...], e.g. gsm8k or toy_sum:size=20")
+    run.add_argument("--task", help="task[:option=value,...], e.g. gsm8k or arith:test_size=50")
     run.add_argument("--split", default="test")
-    run.add_argument("--backbone", help="backbone[:option=value,...], e.g. dream")
+    run.add_argument("--backbone", help="backbone[:option=value,...], e.g. dream, llada or tiny")
     run.add_argument(
         "--scorer",
         action="append",
@@ -231,22 +235,19 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     )
     if args.resume and not (cfg.run_dir() / "manifest.json").exists():
         raise UserError(f"--resume: {cfg.run_dir()} holds no run to resume; drop --resume")
-    progress = scoring_cli.progress_bar()
-    bar: dict[str, Any] = {}
-
-    def on_start(total: int, done: int) -> None:
-        bar["id"] = progress.add_task(f"{cfg.task} × methods", total=total, completed=done)
-
-    with progress:
-        try:
-            outcome = run(cfg, on_record=lambda _r: progress.advance(bar["id"]), on_start=on_start)
-        except KeyboardInterrupt:
-            progress.stop()
-            sys.stderr.write(
-                f"dllmbench: interrupted; every finished record is kept in "
-                f"{cfg.run_dir()}; run the same command again to resume\n"
+    try:
+        with Progress() as progress:
+            outcome = run(
+                cfg,
+                on_record=lambda _r: progress.advance(),
+                on_start=lambda total, done: progress.start(f"{cfg.task} × methods", total, done),
             )
-            return 130
+    except KeyboardInterrupt:
+        sys.stderr.write(
+            f"dllmbench: interrupted; every finished record is kept in "
+            f"{cfg.run_dir()}; run the same command again to resume\n"
+        )
+        return 130
     if args.json:
         print(json.dumps(outcome.results, indent=2))
         return 0
@@ -254,7 +255,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         f"{cfg.task} · {cfg.backbone} · budget {outcome.plan.budget} passes/problem · "
         f"{outcome.results['task']['problems']} problems"
     )
-    console.print(rich_table(outcome.results, title))
+    console.print(rich_table(outcome.results, title, width=console.width))
     for x in outcome.plan.left_out:
         console.print(f"left out: {x.family} — {x.reason}")
     note = f", {outcome.resumed} resumed" if outcome.resumed else ""
@@ -287,11 +288,13 @@ COMMANDS = {
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    # piped output (a file, a log) is not cut to 80 columns
-    console = Console() if sys.stdout.isatty() else Console(width=160)
+    # piped output (a file, a log) is not cut to 80 columns unless COLUMNS says so
+    wide = sys.stdout.isatty() or os.environ.get("COLUMNS")
+    console = Console() if wide else Console(width=160)
     if args.command is None:
         parser.print_help()
         return 2
+    args.json = args.json or args.json_before
     try:
         return COMMANDS[args.command](args, console)
     except UserError as exc:
@@ -300,6 +303,12 @@ def main(argv: list[str] | None = None) -> int:
     except CostMismatch as exc:
         sys.stderr.write(f"dllmbench: ledger check failed: {exc}\n")
         return 3
+    except KeyboardInterrupt:
+        sys.stderr.write("dllmbench: interrupted\n")
+        return 130
+    except BrokenPipeError:  # `dllmbench plugins --json | head`: the reader left; so do we
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

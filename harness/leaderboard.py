@@ -61,26 +61,51 @@ def headers(results: dict[str, Any]) -> list[str]:
     return [c.format(ref=ref) for c in COLUMNS]
 
 
-def rich_table(results: dict[str, Any], title: str = "") -> Table:
+# Columns a narrow terminal keeps, most wanted first; the method label is always shown in full.
+PRIORITY = (4, 6, 2, 5, 7, 3, 8, 1)
+CONFIG_WIDTH = (16, 40)  # the configuration column folds within these widths
+CEILINGS = "ceilings (not ranked):"
+
+
+def _fit(results: dict[str, Any], width: int | None) -> list[int]:
+    """Indices of the columns that fit in `width` characters (all when `width` is None)."""
+    if width is None:
+        return list(range(len(COLUMNS)))
+    cells = [cells for _, cells in rows(results)]
+    natural = [max([len(h)] + [len(c[i]) for c in cells]) for i, h in enumerate(headers(results))]
+    natural[0] = max(natural[0], len(CEILINGS))
+    natural[1] = min(max(natural[1], CONFIG_WIDTH[0]), CONFIG_WIDTH[1])
+    chosen, used = [0], natural[0] + 4  # a column costs its text, two spaces and a border
+    for i in PRIORITY:
+        needed = (CONFIG_WIDTH[0] if i == 1 else natural[i]) + 3
+        if used + needed <= width:
+            chosen.append(i)
+            used += needed
+    return sorted(chosen)
+
+
+def rich_table(results: dict[str, Any], title: str = "", width: int | None = None) -> Table:
+    """The leaderboard for a terminal `width` columns wide (None: every column).
+
+    When narrow, the least wanted columns go first (configuration, unique, share, ...);
+    every method's label stays whole. Ceilings sit below a line, in a section of their own.
+    """
+    keep = _fit(results, width)
     table = Table(title=title or None)
-    for i, h in enumerate(headers(results)):
+    names = headers(results)
+    for i in keep:
         if i == 1:
-            table.add_column(h, min_width=16, max_width=40, overflow="fold")
-        else:
             table.add_column(
-                h,
-                justify="left" if i == 0 else "right",
-                no_wrap=i > 0,
-                max_width=32 if i == 0 else None,
-                overflow="fold",
+                names[i], min_width=CONFIG_WIDTH[0], max_width=CONFIG_WIDTH[1], overflow="fold"
             )
+        else:
+            table.add_column(names[i], justify="left" if i == 0 else "right", no_wrap=True)
     previous_ceiling = False
     for ceiling, cells in rows(results):
-        if ceiling:
-            if not previous_ceiling:
-                table.add_section()
-            cells = [f"{cells[0]} (ceiling)", *cells[1:]]
-        table.add_row(*cells, style="dim" if ceiling else None)
+        if ceiling and not previous_ceiling:
+            table.add_section()
+            table.add_row(CEILINGS, *[""] * (len(keep) - 1), style="italic")
+        table.add_row(*[cells[i] for i in keep], style="dim" if ceiling else None)
         previous_ceiling = ceiling
     return table
 

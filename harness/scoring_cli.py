@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from dllmbench.collect import (
     CollectConfig,
@@ -21,6 +20,7 @@ from dllmbench.collect import (
 from dllmbench.engine import Limits, Sampling
 from dllmbench.errors import UserError
 from dllmbench.method import parse_part
+from dllmbench.progress import Progress
 from dllmbench.registry import registry
 from dllmbench.training import TrainConfig, train
 
@@ -65,18 +65,6 @@ def add_parsers(sub: Any) -> None:
     t.add_argument("--json", action="store_true")
 
 
-def progress_bar() -> Progress:
-    """Progress on stderr, gone when done (stdout stays clean for --json)."""
-    return Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        transient=True,
-    )
-
-
 def cmd_collect(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     reg = registry()
     task_name, task_config = parse_part(args.task)
@@ -107,10 +95,10 @@ def cmd_collect(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         Limits(batch_rows=args.batch_rows),
         shard_problems=64,
     )
-    with progress_bar() as bar:
+    with Progress() as bar:
         done = len(done_problems(out)) if out.exists() else 0
-        job = bar.add_task(f"collect {task_name}/{args.split}", total=len(problems), completed=done)
-        counts = collect(cfg, reg, out, advance=lambda: bar.advance(job))
+        bar.start(f"collect {task_name}/{args.split}", len(problems), done)
+        counts = collect(cfg, reg, out, advance=bar.advance)
     if not args.json:
         console.print(
             f"collected {counts['trajectories']} trajectories of "
@@ -146,16 +134,16 @@ def cmd_train_scorer(args: argparse.Namespace, console: Console) -> dict[str, An
         seed=args.seed,
     )
     out = Path(args.out)
-    with progress_bar() as bar:
-        job = bar.add_task(f"train {args.kind}", total=cfg.steps)
+    with Progress() as bar:
+        bar.start(f"train {args.kind}", cfg.steps)
         record = train(
             scorer,
             snapshots,
             cfg,
             out,
             backbone.mask_id,
-            log=lambda line: bar.console.print(line),
-            advance=lambda n: bar.advance(job, n),
+            log=bar.log,
+            advance=bar.advance,
         )
     if not args.json:
         best = record["best"]
