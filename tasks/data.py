@@ -1,16 +1,29 @@
-"""Where task data come from: a local jsonl file or folder, or the Hugging Face Hub.
+"""Where task data come from: your files, the copy shipped with dllmbench, or the Hub.
 
-The order is: the task's `data` option (a jsonl file, a folder holding the task's files, or a
-folder holding `<task>/` like ../shared/data), then `$DLLMBENCH_DATA/<task>/` when that folder
-exists, then the Hub through `datasets.load_dataset`. Rows are checked as they are read: a
-malformed row is a UserError naming the file and line. File hashes go to the manifest.
+For each task the order is:
+
+1. the task's `data` option: a `.jsonl` or `.jsonl.gz` file, a folder holding the task's files,
+   or a folder holding `<task>/`;
+2. `$DLLMBENCH_DATA/<task>/` when that variable is set (a set variable must name a folder; one
+   without `<task>/` falls through);
+3. the packaged copy in `dllmbench/tasks/packaged/<task>/` (gzip-compressed jsonl);
+4. the Hugging Face Hub, only for splits that are not shipped, or for every split when the
+   task's `revision` option asks for a Hub revision.
+
+Rows are checked as they are read: a malformed row is a UserError naming the file and line.
+`data_files()` identifies the data by content: the sha256 of the uncompressed bytes, under a key
+that names the file (the user's path, or `dllmbench:<task>/<file>.jsonl` for the packaged copy).
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
+import urllib.error
+import urllib.request
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,25 +32,12 @@ from typing import Any
 from dllmbench.errors import UserError
 
 DATA_ENV = "DLLMBENCH_DATA"
+PACKAGED = Path(__file__).resolve().parent / "packaged"
+PACKAGED_PREFIX = "dllmbench:"
+OFFLINE_ENV = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+PROBE_TIMEOUT = 3.0  # seconds to wait for the Hub before saying it cannot be reached
 
-
-def shared_data_dir() -> Path:
-    """The data folder the project's own tests and contract checks read (never the Hub).
-
-    $DLLMBENCH_DATA when set, else `../shared/data` beside the source checkout.
-    """
-    env = os.environ.get(DATA_ENV)
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[2] / "shared" / "data"
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+_HASHES: dict[tuple[str, int, int], str] = {}
 
 
 @dataclass(frozen=True)
@@ -48,29 +48,82 @@ class Row:
     where: str
 
 
-def read_jsonl(path: Path, task: str, check: Callable[[dict[str, Any]], str | None]) -> list[Row]:
-    """Rows of a jsonl file; `check(row)` returns what is wrong with a row, or None."""
+def _stamp(path: Path) -> tuple[str, int, int]:
+    stat = path.stat()
+    return (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+def read_bytes(path: Path, task: str, label: str) -> bytes:
+    """A data file's uncompressed bytes (gzip when named `.gz` or starting with its magic)."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise UserError(f"{task}: cannot read {label} ({exc.strerror or exc})") from None
+    if path.suffix == ".gz" or raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise UserError(
+                f"{task}: {label} is not a valid gzip file ({exc}); pass a .jsonl file or a "
+                f"gzip-compressed .jsonl.gz"
+            ) from None
+    _HASHES[_stamp(path)] = hashlib.sha256(raw).hexdigest()
+    return raw
+
+
+def content_sha256(path: Path, task: str = "data") -> str:
+    """sha256 of a data file's uncompressed bytes: a .jsonl and its .jsonl.gz hash the same.
+
+    Each file is hashed once per process (until it changes on disk).
+    """
+    stamp = _stamp(path)
+    if stamp not in _HASHES:
+        read_bytes(path, task, str(path))
+    return _HASHES[stamp]
+
+
+def read_jsonl(
+    path: Path,
+    task: str,
+    check: Callable[[dict[str, Any]], str | None],
+    label: str | None = None,
+) -> list[Row]:
+    """Rows of a jsonl (or jsonl.gz) file; `check(row)` returns what is wrong with a row, or None.
+
+    `label` names the file in messages and in each row's `where` (default: its path).
+    """
+    label = label or str(path)
     if not path.is_file():
         raise UserError(
-            f"{task}: no data file {path}; pass data=PATH to a file or folder that has it"
+            f"{task}: no data file {label}; pass data=PATH to a file or folder that has it"
         )
+    try:
+        text = read_bytes(path, task, label).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(
+            f"{task}: {label} is not UTF-8 text ({exc.reason} at byte {exc.start}); pass a "
+            f".jsonl file of UTF-8 JSON objects, one per line"
+        ) from None
     rows = []
-    with open(path, encoding="utf-8") as fh:
-        for number, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                fields = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UserError(
-                    f"{task}: {where} is not valid JSON ({exc.msg}); each line must be one "
-                    f"JSON object"
-                ) from None
-            problem = "is not a JSON object" if not isinstance(fields, dict) else check(fields)
-            if problem:
-                raise UserError(f"{task}: {where} {problem}")
-            rows.append(Row(fields, where))
+    for number, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        where = f"{label}:{number}"
+        try:
+            fields = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UserError(
+                f"{task}: {where} is not valid JSON ({exc.msg}); each line must be one JSON object"
+            ) from None
+        problem = "is not a JSON object" if not isinstance(fields, dict) else check(fields)
+        if problem:
+            raise UserError(f"{task}: {where} {problem}")
+        rows.append(Row(fields, where))
+    if not rows:
+        raise UserError(
+            f"{task}: {label} has no rows (it is empty); pass data=PATH to a .jsonl or .jsonl.gz "
+            f"file with one JSON object per line"
+        )
     return rows
 
 
@@ -94,52 +147,102 @@ def _names(kind: type | tuple[type, ...]) -> str:
 
 
 def local_source(task: str, data: str | None) -> Path | None:
-    """The local file or folder holding the task's data, or None to use the Hub."""
+    """The user's file or folder holding the task's data (data=, then $DLLMBENCH_DATA), or None."""
     if data:
         path = Path(data).expanduser()
         if not path.exists():
-            raise UserError(f"{task}: data={data} does not exist; pass a jsonl file or a folder")
+            raise UserError(
+                f"{task}: data={data} does not exist; pass a .jsonl or .jsonl.gz file or a folder"
+            )
         if path.is_dir() and (path / task).is_dir():
             return path / task
         return path
     env = os.environ.get(DATA_ENV)
-    if env and (Path(env) / task).is_dir():
-        return Path(env) / task
+    if env:
+        folder = Path(env).expanduser()
+        if not folder.is_dir():
+            raise UserError(
+                f"{task}: ${DATA_ENV}={env} is not a folder; point it at a folder holding "
+                f"{task}/ or unset it"
+            )
+        if (folder / task).is_dir():
+            return folder / task
     return None
+
+
+def _plain_name(path: Path) -> str:
+    return path.name[: -len(".gz")] if path.name.endswith(".gz") else path.name
 
 
 def split_files(
     task: str, source: Path, names: dict[str, str], default_split: str
 ) -> dict[str, Path]:
-    """Split → file. A folder has one file per split (those present); a file is one split.
-
-    A single file is the split its name says (`train.jsonl` → train), else `default_split`.
+    """Split → file. A folder has one file per split (those present, `NAME` or `NAME.gz`); a
+    file is one split: the one its name says (`train.jsonl[.gz]` → train), else `default_split`.
     """
     if source.is_file():
-        split = next((s for s, n in names.items() if n == source.name), default_split)
+        plain = _plain_name(source)
+        split = next((s for s, n in names.items() if n == plain), default_split)
         return {split: source}
-    found = {split: source / name for split, name in names.items() if (source / name).is_file()}
+    found = {}
+    for split, name in names.items():
+        path = next((p for p in (source / name, source / f"{name}.gz") if p.is_file()), None)
+        if path is not None:
+            found[split] = path
     if not found:
         wanted = ", ".join(sorted(set(names.values())))
-        raise UserError(f"{task}: folder {source} has none of {wanted}; pass data=PATH to one")
+        raise UserError(
+            f"{task}: folder {source} has none of {wanted} (or .gz); pass data=PATH to one"
+        )
     return found
 
 
+def hub_offline() -> bool:
+    """True when HF_HUB_OFFLINE or HF_DATASETS_OFFLINE asks for no network."""
+    values = (os.environ.get(name, "").strip().upper() for name in OFFLINE_ENV)
+    return any(v in ("1", "ON", "YES", "TRUE") for v in values)
+
+
+def hub_unreachable(timeout: float = PROBE_TIMEOUT) -> str | None:
+    """Why the Hub endpoint cannot be reached within `timeout` seconds, or None when it can."""
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    try:
+        urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=timeout)
+    except urllib.error.HTTPError:
+        return None  # it answered
+    except urllib.error.URLError as exc:
+        return f"{endpoint}: {exc.reason}"
+    except (OSError, ValueError) as exc:
+        return f"{endpoint}: {exc}"
+    return None
+
+
 def load_hub(
-    task: str, name: str, config: str | None, split: str, revision: str | None
+    task: str, name: str, config: str | None, split: str, revision: str | None, file: str
 ) -> tuple[list[Row], str]:
-    """Rows of one split from the Hub, and an identifier of what was loaded for the manifest."""
+    """Rows of one split from the Hub, and an identifier of what was loaded for the manifest.
+
+    Offline (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE) only a cached copy can load; otherwise the
+    endpoint is probed first so that no route to the Hub fails in seconds, without retries.
+    """
+    what = f"{name} ({config or 'default'}, {split}{f'@{revision}' if revision else ''})"
+    supply = f"pass data=PATH to a local {file} or put it in ${DATA_ENV}/{task}/"
+    reason = None if hub_offline() else hub_unreachable()
+    if reason:
+        raise UserError(
+            f"{task}: cannot reach the Hugging Face Hub ({reason}) for {what}; {supply}"
+        )
     try:
         import datasets
     except ImportError as exc:  # pragma: no cover - a dependency of dllmbench
-        raise UserError(f"{task}: the datasets package is missing ({exc}); pass data=PATH") from exc
+        raise UserError(f"{task}: the datasets package is missing ({exc}); {supply}") from None
     try:
         ds = datasets.load_dataset(name, config, split=split, revision=revision)
-    except Exception as exc:  # network, authentication, unknown revision ...
+    except Exception as exc:  # offline without a cache, authentication, unknown revision ...
+        first = str(exc).splitlines()[0] if str(exc) else ""
         raise UserError(
-            f"{task}: could not load {name} ({config or 'default'}, {split}) from the Hugging "
-            f"Face Hub: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}; "
-            f"pass data=PATH to local files or set {DATA_ENV}"
+            f"{task}: could not load {what} from the Hugging Face Hub: "
+            f"{type(exc).__name__}: {first}; {supply}"
         ) from None
     rows = [Row(dict(r), f"{name}[{split}][{i}]") for i, r in enumerate(ds)]
     fingerprint = getattr(ds, "_fingerprint", None) or "unknown"
@@ -159,11 +262,11 @@ def check_rows(task: str, rows: Sequence[Row], check: Callable[[dict[str, Any]],
 
 
 class TaskData:
-    """A task's rows by split, read once, from local files or the Hub.
+    """A task's rows by split, read once, from the user's files, the packaged copy or the Hub.
 
-    `files` maps each split to its file name in a local folder; splits that share one file
-    (MBPP) all read it and `select(split, row)` keeps each split's rows. `hub_sizes` are the
-    split sizes on the Hub, reported by `splits()` without downloading anything.
+    `files` maps each split to its file name in a folder; splits that share one file (MBPP) all
+    read it and `select(split, row)` keeps each split's rows. `sizes` are the splits' known sizes
+    (the packaged copy's and the Hub's), reported by `splits()` without reading anything.
     """
 
     def __init__(
@@ -174,43 +277,61 @@ class TaskData:
         revision: str | None,
         files: dict[str, str],
         hub: tuple[str, str | None],
-        hub_sizes: dict[str, int],
+        sizes: dict[str, int],
         check: Callable[[dict[str, Any]], str | None],
         select: Callable[[str, dict[str, Any]], bool] | None = None,
         default_split: str = "test",
     ):
-        self.task, self.revision, self.hub = task, revision, hub
-        self.hub_sizes, self.check, self.select = hub_sizes, check, select
+        self.task, self.revision, self.hub, self.files = task, revision, hub, files
+        self.sizes, self.check, self.select = sizes, check, select
+        self.packaged = False
         source = local_source(task, data)
-        self.local: dict[str, Path] | None = None
-        if source is not None:
+        if source is not None:  # the user's files: only the splits they hold
             if source.is_file() and len(set(files.values())) == 1:
                 self.local = dict.fromkeys(files, source)
             else:
                 self.local = split_files(task, source, files, default_split)
+            self.order = list(self.local)
+        else:
+            self.local = {}
+            if revision is None and (PACKAGED / task).is_dir():
+                self.local = split_files(task, PACKAGED / task, files, default_split)
+                self.packaged = True
+            self.order = list(sizes)
         self._rows: dict[str, list[Row]] = {}
         self._files: dict[Path, list[Row]] = {}
         self._hub_ids: dict[str, str] = {}
 
+    def key(self, path: Path) -> str:
+        """The manifest's name of a file: location-independent for the packaged copy."""
+        if self.packaged:
+            return f"{PACKAGED_PREFIX}{self.task}/{_plain_name(path)}"
+        return str(path)
+
     def splits(self) -> dict[str, int]:
-        if self.local is None:
-            sizes = self.hub_sizes.items()
-            return {s: len(self._rows[s]) if s in self._rows else n for s, n in sizes}
-        return {split: len(self.rows(split)) for split in self.local}
+        sizes = {}
+        for split in self.order:
+            if split in self._rows:
+                sizes[split] = len(self._rows[split])
+            elif split in self.local and not self.packaged:
+                sizes[split] = len(self.rows(split))
+            else:
+                sizes[split] = self.sizes[split]
+        return sizes
 
     def rows(self, split: str) -> list[Row]:
-        known = self.local if self.local is not None else self.hub_sizes
-        if split not in known:
-            raise UserError(f"{self.task} has no split {split!r}; splits: {', '.join(known)}")
+        if split not in self.order:
+            raise UserError(f"{self.task} has no split {split!r}; splits: {', '.join(self.order)}")
         if split not in self._rows:
-            if self.local is not None:
+            if split in self.local:
                 path = self.local[split]
                 if path not in self._files:
-                    self._files[path] = read_jsonl(path, self.task, self.check)
+                    self._files[path] = read_jsonl(path, self.task, self.check, self.key(path))
                 rows = self._files[path]
             else:
                 name, config = self.hub
-                rows, ident = load_hub(self.task, name, config, split, self.revision)
+                file = self.files[split]
+                rows, ident = load_hub(self.task, name, config, split, self.revision, file)
                 check_rows(self.task, rows, self.check)
                 self._hub_ids[hub_key(name, config, split, self.revision)] = ident
             if self.select is not None:
@@ -219,10 +340,11 @@ class TaskData:
         return self._rows[split]
 
     def data_files(self) -> dict[str, str]:
-        """Local files → sha256; Hub splits loaded so far → their dataset fingerprint."""
-        if self.local is not None:
-            return {str(p): sha256(p) for p in sorted(set(self.local.values()))}
-        if self._hub_ids:
-            return dict(sorted(self._hub_ids.items()))
-        name, config = self.hub
-        return {hub_key(name, config, "*", self.revision): "not loaded yet"}
+        """Each file behind a split → sha256 of its uncompressed bytes (hashed once); Hub
+        splits loaded so far → their dataset fingerprint."""
+        out = {self.key(p): content_sha256(p, self.task) for p in set(self.local.values())}
+        out.update(self._hub_ids)
+        if not out:
+            name, config = self.hub
+            out[hub_key(name, config, "*", self.revision)] = "not loaded yet"
+        return dict(sorted(out.items()))

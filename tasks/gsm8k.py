@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 from dllmbench.errors import UserError
 from dllmbench.hookspecs import hookimpl
-from dllmbench.tasks.data import Row, TaskData, need_fields, shared_data_dir
+from dllmbench.tasks.data import Row, TaskData, need_fields
 from dllmbench.tasks.numeric import (
     canonical,
     extract_flexible,
@@ -127,12 +127,14 @@ def _check_row(row: dict[str, Any]) -> str | None:
 
 @dataclass(frozen=True)
 class Gsm8kConfig:
-    # a jsonl file or a folder (holding train.jsonl/test.jsonl, or gsm8k/ with them);
-    # None: $DLLMBENCH_DATA/gsm8k when it exists, else openai/gsm8k (main) from the Hub
+    # a .jsonl[.gz] file or a folder (holding train.jsonl/test.jsonl[.gz], or gsm8k/ with them);
+    # None: $DLLMBENCH_DATA/gsm8k/ when it exists, else the packaged copy
     data: str | None = None
     # "strict": the protocol's extractor; "flexible": lm-eval's last number (diagnostic only)
     extraction: str = "strict"
-    revision: str | None = None  # Hub revision (branch, tag or commit) when loading from the Hub
+    # a revision (branch, tag or commit) of openai/gsm8k to load from the Hub instead of the
+    # packaged copy; ignored when data comes from data= or $DLLMBENCH_DATA
+    revision: str | None = None
 
     def __post_init__(self) -> None:
         if self.extraction not in EXTRACTORS:
@@ -143,10 +145,7 @@ class Gsm8k:
     """GSM8K with strict numeric extraction; prompts `chat` (0-shot) and `fewshot` (8-shot)."""
 
     Config = Gsm8kConfig
-    contract_configs: ClassVar[list[dict]] = [
-        {"data": str(shared_data_dir())},
-        {"data": str(shared_data_dir() / "gsm8k" / "test.jsonl"), "extraction": "flexible"},
-    ]
+    contract_configs: ClassVar[list[dict]] = [{}, {"extraction": "flexible"}]
 
     def __init__(self, **config: Any):
         self.config = Gsm8kConfig(**config)
@@ -157,7 +156,7 @@ class Gsm8k:
             revision=self.config.revision,
             files={"train": "train.jsonl", "test": "test.jsonl"},
             hub=HUB,
-            hub_sizes=SIZES,
+            sizes=SIZES,
             check=_check_row,
         )
 

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 from dllmbench.errors import UserError
 from dllmbench.hookspecs import hookimpl
-from dllmbench.tasks.data import TaskData, need_fields, shared_data_dir
+from dllmbench.tasks.data import TaskData, need_fields
 from dllmbench.tasks.mathverify import VerifyPool
 from dllmbench.types import Problem, Prompt
 
@@ -128,10 +128,11 @@ def normalize(answer: str) -> str:
 
 @dataclass(frozen=True)
 class Math500Config:
-    # a jsonl file or a folder (holding test.jsonl, or math500/ with it); None:
-    # $DLLMBENCH_DATA/math500 when it exists, else HuggingFaceH4/MATH-500 from the Hub
+    # a .jsonl[.gz] file or a folder (holding test.jsonl[.gz], or math500/ with it); None:
+    # $DLLMBENCH_DATA/math500/ when it exists, else the packaged copy
     data: str | None = None
-    revision: str | None = None  # Hub revision when loading from the Hub
+    # a revision of HuggingFaceH4/MATH-500 to load from the Hub instead of the packaged copy
+    revision: str | None = None
     timeout: float = 5.0  # seconds per grade; a grade that runs longer counts as wrong
     memory_mb: int = 4096  # address-space limit of each grading worker (0: none)
     workers: int = 0  # grading worker processes for grade_many (0: one per CPU core)
@@ -147,7 +148,7 @@ class Math500:
     """MATH-500 graded by math-verify; prompts `chat` (boxed instruction) and `fewshot` (4-shot)."""
 
     Config = Math500Config
-    contract_configs: ClassVar[list[dict]] = [{"data": str(shared_data_dir())}]
+    contract_configs: ClassVar[list[dict]] = [{}]
 
     def __init__(self, **config: Any):
         self.config = Math500Config(**config)
@@ -157,7 +158,7 @@ class Math500:
             revision=self.config.revision,
             files={"test": "test.jsonl"},
             hub=HUB,
-            hub_sizes=SIZES,
+            sizes=SIZES,
             check=need_fields(problem=str, answer=str),
         )
         self._pool: VerifyPool | None = None

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 from dllmbench.errors import UserError
 from dllmbench.hookspecs import hookimpl
-from dllmbench.tasks.data import TaskData, need_fields, shared_data_dir
+from dllmbench.tasks.data import TaskData, need_fields
 from dllmbench.tasks.sandbox import ISOLATIONS, Limits, Outcome, Sandbox
 from dllmbench.types import Problem, Prompt
 
@@ -101,10 +101,12 @@ def _slim(outcome: Outcome, keep: int = 2000) -> Outcome:
 
 @dataclass(frozen=True)
 class MbppConfig:
-    # a jsonl file or a folder (holding mbpp.jsonl, or mbpp/ with it); None:
-    # $DLLMBENCH_DATA/mbpp when it exists, else google-research-datasets/mbpp (full) from the Hub
+    # a .jsonl[.gz] file or a folder (holding mbpp.jsonl[.gz], or mbpp/ with it); None:
+    # $DLLMBENCH_DATA/mbpp/ when it exists, else the packaged copy
     data: str | None = None
-    revision: str | None = None  # Hub revision when loading from the Hub
+    # a revision of google-research-datasets/mbpp (full) to load from the Hub instead of the
+    # packaged copy
+    revision: str | None = None
     isolation: str = "namespaces"  # sandbox isolation: "namespaces", or "process" (weak)
     timeout: float = 15.0  # wall-clock seconds per program, interpreter start included
     cpu_seconds: int = 5  # CPU seconds per program
@@ -134,7 +136,7 @@ class Mbpp:
     """MBPP graded by execution; prompts `chat` (0-shot) and `fewshot` (3-shot, [BEGIN]/[DONE])."""
 
     Config = MbppConfig
-    contract_configs: ClassVar[list[dict]] = [{"data": str(shared_data_dir())}]
+    contract_configs: ClassVar[list[dict]] = [{}]
 
     def __init__(self, **config: Any):
         self.config = MbppConfig(**config)
@@ -144,7 +146,7 @@ class Mbpp:
             revision=self.config.revision,
             files=dict.fromkeys(RANGES, "mbpp.jsonl"),
             hub=HUB,
-            hub_sizes=SIZES,
+            sizes=SIZES,
             check=_check_row,
             select=_in_range,
         )

@@ -2,28 +2,28 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 from decimal import Decimal
-from pathlib import Path
 
 import pytest
 
 from dllmbench.registry import registry
+from dllmbench.tasks.data import PACKAGED
 from dllmbench.tasks.gsm8k import EXEMPLARS, Gsm8k, gold_answer, strip_annotations
 from dllmbench.tasks.numeric import canonical, extract_flexible, extract_strict, number_key
 
-DATA = Path(__file__).parents[2] / "shared" / "data"
+DATA = PACKAGED  # the copy shipped with dllmbench, named explicitly ($DLLMBENCH_DATA aside)
 
 
 @pytest.fixture(scope="module")
 def task() -> Gsm8k:
-    assert (DATA / "gsm8k" / "test.jsonl").is_file(), f"test data missing: {DATA}/gsm8k"
     return Gsm8k(data=str(DATA))
 
 
 def _rows(split: str) -> list[dict]:
-    with open(DATA / "gsm8k" / f"{split}.jsonl") as fh:
+    with gzip.open(DATA / "gsm8k" / f"{split}.jsonl.gz", "rt", encoding="utf-8") as fh:
         return [json.loads(line) for line in fh]
 
 
@@ -149,10 +149,10 @@ def test_prompts(task):
 
 
 def test_registered_with_its_options():
-    task = registry().task("gsm8k", data=str(DATA / "gsm8k" / "test.jsonl"))
+    task = registry().task("gsm8k", data=str(DATA / "gsm8k" / "test.jsonl.gz"))
     assert task.splits() == {"test": 1319}
     assert task.data_files() == {
-        str(DATA / "gsm8k" / "test.jsonl"): (
+        str(DATA / "gsm8k" / "test.jsonl.gz"): (
             "3730d312f6e3440559ace48831e51066acaca737f6eabec99bccb9e4b3c39d14"
         )
     }
