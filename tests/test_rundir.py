@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
+import os
+import shutil
 
 import pytest
 
@@ -34,6 +37,62 @@ class Interrupt(KeyboardInterrupt):
     pass
 
 
+def floats_close(a, b) -> bool:
+    """Equal, floats to 1e-6 relative (batch composition changes reductions' last bits)."""
+    if isinstance(a, float) or isinstance(b, float):
+        numbers = isinstance(a, int | float) and isinstance(b, int | float)
+        return numbers and math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(floats_close(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(floats_close(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+DECISIONS = ("selected", "answer", "correct", "ceiling")
+CANDIDATE = ("text", "answer", "valid", "key", "correct", "lineage")
+
+
+def assert_same_records(a: RunDir, b: RunDir) -> None:
+    """What results-schema.md promises of a resumed run: decisions, candidates and passes
+    exactly; scores, weights and strategy info to a tight relative tolerance."""
+    left = {(r["problem"], r["method"]): r for r in a.read_records()}
+    right = {(r["problem"], r["method"]): r for r in b.read_records()}
+    assert left.keys() == right.keys()
+    for key, x in left.items():
+        y = right[key]
+        assert {k: x[k] for k in DECISIONS} == {k: y[k] for k in DECISIONS}, key
+        assert x["ledger"]["passes"] == y["ledger"]["passes"], key
+        assert len(x["candidates"]) == len(y["candidates"]), key
+        for cx, cy in zip(x["candidates"], y["candidates"], strict=True):
+            assert {k: cx[k] for k in CANDIDATE} == {k: cy[k] for k in CANDIDATE}, key
+            assert cx["scores"].keys() == cy["scores"].keys(), key
+            assert floats_close(cx["scores"], cy["scores"]), (key, cx["scores"], cy["scores"])
+            assert floats_close(cx["weight"], cy["weight"]), key
+        assert floats_close(x["info"], y["info"]), key
+
+
+def test_same_records_tolerates_last_bits_of_scores_but_not_decisions(tmp_path):
+    run(config(tmp_path / "a", methods=["vanilla", "smc_vote"]))
+    b = tmp_path / "b"
+    b.mkdir()
+    lines = [json.loads(x) for x in (tmp_path / "a" / "samples.jsonl").read_text().splitlines()]
+    smc = next(r for r in lines if r["candidates"][0]["weight"] is not None)
+    smc["candidates"][0]["scores"]["prm"] *= 1 + 3e-7
+    smc["candidates"][0]["weight"] *= 1 + 3e-7
+    (b / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert_same_records(RunDir(tmp_path / "a"), RunDir(b))
+    smc["candidates"][0]["scores"]["prm"] *= 1 + 1e-4
+    (b / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    with pytest.raises(AssertionError):
+        assert_same_records(RunDir(tmp_path / "a"), RunDir(b))
+    smc["candidates"][0]["scores"]["prm"] /= 1 + 1e-4
+    smc["selected"] = 1 - smc["selected"] if smc["selected"] in (0, 1) else 0
+    (b / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    with pytest.raises(AssertionError):
+        assert_same_records(RunDir(tmp_path / "a"), RunDir(b))
+
+
 def test_interrupted_then_resumed_equals_uninterrupted(tmp_path):
     whole = run(config(tmp_path / "whole"))
     seen = []
@@ -55,6 +114,7 @@ def test_interrupted_then_resumed_equals_uninterrupted(tmp_path):
     a = (tmp_path / "whole" / "results.json").read_text()
     b = (tmp_path / "cut" / "results.json").read_text()
     assert a == b
+    assert_same_records(RunDir(tmp_path / "whole"), RunDir(tmp_path / "cut"))
     assert json.loads(a) == whole.results
     assert (tmp_path / "cut" / "leaderboard.md").read_text() == (
         tmp_path / "whole" / "leaderboard.md"
@@ -103,6 +163,74 @@ def test_manifest_records_protocol_plugins_and_costs(tmp_path):
     assert guided["strategy"]["distribution"] == "dllmbench"
 
 
+def edit_manifest(path, **changes) -> None:
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest.update(changes)
+    (path / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def test_provenance_does_not_block_a_resume(tmp_path):
+    run(config(tmp_path / "r", methods=["vanilla"]))
+    edit_manifest(
+        tmp_path / "r",
+        git_revision="0" * 40,
+        versions={"python": "3.0", "torch": "0.1"},
+        created="2000-01-01T00:00:00+00:00",
+        command=["elsewhere"],
+        execution={"batch_rows": 1, "batch_tokens": None, "problems": 1},
+    )
+    again = run(config(tmp_path / "r", methods=["vanilla"]))
+    assert again.written == 0 and again.resumed == 8
+    kept = json.loads((tmp_path / "r" / "manifest.json").read_text())
+    assert kept["git_revision"] == "0" * 40  # the first invocation's provenance stays
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        (
+            {
+                "sampling": {
+                    "total_steps": 16,
+                    "gen_length": 7,
+                    "prompt_style": "fewshot",
+                    "seed": 3,
+                }
+            },
+            "sampling.gen_length: 7 → 6",
+        ),
+        ({"methods": []}, "methods: [] → [{"),
+        ({"budget": 1}, "budget: 1 → "),
+    ],
+)
+def test_what_changes_results_blocks_a_resume(tmp_path, change, needle):
+    run(config(tmp_path / "r", methods=["vanilla"]))
+    edit_manifest(tmp_path / "r", **change)
+    with pytest.raises(UserError, match="holds a different run") as err:
+        run(config(tmp_path / "r", methods=["vanilla"]))
+    assert needle in str(err.value)
+
+
+def test_a_path_that_located_weights_is_compared_by_their_hashes():
+    def manifest(model, digest, weights=True):
+        entry = {"name": "tiny", "config": {"model": model, "temperature": 2.0}}
+        if weights:
+            entry["weights"] = {"model": {"model.safetensors": digest}}
+        return {"backbone": entry, "scorers": {}}
+
+    assert manifest_differences(manifest("/a/tiny", "x"), manifest("/b/tiny", "x")) == []
+    assert manifest_differences(manifest("/a/tiny", "x"), manifest("/a/tiny", "y")) == [
+        "backbone.weights.model.model.safetensors: 'x' → 'y'"
+    ]
+    assert manifest_differences(manifest("/a", "x", weights=False), manifest("/b", "x")) == [
+        "backbone.weights.model.model.safetensors: '(absent)' → 'x'"
+    ]
+    # a path that located no hashed files is compared as it is
+    assert manifest_differences(
+        manifest("/a", "x", weights=False), manifest("/b", "x", weights=False)
+    ) == ["backbone.config.model: '/a' → '/b'"]
+
+
 def test_manifest_differences_ignore_volatile_keys():
     a = {"created": "x", "command": ["a"], "execution": {"batch_rows": 1}, "budget": 5}
     b = {"created": "y", "command": ["b"], "execution": {"batch_rows": 9}, "budget": 6}
@@ -136,10 +264,42 @@ def test_compute_json_keeps_every_invocation(tmp_path):
         run(config(tmp_path / "r"), on_record=stop)
     run(config(tmp_path / "r"))
     compute = json.loads((tmp_path / "r" / "compute.json").read_text())
-    assert [i["records_written"] for i in compute["invocations"]] == [8 * len(METHODS) - 5]
+    counts = [(i["records_written"], i["finished"]) for i in compute["invocations"]]
+    assert counts == [(5, False), (8 * len(METHODS) - 5, True)]
     run(config(tmp_path / "r"))
     compute = json.loads((tmp_path / "r" / "compute.json").read_text())
-    assert [i["records_written"] for i in compute["invocations"]] == [8 * len(METHODS) - 5, 0]
+    counts = [(i["records_written"], i["finished"]) for i in compute["invocations"]]
+    assert counts == [(5, False), (8 * len(METHODS) - 5, True), (0, True)]
+    assert compute["invocations"][-1]["physical"] == {}
+
+
+def test_an_interrupted_invocation_is_in_compute_json_with_its_records(tmp_path):
+    seen = []
+
+    def stop(record):
+        seen.append(record)
+        if len(seen) == 7:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        run(config(tmp_path / "r"), on_record=stop)
+    (entry,) = json.loads((tmp_path / "r" / "compute.json").read_text())["invocations"]
+    assert entry["records_written"] == 7 == len(RunDir(tmp_path / "r").read_records())
+    assert entry["finished"] is False
+    assert entry["physical"]["denoise"]["forwards"] > 0
+    assert not (tmp_path / "r" / ".lock").exists()  # the lock is given back
+
+
+def test_compute_json_is_saved_as_the_run_goes(tmp_path, monkeypatch):
+    import dllmbench.runner as runner
+
+    saves = []
+    real = RunDir.save_invocation
+    monkeypatch.setattr(runner, "SAVE_EVERY", 0.0)  # every record
+    monkeypatch.setattr(RunDir, "save_invocation", lambda self, e: saves.append(e) or real(self, e))
+    run(config(tmp_path / "r", methods=["vanilla"]))
+    assert [e["records_written"] for e in saves] == [*range(1, 9), 8]
+    assert [e["finished"] for e in saves] == [False] * 8 + [True]
 
 
 def test_damage_before_the_last_line_is_an_error_not_a_silent_cut(tmp_path):
@@ -168,3 +328,84 @@ def test_scorers_that_ask_for_the_backbone_share_it(tmp_path):
     out = run(cfg)
     manifest = json.loads((out.path / "manifest.json").read_text())
     assert "backbone" not in manifest["scorers"]["prm"]["config"]
+
+
+def tiny_config(out, model) -> RunConfig:
+    return RunConfig(
+        task="arith",
+        backbone="tiny",
+        backbone_config={"model": str(model)},
+        scorers={"orm": ("orm", {"checkpoint": str(model / "orm")})},
+        methods=["vanilla", "orm_rerank"],
+        limit=2,
+        sampling=Sampling(total_steps=8, gen_length=8, prompt_style="fewshot", seed=0),
+        resamples=100,
+        out=str(out),
+    )
+
+
+def test_weights_are_compared_by_content_not_by_where_they_lie(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from dllmbench.checksums import sha256
+    from dllmbench.plugins.backbones.tiny import TINY_DIR
+
+    first = tmp_path / "install-a" / "tiny_model"
+    shutil.copytree(TINY_DIR, first)
+    out = tmp_path / "r"
+    done = run(tiny_config(out, first))
+    weights = json.loads((out / "manifest.json").read_text())
+    assert weights["backbone"]["weights"]["model"]["model.safetensors"] == sha256(
+        TINY_DIR / "model.safetensors"
+    )
+    assert set(weights["backbone"]["weights"]["model"]) == {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    }
+    assert set(weights["scorers"]["orm"]["weights"]["checkpoint"]) == {
+        "config.json",
+        "adapter.safetensors",
+        "head.safetensors",
+    }
+
+    moved = tmp_path / "install-b" / "tiny_model"  # the install moved: same content
+    shutil.move(first, moved)
+    again = run(tiny_config(out, moved))
+    assert again.written == 0 and again.resumed == done.written
+
+    head = moved / "orm" / "head.safetensors"  # new weights at the same place
+    tensors = load_file(str(head))
+    save_file({k: v + 0.5 for k, v in tensors.items()}, str(head))
+    with pytest.raises(UserError) as err:
+        run(tiny_config(out, moved))
+    assert "scorers.orm.weights.checkpoint.head.safetensors: " in str(err.value)
+    assert "config.model" not in str(err.value) and "config.checkpoint" not in str(err.value)
+
+
+def test_big_files_are_hashed_once_per_content(tmp_path, monkeypatch):
+    import hashlib
+
+    from dllmbench import checksums
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(checksums, "BIG", 10)
+    hashed = []
+    real = checksums._digest
+    monkeypatch.setattr(checksums, "_digest", lambda p: hashed.append(p) or real(p))
+    big = tmp_path / "weights.bin"
+    big.write_bytes(b"x" * 100)
+    assert checksums.sha256(big) == hashlib.sha256(b"x" * 100).hexdigest()
+    assert checksums.sha256(big) == hashlib.sha256(b"x" * 100).hexdigest()
+    assert len(hashed) == 1  # the second call came from the cache
+    assert (tmp_path / "cache" / "dllmbench" / "sha256.json").exists()
+    big.write_bytes(b"y" * 100)
+    os.utime(big, ns=(1, 1))  # another mtime: hashed again
+    assert checksums.sha256(big) == hashlib.sha256(b"y" * 100).hexdigest()
+    assert len(hashed) == 2
+    small = tmp_path / "config.json"
+    small.write_bytes(b"{}")
+    checksums.sha256(small)
+    checksums.sha256(small)
+    assert len(hashed) == 4  # small files are not cached
