@@ -12,11 +12,12 @@ from rich.console import Console
 from rich.table import Table
 
 from dllmbench import __version__, scoring_cli
+from dllmbench.argtypes import name_list, natural_int, positive_int, scorer_entry
 from dllmbench.engine import Limits, Sampling
 from dllmbench.errors import CostMismatch, UserError
 from dllmbench.leaderboard import rich_table
 from dllmbench.method import parse_part
-from dllmbench.planner import plan
+from dllmbench.planner import check_scorers, plan, scorer_users
 from dllmbench.progress import Progress
 from dllmbench.registry import registry
 
@@ -72,11 +73,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--scorer",
         action="append",
         default=None,
+        type=scorer_entry,
         metavar="NAME[=PLUGIN[:k=v,...]]",
         help="a scorer under the name methods use, e.g. orm=orm:checkpoint=DIR; repeatable",
     )
-    run.add_argument("--budget", type=int, help="passes per problem each method may spend")
-    run.add_argument("--methods", help="comma-separated method families; default: all")
+    run.add_argument("--budget", type=positive_int, help="passes per problem each method may spend")
+    run.add_argument(
+        "--methods", type=name_list, help="comma-separated method families; default: all"
+    )
     run.add_argument(
         "--method",
         action="append",
@@ -85,15 +89,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="a method spec, e.g. independent:n=8+majority; repeatable",
     )
     run.add_argument("--reference", help="method the Δ column is paired against (default Vanilla)")
-    run.add_argument("--steps", type=int, help="denoising steps T (default 128)")
-    run.add_argument("--gen-length", type=int, help="generated tokens per canvas (default 256)")
+    run.add_argument("--steps", type=positive_int, help="denoising steps T (default 128)")
+    run.add_argument(
+        "--gen-length", type=positive_int, help="generated tokens per canvas (default 256)"
+    )
     run.add_argument("--prompt", choices=["chat", "fewshot"], help="prompt style (default chat)")
-    run.add_argument("--limit", type=int, help="first N problems of the split")
-    run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--batch-rows", type=int, default=64, help="rows per forward")
-    run.add_argument("--batch-tokens", type=int, help="rows × canvas length per forward")
-    run.add_argument("--max-problems", type=int, default=32, help="problems in flight")
-    run.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples")
+    run.add_argument("--limit", type=positive_int, help="first N problems of the split")
+    run.add_argument("--seed", type=natural_int, default=0)
+    run.add_argument("--batch-rows", type=positive_int, default=64, help="rows per forward")
+    run.add_argument("--batch-tokens", type=positive_int, help="rows × canvas length per forward")
+    run.add_argument("--max-problems", type=positive_int, default=32, help="problems in flight")
+    run.add_argument("--resamples", type=positive_int, default=2000, help="bootstrap resamples")
     run.add_argument("--out", help="run directory (default runs/TASK-BACKBONE-bBUDGET-seedSEED)")
     run.add_argument(
         "--resume", action="store_true", help="require an existing run directory and continue it"
@@ -101,14 +107,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print results.json instead of a table")
 
     p = sub.add_parser("plan", help="show the configuration each method family takes")
-    p.add_argument("--budget", type=int, required=True)
-    p.add_argument("--steps", type=int, default=128)
-    p.add_argument("--methods", help="comma-separated method families; default: all")
+    p.add_argument("--budget", type=positive_int, required=True)
+    p.add_argument("--steps", type=positive_int, default=128)
+    p.add_argument(
+        "--methods", type=name_list, help="comma-separated method families; default: all"
+    )
     p.add_argument("--method", action="append", default=[], metavar="SPEC")
     p.add_argument(
         "--scorer",
         action="append",
         default=None,
+        type=scorer_entry,
         metavar="NAME",
         help="scorer names the run will have; families needing others are left out",
     )
@@ -124,8 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _methods_arg(args: argparse.Namespace) -> list[str] | None:
-    families = [m.strip() for m in (args.methods or "").split(",") if m.strip()]
-    return (families + list(args.method)) or None
+    return (list(args.methods or []) + list(args.method)) or None
 
 
 def cmd_plan(args: argparse.Namespace, console: Console) -> int:
@@ -210,8 +218,9 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     task, task_config = parse_part(args.task)
     backbone, backbone_config = parse_part(args.backbone)
     scorers = None if args.scorer is None else _scorers_arg(args.scorer)
-    if args.steps < 1 or args.gen_length < 1:
-        raise UserError("--steps and --gen-length must be >= 1")
+    if scorers is not None:  # a typo in a scorer name costs no model load
+        users = scorer_users(reg, _methods_arg(args), args.steps)
+        check_scorers(users, set(scorers), requested=_methods_arg(args) is not None)
     try:
         limits = Limits(args.batch_rows, args.batch_tokens, args.max_problems)
     except ValueError as exc:

@@ -85,6 +85,7 @@ class LeftOut:
     family: str
     reason: str
     min_budget: int | None = None
+    missing: tuple[str, ...] = ()  # scorers the run lacks, when that is the reason
 
 
 @dataclass
@@ -128,11 +129,11 @@ def _label(template: str | None, method: Method) -> str:
 
 def _try_build(
     registry: Registry, spec: MethodSpec, label: str | None, family: str | None
-) -> Method | None:
+) -> Method | PluginError:
     try:
         method = Method.build(registry, spec, family=family)
-    except PluginError:
-        return None  # e.g. a size the strategy's constraints rule out (k not divisible by keep)
+    except PluginError as exc:
+        return exc  # e.g. a size the strategy's constraints rule out (k not divisible by keep)
     method.id = _label(label, method)
     return method
 
@@ -146,17 +147,21 @@ def fit(
     total_steps: int,
     passes_per_step: int = 1,
 ) -> tuple[Method | None, int | None]:
-    """The largest configuration of `spec` costing at most `budget`, and the smallest cost."""
+    """The largest configuration of `spec` costing at most `budget`, and the smallest cost.
+
+    A free size that no size from 1 to budget + 1 accepts is the plugin's error.
+    """
     free = spec.free_field()
     if free is None:
         method = Method.build(registry, spec, family=family)
         method.id = _label(label, method)
         cost = method.total_cost(total_steps, passes_per_step)
         return (method if cost <= budget else None), cost
-    best, smallest = None, None
+    best, smallest, error = None, None, None
     for size in range(1, budget + 2):
         method = _try_build(registry, spec.with_size(size), label, family)
-        if method is None:
+        if isinstance(method, PluginError):
+            error = error or method
             continue
         cost = method.total_cost(total_steps, passes_per_step)
         if smallest is None:
@@ -164,7 +169,71 @@ def fit(
         if cost > budget:
             break
         best = method
+    if smallest is None and error is not None:
+        raise error
     return best, smallest
+
+
+def _spec(registry: Registry, entry: str, total_steps: int) -> tuple[MethodSpec, Family | None]:
+    """The method spec of a family name or a spec text, its plugins and options checked."""
+    family = FAMILY_BY_NAME.get(entry)
+    if family is not None:
+        return MethodSpec.parse(family.spec.format(half=half_steps(total_steps))), family
+    if not (":" in entry or "+" in entry or entry in registry.names("strategy")):
+        known = ", ".join(FAMILY_BY_NAME)
+        raise UserError(
+            f"unknown method {entry!r}; families: {known}; or a spec such as "
+            "independent:n=8+majority"
+        )
+    spec = MethodSpec.parse(entry)
+    free = spec.free_field()
+    registry.coerce(
+        "strategy", spec.strategy, spec.strategy_config, unchecked=[free] if free else ()
+    )
+    registry.coerce("selector", spec.selector, spec.selector_config)
+    return spec, None
+
+
+def scorer_users(
+    registry: Registry, entries: list[str] | None, total_steps: int
+) -> dict[str, list[str]]:
+    """Scorer name → the entries (families or specs) whose methods use it."""
+    users: dict[str, list[str]] = {}
+    for entry in entries or [f.name for f in FAMILIES]:
+        spec, _ = _spec(registry, entry, total_steps)
+        method = None  # which scorers a method uses does not depend on its size: any will do
+        for size in range(1, 65) if spec.free_field() else (0,):
+            method = _try_build(registry, spec.with_size(size), None, None)
+            if isinstance(method, Method):
+                break
+        if isinstance(method, PluginError):
+            raise method
+        for scorer in sorted(method.scorers()):
+            users.setdefault(scorer, []).append(entry)
+    return users
+
+
+def check_scorers(users: dict[str, list[str]], scorers: set[str], requested: bool) -> None:
+    """With `users` from `scorer_users`: a requested method whose scorer the run lacks, or a
+    scorer no method uses, is an error (with no methods requested, families lacking a scorer
+    are only left out)."""
+    for scorer, entries in sorted(users.items()) if requested else ():
+        if scorer not in scorers:
+            raise UserError(
+                f"method {entries[0]!r} needs scorer {scorer}, which the run does not have; "
+                f"give --scorer {scorer}=PLUGIN[:checkpoint=DIR] or drop the method"
+            )
+    for name in sorted(scorers):
+        if name not in users:
+            used = "; ".join(f"{s} by {', '.join(e)}" for s, e in sorted(users.items()))
+            raise UserError(
+                f"no requested method uses scorer {name!r}; "
+                + (
+                    f"scorers in use: {used}"
+                    if used
+                    else f"none uses a scorer; drop --scorer {name}"
+                )
+            )
 
 
 def plan(
@@ -182,20 +251,9 @@ def plan(
     if budget < 1:
         raise UserError(f"--budget must be a positive number of passes, got {budget}")
     result = Plan(budget, total_steps)
-    for entry in entries or [f.name for f in FAMILIES]:
-        family = FAMILY_BY_NAME.get(entry)
-        if family is not None:
-            spec = MethodSpec.parse(family.spec.format(half=half_steps(total_steps)))
-            label, name = family.label, family.name
-        elif ":" in entry or "+" in entry or entry in registry.names("strategy"):
-            spec = MethodSpec.parse(entry)
-            label, name = None, None
-        else:
-            known = ", ".join(FAMILY_BY_NAME)
-            raise UserError(
-                f"unknown method {entry!r}; families: {known}; or a spec such as "
-                "independent:n=8+majority"
-            )
+    specs = [(entry, *_spec(registry, entry, total_steps)) for entry in entries or FAMILY_BY_NAME]
+    for entry, spec, family in specs:
+        label, name = (family.label, family.name) if family else (None, None)
         method, smallest = fit(registry, spec, label, name, budget, total_steps, passes_per_step)
         if method is None:
             at_least = f"; needs a budget of at least {smallest}" if smallest else ""
@@ -203,9 +261,11 @@ def plan(
                 LeftOut(entry, f"does not fit {budget} passes{at_least}", smallest)
             )
             continue
-        missing = sorted(method.scorers() - scorers) if scorers is not None else []
+        missing = tuple(sorted(method.scorers() - scorers)) if scorers is not None else ()
         if missing:
-            result.left_out.append(LeftOut(entry, f"needs scorer {', '.join(missing)}"))
+            result.left_out.append(
+                LeftOut(entry, f"needs scorer {', '.join(missing)}", missing=missing)
+            )
             continue
         if any(p.method.id == method.id for p in result.methods):
             continue

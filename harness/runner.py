@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 import platform
 import subprocess
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dllmbench import __version__
+from dllmbench.checksums import sha256
 from dllmbench.engine import Engine, Limits, Sampling
 from dllmbench.errors import UserError
 from dllmbench.leaderboard import markdown
@@ -90,14 +93,32 @@ def _versions() -> dict[str, str]:
     return versions
 
 
+def _weights(obj: Any) -> dict[str, dict[str, str]]:
+    """Config field → {file: sha256} of the checkpoint files it located, from the plugin's
+    optional `weight_files()`. Files are named relative to their common folder, so a moved
+    checkpoint (or install) has the same entry and only a change of content differs."""
+    located = getattr(obj, "weight_files", None)
+    out = {}
+    for config_field, files in sorted((located() if located else {}).items()):
+        paths = [Path(f) for f in files]
+        if paths:
+            base = Path(os.path.commonpath([p.parent for p in paths]))
+            out[config_field] = {p.relative_to(base).as_posix(): sha256(p) for p in sorted(paths)}
+    return out
+
+
 def _plugin_entry(reg: Registry, kind: str, name: str, obj: Any) -> dict[str, Any]:
     info = reg.info(kind, name)
-    return {
+    entry = {
         "name": name,
         "distribution": info.distribution,
         "version": info.version,
         "config": describe(obj),
     }
+    weights = _weights(obj)
+    if weights:
+        entry["weights"] = weights
+    return entry
 
 
 def build_manifest(
@@ -151,8 +172,14 @@ def build_manifest(
 
 
 def prepare(cfg: RunConfig, reg: Registry | None = None):
-    """Build every plugin and choose the methods; nothing is run or written yet."""
+    """Build every plugin and choose the methods; nothing is run or written yet.
+
+    Everything that needs no model is checked before the backbone loads: plugin options,
+    scorer checkpoints (their `Config` checks), the plan and `--reference`.
+    """
     reg = reg or registry()
+    if cfg.resamples < 1:
+        raise UserError(f"--resamples must be a positive integer, got {cfg.resamples}")
     task = reg.task(cfg.task, **cfg.task_config)
     splits = task.splits()
     if cfg.split not in splits:
@@ -164,10 +191,23 @@ def prepare(cfg: RunConfig, reg: Registry | None = None):
         if cfg.limit < 1:
             raise UserError(f"--limit must be >= 1, got {cfg.limit}")
         problems = problems[: cfg.limit]
-    backbone = reg.backbone(cfg.backbone, **cfg.backbone_config)
-    # a scorer that asks for `backbone` shares the frozen weights instead of loading twice
+    # the backbone's configuration says how it plans (passes per step, shipped scorers)
+    backbone_config = reg.check("backbone", cfg.backbone, **cfg.backbone_config)
     if cfg.scorers is None:
-        cfg.scorers = dict(getattr(backbone, "shipped_scorers", {}))
+        cfg.scorers = dict(getattr(backbone_config, "shipped_scorers", None) or {})
+    for name, (plugin, config) in cfg.scorers.items():
+        if getattr(reg.check("scorer", plugin, **config), "trained", True) is False:
+            raise UserError(
+                f"scorer {name!r} has no trained weights; give checkpoint=DIR "
+                "(dllmbench train-scorer makes one)"
+            )
+    passes = int(getattr(backbone_config, "passes_per_step", 1))
+    budget = cfg.budget if cfg.budget is not None else default_budget(cfg.sampling.total_steps)
+    chosen = _choose(cfg, reg, budget, passes)
+    backbone = reg.backbone(cfg.backbone, **cfg.backbone_config)
+    if int(getattr(backbone, "passes_per_step", passes)) != passes:  # not known from config
+        chosen = _choose(cfg, reg, budget, int(backbone.passes_per_step))
+    # a scorer that asks for `backbone` shares the frozen weights instead of loading twice
     scorers = {
         name: reg.scorer(plugin, shared={"backbone": backbone}, **config)
         for name, (plugin, config) in cfg.scorers.items()
@@ -178,22 +218,36 @@ def prepare(cfg: RunConfig, reg: Registry | None = None):
                 f"scorer {name!r} has no trained weights; give checkpoint=DIR "
                 "(dllmbench train-scorer makes one)"
             )
-    budget = cfg.budget or default_budget(cfg.sampling.total_steps)
+    return reg, task, problems, backbone, scorers, chosen, budget
+
+
+def _choose(cfg: RunConfig, reg: Registry, budget: int, passes_per_step: int) -> Plan:
+    """The plan; a requested method left out for a missing scorer, no method fitting or an
+    unknown `--reference` is an error."""
     chosen = plan(
         reg,
         budget,
         cfg.sampling.total_steps,
         cfg.methods,
-        set(scorers),
-        passes_per_step=int(getattr(backbone, "passes_per_step", 1)),
+        set(cfg.scorers or {}),
+        passes_per_step=passes_per_step,
     )
+    for x in chosen.left_out if cfg.methods else ():
+        if x.missing:
+            raise UserError(
+                f"method {x.family!r} needs scorer {', '.join(x.missing)}, which the run does "
+                f"not have; give --scorer {x.missing[0]}=PLUGIN[:checkpoint=DIR] or drop it"
+            )
     if not chosen.methods:
         reasons = "; ".join(f"{x.family}: {x.reason}" for x in chosen.left_out)
         raise UserError(f"no method fits: {reasons}")
     ids = [p.method.id for p in chosen.methods]
     if cfg.reference is not None and cfg.reference not in ids:
         raise UserError(f"--reference {cfg.reference!r} is not among the methods: {', '.join(ids)}")
-    return reg, task, problems, backbone, scorers, chosen, budget
+    return chosen
+
+
+SAVE_EVERY = 5.0  # seconds between saves of this invocation's compute.json entry
 
 
 def run(
@@ -202,36 +256,62 @@ def run(
     on_start: Callable[[int, int], None] | None = None,
 ) -> Outcome:
     """Run (or resume) a benchmark; `on_start(total, done)` and `on_record` report progress."""
-    reg, task, problems, backbone, scorers, chosen, budget = prepare(cfg)
-    problem_ids = [p.id for p in problems]
-    methods = [p.method for p in chosen.methods]
-    manifest = build_manifest(cfg, reg, task, backbone, scorers, chosen, problem_ids, budget)
-    rundir = RunDir(cfg.run_dir())
-    previous = rundir.open(manifest)
-    done = {(r["problem"], r["method"]) for r in previous}
-    if on_start is not None:
-        on_start(len(problems) * len(methods), len(done))
-    engine = Engine(
-        backbone=backbone,
-        scorers=scorers,
-        task=task,
-        methods=methods,
-        sampling=cfg.sampling,
-        limits=cfg.limits,
-    )
-    written = 0
+    # the pre-flight: a bad or busy run directory is an error before any model is built
+    with RunDir(cfg.run_dir()) as rundir:
+        reg, task, problems, backbone, scorers, chosen, budget = prepare(cfg)
+        problem_ids = [p.id for p in problems]
+        methods = [p.method for p in chosen.methods]
+        manifest = build_manifest(cfg, reg, task, backbone, scorers, chosen, problem_ids, budget)
+        previous = rundir.open(manifest)
+        done = {(r["problem"], r["method"]) for r in previous}
+        if on_start is not None:
+            on_start(len(problems) * len(methods), len(done))
+        engine = Engine(
+            backbone=backbone,
+            scorers=scorers,
+            task=task,
+            methods=methods,
+            sampling=cfg.sampling,
+            limits=cfg.limits,
+        )
+        written, saved = 0, -SAVE_EVERY
 
-    def keep(record: dict[str, Any]) -> None:
-        nonlocal written
-        rundir.append(record)
-        written += 1
-        if on_record is not None:
-            on_record(record)
+        def save(finished: bool) -> None:
+            rundir.save_invocation(
+                {
+                    "created": manifest["created"],
+                    "finished": finished,
+                    "records_written": written,
+                    "physical": engine.ledger.physical(),
+                }
+            )
 
-    engine.run(problems, skip=done, on_record=keep)
-    records = rundir.read_records()
+        def keep(record: dict[str, Any]) -> None:
+            nonlocal written, saved
+            rundir.append(record)
+            written += 1
+            if time.monotonic() - saved >= SAVE_EVERY:
+                save(finished=False)
+                saved = time.monotonic()
+            if on_record is not None:
+                on_record(record)
+
+        finished = False
+        try:
+            engine.run(problems, skip=done, on_record=keep)
+            results = _summarize(cfg, rundir, manifest, problem_ids, budget)
+            finished = True
+        finally:  # an interrupted or failed invocation is counted too
+            save(finished)
+        return Outcome(results, rundir.path, len(previous), written, chosen)
+
+
+def _summarize(
+    cfg: RunConfig, rundir: RunDir, manifest: dict[str, Any], problem_ids: list[str], budget: int
+) -> dict[str, Any]:
+    """results.json and leaderboard.md from every record in the run directory."""
     results = summarize(
-        records,
+        rundir.read_records(),
         manifest["methods"],
         problem_ids,
         budget=budget,
@@ -245,11 +325,4 @@ def run(
         f"{cfg.task} ({cfg.split}, {len(problem_ids)} problems) · {cfg.backbone} · budget {budget}"
     )
     rundir.write_results(results, markdown(results, title))
-    rundir.add_invocation(
-        {
-            "created": manifest["created"],
-            "records_written": written,
-            "physical": engine.ledger.physical(),
-        }
-    )
-    return Outcome(results, rundir.path, len(previous), written, chosen)
+    return results

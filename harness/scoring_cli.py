@@ -9,6 +9,7 @@ from typing import Any
 
 from rich.console import Console
 
+from dllmbench.argtypes import fraction, natural_int, positive_float, positive_int
 from dllmbench.collect import (
     CollectConfig,
     collect,
@@ -30,14 +31,16 @@ def add_parsers(sub: Any) -> None:
     c.add_argument("--task", required=True)
     c.add_argument("--split", default="train")
     c.add_argument("--backbone", required=True)
-    c.add_argument("--n", type=int, default=4, help="trajectories per problem")
-    c.add_argument("--snapshots", type=int, default=8, help="snapshot steps per trajectory")
-    c.add_argument("--steps", type=int, default=128)
-    c.add_argument("--gen-length", type=int, default=256)
+    c.add_argument("--n", type=positive_int, default=4, help="trajectories per problem")
+    c.add_argument(
+        "--snapshots", type=positive_int, default=8, help="snapshot steps per trajectory"
+    )
+    c.add_argument("--steps", type=positive_int, default=128)
+    c.add_argument("--gen-length", type=positive_int, default=256)
     c.add_argument("--prompt", default="chat", choices=["chat", "fewshot"])
-    c.add_argument("--limit", type=int, help="first N problems of the split")
-    c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--batch-rows", type=int, default=64)
+    c.add_argument("--limit", type=positive_int, help="first N problems of the split")
+    c.add_argument("--seed", type=natural_int, default=0)
+    c.add_argument("--batch-rows", type=positive_int, default=64)
     c.add_argument("--out", required=True, help="collection directory (resumed if it exists)")
     c.add_argument("--json", action="store_true")
 
@@ -46,13 +49,13 @@ def add_parsers(sub: Any) -> None:
     t.add_argument("--data", required=True, help="a directory made by dllmbench collect")
     t.add_argument("--backbone", help="default: the collection's backbone")
     t.add_argument("--options", default="", help="scorer options, e.g. attention=causal")
-    t.add_argument("--steps", type=int, default=2000)
-    t.add_argument("--batch", type=int, default=32)
-    t.add_argument("--accum", type=int, default=1)
-    t.add_argument("--lr", type=float, default=2e-5)
-    t.add_argument("--warmup", type=int, default=0)
-    t.add_argument("--val-fraction", type=float, default=0.1)
-    t.add_argument("--val-every", type=int, default=200)
+    t.add_argument("--steps", type=positive_int, default=2000)
+    t.add_argument("--batch", type=positive_int, default=32)
+    t.add_argument("--accum", type=positive_int, default=1)
+    t.add_argument("--lr", type=positive_float, default=2e-5)
+    t.add_argument("--warmup", type=natural_int, default=0)
+    t.add_argument("--val-fraction", type=fraction, default=0.1)
+    t.add_argument("--val-every", type=positive_int, default=200)
     t.add_argument(
         "--groups",
         choices=["all", "mixed", "balanced"],
@@ -60,7 +63,7 @@ def add_parsers(sub: Any) -> None:
         help="mixed: only problems with both correct and incorrect trajectories; balanced: "
         "of those, as many correct as incorrect trajectories per problem",
     )
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--seed", type=natural_int, default=0)
     t.add_argument("--out", required=True, help="training directory (resumed if it exists)")
     t.add_argument("--json", action="store_true")
 
@@ -116,8 +119,9 @@ def cmd_train_scorer(args: argparse.Namespace, console: Console) -> dict[str, An
     else:
         backbone_name = meta["backbone"]["name"]
         backbone_config = {k: v for k, v in meta["backbone"]["config"].items()}
-    backbone = reg.backbone(backbone_name, **backbone_config)
     _, options = parse_part(f"x:{args.options}")
+    reg.check("scorer", args.kind, seed=args.seed, **options)  # before the backbone loads
+    backbone = reg.backbone(backbone_name, **backbone_config)
     scorer = reg.scorer(args.kind, shared={"backbone": backbone}, seed=args.seed, **options)
     if not hasattr(scorer, "trainable"):
         raise UserError(f"scorer {args.kind!r} cannot be trained here")

@@ -24,8 +24,6 @@ TOY_RUN = [
     "--backbone",
     "toy",
     "--scorer",
-    "prm=toy",
-    "--scorer",
     "orm=toy:partial=false",
     "--steps",
     "8",

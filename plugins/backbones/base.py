@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -19,10 +20,12 @@ from dllmbench.interfaces import StepBatch
 from dllmbench.keys import torch_generator
 from dllmbench.plugins.backbones.loading import (
     char_tokenizer,
+    checkpoint_files,
     device_and_dtype,
     load_checkpoint,
     mask_id_of,
     random_model,
+    resolve,
 )
 from dllmbench.types import Prompt
 
@@ -43,14 +46,16 @@ class DiffusionBackbone(abc.ABC):
         c = self.config
         self.device, self.dtype = device_and_dtype(c.device, c.dtype)
         raw: dict[str, Any] = {}
+        self.checkpoint: Path | None = None  # the checkpoint directory read, if any
         if transformer is not None:  # an in-memory model (tests, the shipped demo)
             self.transformer, self.tokenizer = transformer, tokenizer
         elif c.model == "random":
             self.tokenizer = char_tokenizer()
             self.transformer = random_model(self.arch, self.tokenizer, c.seed, self.dtype)
         else:
+            self.checkpoint = resolve(c.model)
             self.transformer, self.tokenizer, raw = load_checkpoint(
-                self.arch, c.model, self.device, self.dtype
+                self.arch, str(self.checkpoint), self.device, self.dtype
             )
         self.transformer.to(self.device).eval().requires_grad_(False)
         self.mask_id = (
@@ -70,6 +75,10 @@ class DiffusionBackbone(abc.ABC):
             if i is not None
         }
         self.chat = c.chat if c.chat is not None else bool(self.tokenizer.chat_template)
+
+    def weight_files(self) -> dict[str, list[Path]]:
+        """Config field → the checkpoint files it located (the manifest records their hashes)."""
+        return {"model": checkpoint_files(self.checkpoint)} if self.checkpoint else {}
 
     # -- prompts and canvases -----------------------------------------------------------------
     def encode(self, prompt: Prompt) -> list[int]:

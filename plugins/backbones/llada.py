@@ -46,6 +46,11 @@ class LLaDAConfig:
         if self.block_length is not None and self.block_length < 1:
             raise ValueError("block_length must be >= 1")
 
+    @property
+    def passes_per_step(self) -> int:
+        """Forwards per row-step: two with classifier-free guidance (known before loading)."""
+        return 2 if self.cfg_scale > 0 else 1
+
 
 def block_quota(
     block_length: int, steps_per_block: int, step_in_block: torch.Tensor
@@ -68,7 +73,7 @@ class LLaDA(DiffusionBackbone):
 
     @property
     def passes_per_step(self) -> int:
-        return 2 if self.config.cfg_scale > 0 else 1
+        return self.config.passes_per_step
 
     def schedule(self, gen_length: int, total_steps: int) -> tuple[int, int]:
         """(block_length, steps per block), checked as the reference asserts."""

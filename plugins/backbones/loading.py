@@ -13,7 +13,11 @@ import json
 import os
 import re
 import string
-from collections.abc import Mapping
+import urllib.error
+import urllib.request
+import warnings
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -76,39 +80,138 @@ def device_and_dtype(device: str | None, dtype: str | None) -> tuple[torch.devic
     return dev, DTYPES[name]
 
 
+# the files a checkpoint directory consists of: fetched from the Hub, hashed into the manifest
+CHECKPOINT_FILES = ("*.json", "*.safetensors", "*.txt", "*.model", "*.jinja")
+
+
+def checkpoint_files(path: Path) -> list[Path]:
+    """The files of a checkpoint directory that loading may read."""
+    return sorted(f for pattern in CHECKPOINT_FILES for f in path.glob(pattern) if f.is_file())
+
+
+@contextmanager
+def _quiet_hub() -> Iterator[None]:
+    """huggingface_hub without its warnings and retry messages (errors are ours to tell)."""
+    from huggingface_hub.utils import logging as hub_logging
+
+    verbosity = hub_logging.get_verbosity()
+    hub_logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        hub_logging.set_verbosity(verbosity)
+
+
+def _offline() -> bool:
+    from huggingface_hub import constants
+
+    flag = os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE")
+    return flag or bool(constants.HF_HUB_OFFLINE)
+
+
+def hub_reachable(endpoint: str, timeout: float = 3.0) -> bool:
+    """Whether the Hub answers at all within `timeout` seconds (proxies respected)."""
+    try:
+        urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=timeout)
+    except urllib.error.HTTPError:
+        return True  # it answered
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def resolve(model: str) -> Path:
-    """A local checkpoint directory, or a Hub repo id fetched into the local cache."""
+    """A local checkpoint directory, or a Hub repo id: from the local Hugging Face cache, else
+    fetched into it. An unreachable Hub is one quick error, never a retry loop."""
     path = Path(os.path.expanduser(model))
     if path.is_dir():
         return path
     if path.exists() or model.startswith((".", "/", "~")):
-        raise UserError(f"checkpoint directory {model!r} does not exist")
-    try:
-        from huggingface_hub import snapshot_download
-
-        return Path(
-            snapshot_download(
-                model, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"]
-            )
-        )
-    except Exception as exc:  # offline, unknown repo, no access
         raise UserError(
-            f"cannot fetch {model!r} from the Hub ({type(exc).__name__}: {exc}); "
-            "pass a local checkpoint directory with model=PATH"
-        ) from exc
+            f"checkpoint directory {model!r} does not exist; give model=PATH of a directory "
+            "holding config.json and *.safetensors"
+        )
+    from huggingface_hub import constants, snapshot_download
+
+    how = f"download it (huggingface-cli download {model}) or give a local directory model=PATH"
+    with _quiet_hub():
+        try:
+            return Path(
+                snapshot_download(
+                    model, allow_patterns=list(CHECKPOINT_FILES), local_files_only=True
+                )
+            )
+        except Exception:  # not cached (or not a repo id): ask the Hub below
+            pass
+        missing = f"{model!r} is not a local directory nor in the Hugging Face cache"
+        if _offline():
+            raise UserError(f"{missing}, and HF_HUB_OFFLINE is set; {how}")
+        if not hub_reachable(constants.ENDPOINT):
+            raise UserError(f"{missing}, and {constants.ENDPOINT} cannot be reached; {how}")
+        try:
+            return Path(snapshot_download(model, allow_patterns=list(CHECKPOINT_FILES)))
+        except Exception as exc:  # unknown repo, no access, a broken connection
+            reason = _one_line(f"{type(exc).__name__}: {exc}")
+            raise UserError(f"cannot fetch {model!r} from the Hub ({reason}); {how}") from None
+
+
+def _safetensors(file: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(file))
+    except Exception as exc:  # SafetensorError, HeaderTooLarge, … from a damaged file
+        raise UserError(
+            f"{file} is not a readable safetensors file ({_one_line(str(exc))}); "
+            "download or save the checkpoint again"
+        ) from None
 
 
 def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     """All tensors of a checkpoint directory's safetensors shards."""
-    from safetensors.torch import load_file
-
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise UserError(f"{path} holds no *.safetensors weights")
     state: dict[str, torch.Tensor] = {}
     for file in files:
-        state.update(load_file(str(file)))
+        state.update(_safetensors(file))
     return state
+
+
+# config.json keys a checkpoint of each architecture must have (LLaDA: vocab_size or
+# embedding_size)
+REQUIRED = {
+    "dream": ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"),
+    "llada": ("d_model", "mlp_hidden_size", "n_layers", "n_heads"),
+}
+
+
+def read_config(arch: str, path: Path) -> dict[str, Any]:
+    """A checkpoint's config.json, checked: it parses and has the keys the model needs."""
+    file = path / "config.json"
+    if not file.is_file():
+        raise UserError(f"{path} has no config.json")
+    try:
+        raw = json.loads(file.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UserError(f"{file} is not valid JSON ({_one_line(str(exc))}); restore it") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"{file} is not a JSON object; restore it")
+    missing = [k for k in REQUIRED[arch] if k not in raw]
+    if not ("vocab_size" in raw or (arch == "llada" and "embedding_size" in raw)):
+        missing.append("vocab_size")
+    if missing:
+        raise UserError(
+            f"{file} lacks {', '.join(missing)}; is it a {arch} checkpoint's config.json?"
+        )
+    return raw
 
 
 def load_strict(model: torch.nn.Module, state: Mapping[str, torch.Tensor], where: str) -> None:
@@ -178,11 +281,11 @@ def build(arch: str, config: Any, dtype: torch.dtype) -> torch.nn.Module:
 def load_checkpoint(arch: str, model: str, device: torch.device, dtype: torch.dtype):
     """(transformer, tokenizer, raw config) of a Dream or LLaDA checkpoint."""
     path = resolve(model)
-    config_file = path / "config.json"
-    if not config_file.exists():
-        raise UserError(f"{path} has no config.json")
-    raw = json.loads(config_file.read_text())
-    config = qwen2_config(raw) if arch == "dream" else llama_config(raw)
+    raw = read_config(arch, path)
+    try:
+        config = qwen2_config(raw) if arch == "dream" else llama_config(raw)
+    except (TypeError, ValueError, KeyError) as exc:  # a value of the wrong kind
+        raise UserError(f"{path / 'config.json'}: {_one_line(str(exc))}") from None
     net = build(arch, config, dtype)
     state = read_state_dict(path)
     if arch == "llada":
@@ -211,7 +314,7 @@ def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
         try:
             return Qwen2TokenizerFast.from_pretrained(str(path))
         except Exception as exc:
-            raise UserError(f"cannot load the tokenizer in {path}: {exc}") from exc
+            raise UserError(f"cannot load the tokenizer in {path}: {_one_line(str(exc))}") from None
     finally:
         hf_logging.set_verbosity(verbosity)
 

@@ -26,6 +26,18 @@ class TinyConfig(DreamConfig):
     temperature: float = 2.0
     alg: str = "origin"
 
+    @property
+    def shipped_scorers(self) -> dict[str, tuple[str, dict[str, str]]]:
+        """The PRM and ORM trained for the shipped weights, as --scorer would give them
+        (known from the configuration, before any weights load)."""
+        if Path(self.model) != TINY_DIR:
+            return {}
+        return {
+            kind: (kind, {"checkpoint": str(TINY_DIR / kind)})
+            for kind in ("prm", "orm")
+            if (TINY_DIR / kind / "config.json").exists()
+        }
+
 
 class Tiny(Dream):
     Config = TinyConfig
@@ -33,14 +45,7 @@ class Tiny(Dream):
 
     @property
     def shipped_scorers(self) -> dict[str, tuple[str, dict[str, str]]]:
-        """The PRM and ORM trained for the shipped weights, as --scorer would give them."""
-        if Path(self.config.model) != TINY_DIR:
-            return {}
-        return {
-            kind: (kind, {"checkpoint": str(TINY_DIR / kind)})
-            for kind in ("prm", "orm")
-            if (TINY_DIR / kind / "config.json").exists()
-        }
+        return self.config.shipped_scorers
 
 
 @hookimpl

@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from dllmbench.errors import PluginError, UserError
@@ -34,6 +35,8 @@ from dllmbench.plugins.scorers.adapters import (
     inject,
 )
 from dllmbench.plugins.scorers.heads import ORMHead, PRMHead, pool, region
+
+FILES = ("config.json", "adapter.safetensors", "head.safetensors")  # of a checkpoint
 
 FORMAT = 1
 
@@ -52,6 +55,30 @@ class RewardConfig:
     head_width: int | None = None  # PRM MLP width; default 1024
     seed: int = 0  # initialisation of a fresh adapter and head
 
+    kind: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        for key, choices in CHOICES.items():
+            asked = getattr(self, key)
+            if asked is not None and asked not in choices:
+                raise ValueError(f"{key} must be one of {', '.join(choices)}, got {asked!r}")
+        if self.checkpoint is not None:  # a broken checkpoint is found before any model loads
+            read_checkpoint(Path(self.checkpoint), self.kind)
+
+    @property
+    def trained(self) -> bool:
+        return self.checkpoint is not None
+
+
+@dataclass(frozen=True)
+class PRMConfig(RewardConfig):
+    kind: ClassVar[str] = "prm"
+
+
+@dataclass(frozen=True)
+class ORMConfig(RewardConfig):
+    kind: ClassVar[str] = "orm"
+
 
 DEFAULTS = {
     "attention": "bidirectional",
@@ -65,6 +92,54 @@ DEFAULTS = {
 }
 CHOICES = {"attention": ("bidirectional", "causal"), "pooling": ("mean", "last")}
 SETTINGS = (*DEFAULTS, "step_embedding")
+WEIGHTS = ("adapter", "head")  # <name>.safetensors of a checkpoint
+
+
+def _broken(file: Path, exc: Exception) -> UserError:
+    reason = " ".join(str(exc).split()) or type(exc).__name__
+    return UserError(
+        f"{file} is not a readable safetensors file ({reason}); restore it or make the "
+        "checkpoint again with dllmbench train-scorer"
+    )
+
+
+def read_checkpoint(path: Path, kind: str) -> dict[str, Any]:
+    """A scorer checkpoint's config.json, checked without loading a model: it parses, has
+    every setting, is of `kind`, and the weight files have readable safetensors headers."""
+    if not path.is_dir():
+        raise UserError(
+            f"scorer checkpoint directory {str(path)!r} does not exist; give checkpoint=DIR "
+            "made by dllmbench train-scorer"
+        )
+    file = path / "config.json"
+    if not file.is_file():
+        raise UserError(f"scorer checkpoint {str(path)!r} has no config.json")
+    try:
+        saved = json.loads(file.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UserError(f"{file} is not valid JSON ({exc}); restore it") from None
+    if not isinstance(saved, dict):
+        raise UserError(f"{file} is not a JSON object; restore it")
+    missing = [k for k in ("kind", "base", *SETTINGS) if k not in saved]
+    if missing:
+        raise UserError(
+            f"{file} lacks {', '.join(missing)}; not a scorer checkpoint of dllmbench train-scorer"
+        )
+    if kind and saved["kind"] != kind:
+        raise UserError(
+            f"{path} is a {saved['kind']!r} checkpoint, not a {kind!r} one; "
+            f"give checkpoint=DIR of a {kind}"
+        )
+    for name in WEIGHTS:
+        weights = path / f"{name}.safetensors"
+        if not weights.is_file():
+            raise UserError(f"{path} has no {weights.name}")
+        try:
+            with safe_open(str(weights), "pt"):  # reads the header only
+                pass
+        except Exception as exc:  # SafetensorError, HeaderTooLarge, …
+            raise _broken(weights, exc) from None
+    return saved
 
 
 def fingerprint(net: torch.nn.Module) -> str:
@@ -88,7 +163,7 @@ class RewardScorer:
     reads_partial: ClassVar[bool]
 
     def __init__(self, backbone: Any = None, **config: Any):
-        self.config = RewardConfig(**config)
+        self.config = self.Config(**config)
         if backbone is None or not hasattr(backbone, "transformer"):
             raise PluginError(
                 f"scorer {self.kind!r} needs a transformer backbone "
@@ -125,19 +200,18 @@ class RewardScorer:
             self._load_weights(Path(self.config.checkpoint), saved)
             self.validation = saved.get("validation")
 
+    def weight_files(self) -> dict[str, list[Path]]:
+        """Config field → the checkpoint files it located (the manifest records their hashes)."""
+        if not self.trained:
+            return {}
+        path = Path(self.config.checkpoint)
+        return {"checkpoint": [path / f for f in FILES]}
+
     # -- configuration ------------------------------------------------------------------------
     def _read_checkpoint_config(self) -> dict[str, Any] | None:
         if self.config.checkpoint is None:
             return None
-        path = Path(self.config.checkpoint) / "config.json"
-        if not path.exists():
-            raise UserError(f"scorer checkpoint {self.config.checkpoint!r} has no config.json")
-        saved = json.loads(path.read_text())
-        if saved.get("kind") != self.kind:
-            raise UserError(
-                f"{self.config.checkpoint} is a {saved.get('kind')!r} checkpoint, "
-                f"not a {self.kind!r} one"
-            )
+        saved = read_checkpoint(Path(self.config.checkpoint), self.kind)
         if saved.get("base") != fingerprint(self.net):
             raise UserError(
                 f"{self.config.checkpoint} was trained on another base model "
@@ -199,17 +273,18 @@ class RewardScorer:
 
     def load_weights(self, path: str | Path) -> None:
         """Adapter and head weights of a checkpoint directory (same settings), strictly."""
-        self._load_weights(Path(path), json.loads((Path(path) / "config.json").read_text()))
+        self._load_weights(Path(path), read_checkpoint(Path(path), self.kind))
 
     def _load_weights(self, path: Path, saved: dict[str, Any]) -> None:
-        for name, module_state in (
-            ("adapter", adapter_parameters(self.net, self.adapter)),
-            ("head", self.head.state_dict()),
-        ):
+        states = (adapter_parameters(self.net, self.adapter), self.head.state_dict())
+        for name, module_state in zip(WEIGHTS, states, strict=True):
             file = path / f"{name}.safetensors"
             if not file.exists():
                 raise UserError(f"{path} has no {file.name}")
-            tensors = load_file(str(file))
+            try:
+                tensors = load_file(str(file))
+            except Exception as exc:  # a file damaged past its header
+                raise _broken(file, exc) from None
             missing = sorted(set(module_state) - set(tensors))
             unexpected = sorted(set(tensors) - set(module_state))
             if missing or unexpected:
@@ -254,11 +329,13 @@ class RewardScorer:
 
 
 class PRM(RewardScorer):
+    Config = PRMConfig
     kind = "prm"
     reads_partial = True
 
 
 class ORM(RewardScorer):
+    Config = ORMConfig
     kind = "orm"
     reads_partial = False
 

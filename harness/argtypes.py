@@ -1,0 +1,71 @@
+"""argparse `type=` validators: a bad value is argparse's one-line error, exit status 2."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1."""
+    value = _int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def natural_int(text: str) -> int:
+    """An integer >= 0 (seeds, warm-up steps)."""
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def fraction(text: str) -> float:
+    """A number strictly between 0 and 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
+    return value
+
+
+def name_list(text: str) -> list[str]:
+    """Comma-separated names without empty items: `vanilla,majority`."""
+    items = [item.strip() for item in text.split(",")]
+    if not all(items):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} has an empty item; write names separated by single commas, "
+            "e.g. vanilla,majority"
+        )
+    return items
+
+
+def scorer_entry(text: str) -> str:
+    """`NAME` or `NAME=PLUGIN[:k=v,...]` with a name and, after '=', a plugin."""
+    name, eq, plugin = text.partition("=")
+    if not name.strip() or (eq and not plugin.strip()):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} wants NAME or NAME=PLUGIN[:k=v,...], e.g. prm or orm=orm:checkpoint=DIR"
+        )
+    return text

@@ -1,0 +1,347 @@
+"""Every bad command-line input is one line and exit status 2, before any heavy work.
+
+Each class of mistake runs against a finished run directory (`--out`) where a run is asked
+for, and the directory must come out byte-identical. Mistakes in options, scorers and the
+plan must be found before the backbone is built: `no_backbone` makes building one fail.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from conftest import TOY_RUN, assert_user_error, cli_subprocess, snapshot
+
+from dllmbench.errors import PluginError
+from dllmbench.manager import PluginInfo
+from dllmbench.plugins.backbones.base import DiffusionBackbone
+from dllmbench.plugins.backbones.llada import LLaDAConfig
+from dllmbench.plugins.backbones.tiny import TINY_DIR
+from dllmbench.registry import Registry
+
+# the shipped tiny model on a few arith problems: loads in well under a second
+TINY = ["run", "--task", "arith:test_size=4", "--steps", "4", "--gen-length", "8", "--limit", "2"]
+TOY = ["run", "--task", "toy_sum:size=4", "--backbone", "toy", "--steps", "8", "--budget", "72"]
+
+
+@pytest.fixture
+def no_backbone(monkeypatch):
+    """Building a model backbone is a test failure: the mistake had to be found before."""
+
+    def built(self, *args, **kwargs):
+        raise AssertionError("the backbone was built before the mistake was found")
+
+    monkeypatch.setattr(DiffusionBackbone, "__init__", built)
+
+
+def unchanged(cli, run_dir: Path, *argv, needles=()):
+    """Run `argv` into `run_dir`: a one-line user error that leaves the directory as it was."""
+    before = snapshot(run_dir)
+    assert_user_error(cli(*argv, "--out", run_dir), *needles)
+    assert snapshot(run_dir) == before
+
+
+# -- 1. broken checkpoint files ------------------------------------------------------------------
+
+
+def damage(file: Path, how: str) -> None:
+    data = file.read_bytes()
+    if how == "truncated":
+        file.write_bytes(data[: len(data) // 2])
+    elif how == "empty":
+        file.write_bytes(b"")
+    elif how == "garbage":
+        file.write_bytes(bytes(range(256)) * 4)
+    elif how == "not json":
+        file.write_text("{not json")
+    elif how == "missing keys":
+        file.write_text('{"model_type": "Dream", "kind": "prm"}')
+    else:
+        raise ValueError(how)
+
+
+@pytest.fixture
+def tiny_copy(tmp_path) -> Path:
+    return Path(shutil.copytree(TINY_DIR, tmp_path / "tiny"))
+
+
+@pytest.mark.parametrize(
+    "name,how,needle",
+    [
+        ("model.safetensors", "truncated", "not a readable safetensors file"),
+        ("model.safetensors", "empty", "not a readable safetensors file"),
+        ("model.safetensors", "garbage", "not a readable safetensors file"),
+        ("config.json", "not json", "is not valid JSON"),
+        ("config.json", "missing keys", "lacks hidden_size"),
+    ],
+)
+def test_a_broken_backbone_checkpoint_names_the_file(
+    cli, finished_run, tiny_copy, name, how, needle
+):
+    damage(tiny_copy / name, how)
+    argv = [*TINY, "--backbone", f"tiny:model={tiny_copy}", "--methods", "vanilla"]
+    unchanged(cli, finished_run, *argv, needles=(str(tiny_copy / name), needle))
+
+
+@pytest.mark.parametrize(
+    "name,how,needle",
+    [
+        ("adapter.safetensors", "truncated", "not a readable safetensors file"),
+        ("adapter.safetensors", "empty", "not a readable safetensors file"),
+        ("head.safetensors", "garbage", "not a readable safetensors file"),
+        ("head.safetensors", "truncated", "not a readable safetensors file"),
+        ("config.json", "not json", "is not valid JSON"),
+        ("config.json", "missing keys", "lacks base"),
+    ],
+)
+def test_a_broken_scorer_checkpoint_names_the_file_before_the_backbone_loads(
+    cli, finished_run, tiny_copy, no_backbone, name, how, needle
+):
+    damage(tiny_copy / "prm" / name, how)
+    argv = [*TINY, "--backbone", "tiny", "--scorer", f"prm=prm:checkpoint={tiny_copy / 'prm'}"]
+    argv += ["--methods", "vanilla,prm_rerank"]
+    unchanged(cli, finished_run, *argv, needles=(str(tiny_copy / "prm" / name), needle))
+
+
+# -- 2. numbers ----------------------------------------------------------------------------------
+
+RUN_NUMBERS = [
+    ("--resamples", "0"),
+    ("--resamples", "-3"),
+    ("--budget", "0"),
+    ("--budget", "-5"),
+    ("--steps", "0"),
+    ("--steps", "2.5"),
+    ("--gen-length", "-1"),
+    ("--limit", "0"),
+    ("--seed", "-1"),
+    ("--batch-rows", "0"),
+    ("--batch-tokens", "0"),
+    ("--max-problems", "-2"),
+]
+
+
+@pytest.mark.parametrize("option,value", RUN_NUMBERS)
+def test_run_numbers_out_of_range(cli, finished_run, option, value):
+    needle = "an integer" if "." in value else ("got " + value)
+    unchanged(cli, finished_run, *TOY_RUN, option, value, needles=(f"argument {option}", needle))
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["plan", "--budget", "-5"], "must be a positive integer, got -5"),
+        (["plan", "--budget", "abc"], "must be an integer, got 'abc'"),
+        (["plan", "--budget", "100", "--steps", "0"], "must be a positive integer, got 0"),
+        (["collect", "--task", "toy_sum", "--backbone", "toy", "--n", "0"], "--n"),
+        (["collect", "--task", "toy_sum", "--backbone", "toy", "--snapshots", "-1"], "got -1"),
+        (["collect", "--task", "toy_sum", "--backbone", "toy", "--steps", "0"], "--steps"),
+        (["collect", "--task", "toy_sum", "--backbone", "toy", "--gen-length", "0"], "got 0"),
+        (["collect", "--task", "toy_sum", "--backbone", "toy", "--limit", "0"], "--limit"),
+        (["collect", "--task", "toy_sum", "--backbone", "toy", "--batch-rows", "0"], "rows"),
+        (["collect", "--task", "toy_sum", "--backbone", "toy", "--seed", "-1"], ">= 0"),
+        (["train-scorer", "--kind", "prm", "--data", "d", "--steps", "0"], "--steps"),
+        (["train-scorer", "--kind", "prm", "--data", "d", "--batch", "-1"], "--batch"),
+        (["train-scorer", "--kind", "prm", "--data", "d", "--accum", "0"], "--accum"),
+        (["train-scorer", "--kind", "prm", "--data", "d", "--lr", "-1"], "positive number"),
+        (["train-scorer", "--kind", "prm", "--data", "d", "--warmup", "-1"], "--warmup"),
+        (["train-scorer", "--kind", "prm", "--data", "d", "--val-fraction", "2"], "between"),
+        (["train-scorer", "--kind", "prm", "--data", "d", "--val-every", "0"], "--val-every"),
+    ],
+)
+def test_numbers_of_other_commands_out_of_range(cli, tmp_path, argv, needle):
+    if argv[0] != "plan":
+        argv = [*argv, "--out", str(tmp_path / "out")]
+    assert_user_error(cli(*argv), needle)
+    assert not (tmp_path / "out").exists()
+
+
+# -- 3. plugin options of the wrong type ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["--task", "toy_sum:size=abc"], "task 'toy_sum' option size wants an int, got 'abc'"),
+        (["--backbone", "toy:p_correct=abc"], "option p_correct wants a number, got 'abc'"),
+        (
+            ["--method", "independent:n=abc+majority"],
+            "strategy 'independent' option n wants an int, got 'abc'",
+        ),
+        (["--method", "independent:n=2.5+majority"], "option n wants an int, got 2.5"),
+        (["--method", "independent:n=4+argmax:scorer=5"], "option scorer wants a string, got 5"),
+        (["--scorer", "orm=toy:partial=maybe"], "option partial wants true or false"),
+    ],
+)
+def test_plugin_options_of_the_wrong_type(cli, finished_run, argv, needle):
+    # a repeated --task or --backbone replaces the toy run's own
+    argv = [*TOY, "--methods", "vanilla,orm_rerank", "--scorer", "orm=toy", *argv]
+    unchanged(cli, finished_run, *argv, needles=(needle,))
+
+
+@pytest.mark.parametrize(
+    "option,needle",
+    [
+        ("tiny:dtype=3", "backbone 'tiny' option dtype wants a string, got 3"),
+        ("tiny:temperature=hot", "option temperature wants a number, got 'hot'"),
+        ("tiny:chat=maybe", "option chat wants true or false, got 'maybe'"),
+        ("tiny:mask_id=x", "option mask_id wants an int, got 'x'"),
+        ("tiny:alg=fast", "alg must be one of origin"),  # the Config's own check, one line
+    ],
+)
+def test_backbone_options_are_checked_before_it_loads(
+    cli, finished_run, no_backbone, option, needle
+):
+    unchanged(
+        cli, finished_run, *TINY, "--backbone", option, "--methods", "vanilla", needles=(needle,)
+    )
+
+
+def test_a_factory_error_with_several_lines_is_one_line():
+    class Fussy:
+        def __init__(self, level: int = 0):
+            raise ValueError("first line\nsecond line\n\nthird")
+
+    info = PluginInfo("fussy", "selector", Fussy, "tests", "0", __name__)
+    reg = Registry({"selector": {"fussy": info}})
+    with pytest.raises(PluginError) as caught:
+        reg.selector("fussy", level=2)
+    assert str(caught.value) == "selector 'fussy' with level=2: first line second line third"
+
+
+# -- 4. unknown names and options inside a '*'-sized method --------------------------------------
+
+
+@pytest.mark.parametrize(
+    "spec,needle",
+    [
+        ("independent:n=*+majorty", "unknown selector 'majorty'; known: argmax"),
+        ("indep:n=*+majority", "unknown strategy 'indep'; known: independent"),
+        ("independent:m=*+majority", "strategy 'independent' has no option 'm'; options: n"),
+        ("independent:n=*+majority:x=1", "selector 'majority' has no option 'x'"),
+        ("prm_guided:k=*,every=abc+first", "option every wants an int, got 'abc'"),
+        ("prm_guided:k=*,every=0+first", "k, every and keep must be >= 1"),
+    ],
+)
+def test_a_sized_method_with_a_wrong_name_or_option(cli, finished_run, spec, needle):
+    unchanged(cli, finished_run, *TOY, "--method", spec, "--scorer", "prm=toy", needles=(needle,))
+    assert_user_error(cli("plan", "--budget", "72", "--method", spec), needle)
+
+
+# -- 5. scorers no method uses, methods whose scorer is missing ----------------------------------
+
+
+def test_a_scorer_no_requested_method_uses(cli, finished_run):
+    unchanged(
+        cli,
+        finished_run,
+        *TOY,
+        "--methods",
+        "vanilla,orm_rerank",
+        "--scorer",
+        "orm=toy",
+        "--scorer",
+        "pmr=toy",
+        needles=("no requested method uses scorer 'pmr'", "orm by orm_rerank"),
+    )
+
+
+def test_a_scorer_no_family_uses(cli, finished_run):
+    argv = [*TOY, "--scorer", "zzz=toy"]
+    unchanged(cli, finished_run, *argv, needles=("scorer 'zzz'", "prm by prm_rerank"))
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--methods", "vanilla,prm_rerank"],
+        ["--method", "independent:n=2+argmax:scorer=prm"],
+        ["--methods", "vanilla,prm_rerank", "--scorer", "orm=toy"],
+    ],
+)
+def test_a_requested_method_whose_scorer_is_missing(cli, finished_run, argv):
+    unchanged(cli, finished_run, *TOY, *argv, needles=("needs scorer prm", "--scorer prm="))
+
+
+def test_without_requested_methods_families_lacking_a_scorer_are_left_out(cli, tmp_path):
+    result = cli(*TOY, "--scorer", "orm=toy:partial=false", "--out", tmp_path / "r")
+    assert result.code == 0, result.err
+    assert "prm_rerank — needs scorer prm" in result.out
+    assert "ORM Rerank@8" in result.out
+
+
+# -- 6. scorer checkpoints, the plan and --reference before the backbone loads ------------------
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["--reference", "Nope"], "--reference 'Nope' is not among the methods: Vanilla"),
+        (["--scorer", "prm=prm:checkpoint=/no/such/dir"], "'/no/such/dir' does not exist"),
+        (
+            ["--scorer", f"prm=prm:checkpoint={TINY_DIR / 'orm'}"],
+            "is a 'orm' checkpoint, not a 'prm' one",
+        ),
+        (["--scorer", "prm=prm"], "scorer 'prm' has no trained weights"),
+        (["--scorer", "prm=prm:pooling=max"], "pooling must be one of mean, last"),
+        (["--budget", "3"], "needs a budget of at least 4"),
+    ],
+)
+def test_mistakes_are_found_before_the_backbone_loads(cli, finished_run, no_backbone, argv, needle):
+    methods = "vanilla,prm_rerank" if "--scorer" in argv else "vanilla"
+    argv = [*TINY, "--backbone", "tiny", "--methods", methods, *argv]
+    unchanged(cli, finished_run, *argv, needles=(needle,))
+
+
+def test_classifier_free_guidance_is_planned_at_two_passes_per_step(cli, finished_run, no_backbone):
+    assert LLaDAConfig(cfg_scale=1.0).passes_per_step == 2
+    assert LLaDAConfig().passes_per_step == 1
+    argv = [*TINY, "--backbone", "llada:cfg_scale=1", "--methods", "vanilla", "--budget", "7"]
+    unchanged(cli, finished_run, *argv, needles=("needs a budget of at least 8",))
+
+
+# -- 7. a Hub model that is neither local nor reachable ------------------------------------------
+
+
+def test_an_offline_hub_model_is_one_quick_line(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    started = time.monotonic()
+    result = cli_subprocess(
+        "run",
+        "--task",
+        "arith:test_size=4",
+        "--backbone",
+        "dream",
+        "--methods",
+        "vanilla",
+        "--out",
+        tmp_path / "r",
+        env=env,
+        cwd=tmp_path,
+    )
+    assert time.monotonic() - started < 30  # the interpreter's start included
+    assert_user_error(
+        result, "'Dream-org/Dream-v0-Instruct-7B'", "HF_HUB_OFFLINE is set", "model=PATH"
+    )
+    assert "warn" not in result.err.lower() and "retry" not in result.err.lower()
+    assert not (tmp_path / "r").exists() or not any((tmp_path / "r").iterdir())
+
+
+# -- the short forms that used to slip through ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["--methods", "vanilla,,majority"], "'vanilla,,majority' has an empty item"),
+        (["--methods", ","], "has an empty item"),
+        (["--scorer", "=x"], "'=x' wants NAME or NAME=PLUGIN"),
+        (["--scorer", "prm="], "'prm=' wants NAME or NAME=PLUGIN"),
+    ],
+)
+def test_malformed_lists_and_scorers(cli, finished_run, argv, needle):
+    assert_user_error(cli("plan", "--budget", "100", *argv), needle)
+    unchanged(cli, finished_run, *TOY, *argv, needles=(needle,))
