@@ -79,6 +79,8 @@ def _coerce(value: Any, tp: Any) -> Any:
         return origin(value)
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return value
+    if tp is str and isinstance(value, (int, float)):  # `revision=1234567`, `path=2024`
+        return ("true" if value else "false") if isinstance(value, bool) else str(value)
     if tp is int and isinstance(value, bool):
         raise _Mismatch
     if isinstance(tp, type) and not isinstance(value, tp):

@@ -21,8 +21,6 @@ import gzip
 import hashlib
 import json
 import os
-import urllib.error
-import urllib.request
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,12 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from dllmbench.errors import UserError
+from dllmbench.hub import hub_offline, hub_unreachable
 
 DATA_ENV = "DLLMBENCH_DATA"
 PACKAGED = Path(__file__).resolve().parent / "packaged"
 PACKAGED_PREFIX = "dllmbench:"
-OFFLINE_ENV = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
-PROBE_TIMEOUT = 3.0  # seconds to wait for the Hub before saying it cannot be reached
 
 _HASHES: dict[tuple[str, int, int], str] = {}
 
@@ -197,26 +194,6 @@ def split_files(
     return found
 
 
-def hub_offline() -> bool:
-    """True when HF_HUB_OFFLINE or HF_DATASETS_OFFLINE asks for no network."""
-    values = (os.environ.get(name, "").strip().upper() for name in OFFLINE_ENV)
-    return any(v in ("1", "ON", "YES", "TRUE") for v in values)
-
-
-def hub_unreachable(timeout: float = PROBE_TIMEOUT) -> str | None:
-    """Why the Hub endpoint cannot be reached within `timeout` seconds, or None when it can."""
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-    try:
-        urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=timeout)
-    except urllib.error.HTTPError:
-        return None  # it answered
-    except urllib.error.URLError as exc:
-        return f"{endpoint}: {exc.reason}"
-    except (OSError, ValueError) as exc:
-        return f"{endpoint}: {exc}"
-    return None
-
-
 def load_hub(
     task: str, name: str, config: str | None, split: str, revision: str | None, file: str
 ) -> tuple[list[Row], str]:
@@ -227,7 +204,7 @@ def load_hub(
     """
     what = f"{name} ({config or 'default'}, {split}{f'@{revision}' if revision else ''})"
     supply = f"pass data=PATH to a local {file} or put it in ${DATA_ENV}/{task}/"
-    reason = None if hub_offline() else hub_unreachable()
+    reason = None if hub_offline("HF_DATASETS_OFFLINE") else hub_unreachable()
     if reason:
         raise UserError(
             f"{task}: cannot reach the Hugging Face Hub ({reason}) for {what}; {supply}"

@@ -172,7 +172,7 @@ def test_numbers_of_other_commands_out_of_range(cli, tmp_path, argv, needle):
             "strategy 'independent' option n wants an int, got 'abc'",
         ),
         (["--method", "independent:n=2.5+majority"], "option n wants an int, got 2.5"),
-        (["--method", "independent:n=4+argmax:scorer=5"], "option scorer wants a string, got 5"),
+        (["--method", "independent:n=4+argmax:scorer=5"], "needs scorer 5"),  # a name, not 5
         (["--scorer", "orm=toy:partial=maybe"], "option partial wants true or false"),
     ],
 )
@@ -185,7 +185,7 @@ def test_plugin_options_of_the_wrong_type(cli, finished_run, argv, needle):
 @pytest.mark.parametrize(
     "option,needle",
     [
-        ("tiny:dtype=3", "backbone 'tiny' option dtype wants a string, got 3"),
+        ("tiny:dtype=3", "option dtype wants one of 'float32', 'bfloat16', 'float16', got 3"),
         ("tiny:temperature=hot", "option temperature wants a number, got 'hot'"),
         ("tiny:chat=maybe", "option chat wants true or false, got 'maybe'"),
         ("tiny:mask_id=x", "option mask_id wants an int, got 'x'"),

@@ -19,6 +19,7 @@ import pytest
 from conftest import assert_user_error, cli_subprocess, snapshot
 
 from dllmbench.errors import UserError
+from dllmbench.hub import PROBE_TIMEOUT
 from dllmbench.registry import registry
 from dllmbench.tasks import data as module
 from dllmbench.tasks.data import DATA_ENV, PACKAGED, content_sha256
@@ -217,7 +218,7 @@ def _hub_stub(monkeypatch, rows=None, error=None, reachable=True):
     monkeypatch.setattr(
         module, "hub_unreachable", lambda *a: None if reachable else "https://hub: no route"
     )
-    for name in module.OFFLINE_ENV:
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
         monkeypatch.delenv(name, raising=False)
     return calls
 
@@ -265,7 +266,7 @@ def test_unreachable_hub_fails_fast_without_calling_datasets(monkeypatch):
     start = time.monotonic()
     with pytest.raises(UserError) as info:
         Gsm8k(revision="main").problems("test")
-    assert time.monotonic() - start < module.PROBE_TIMEOUT + 1
+    assert time.monotonic() - start < PROBE_TIMEOUT + 1
     message = str(info.value)
     assert message.startswith("gsm8k: cannot reach the Hugging Face Hub (http://127.0.0.1:")
     assert "openai/gsm8k (main, test@main)" in message and "data=PATH" in message

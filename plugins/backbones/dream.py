@@ -20,6 +20,7 @@ import torch
 from dllmbench.hookspecs import hookimpl
 from dllmbench.interfaces import StepBatch
 from dllmbench.plugins.backbones.base import DiffusionBackbone
+from dllmbench.plugins.backbones.loading import DType
 
 ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 
@@ -28,7 +29,7 @@ ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 class DreamConfig:
     model: str = "Dream-org/Dream-v0-Instruct-7B"  # Hub id, local directory, or "random"
     device: str | None = None  # default: cuda when available, else cpu
-    dtype: str | None = None  # default: bfloat16 on GPU, float32 on CPU
+    dtype: DType | None = None  # default: bfloat16 on GPU, float32 on CPU
     chat: bool | None = None  # use the chat template; default: when the tokenizer has one
     mask_id: int | None = None  # default: from config.json or the tokenizer (151666)
     temperature: float = 0.5

@@ -22,13 +22,14 @@ from dllmbench.hookspecs import hookimpl
 from dllmbench.interfaces import StepBatch
 from dllmbench.keys import torch_generator
 from dllmbench.plugins.backbones.base import DiffusionBackbone
+from dllmbench.plugins.backbones.loading import DType
 
 
 @dataclass(frozen=True)
 class LLaDAConfig:
     model: str = "GSAI-ML/LLaDA-8B-Instruct"  # Hub id, local directory, or "random"
     device: str | None = None  # default: cuda when available, else cpu
-    dtype: str | None = None  # default: bfloat16 on GPU, float32 on CPU
+    dtype: DType | None = None  # default: bfloat16 on GPU, float32 on CPU
     chat: bool | None = None  # use the chat template; default: when the tokenizer has one
     mask_id: int | None = None  # default: from config.json or the tokenizer (126336)
     temperature: float = 0.0

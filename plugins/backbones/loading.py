@@ -13,13 +13,11 @@ import json
 import os
 import re
 import string
-import urllib.error
-import urllib.request
 import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from transformers import (
@@ -33,8 +31,10 @@ from transformers import (
 )
 
 from dllmbench.errors import UserError
+from dllmbench.hub import hub_offline, hub_unreachable
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DType = Literal["float32", "bfloat16", "float16"]  # the `dtype` option of a backbone
 
 # LLaDA (OLMo naming) → Llama naming; one-to-one.
 LLADA_RENAMES = (
@@ -104,24 +104,6 @@ def _quiet_hub() -> Iterator[None]:
         hub_logging.set_verbosity(verbosity)
 
 
-def _offline() -> bool:
-    from huggingface_hub import constants
-
-    flag = os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE")
-    return flag or bool(constants.HF_HUB_OFFLINE)
-
-
-def hub_reachable(endpoint: str, timeout: float = 3.0) -> bool:
-    """Whether the Hub answers at all within `timeout` seconds (proxies respected)."""
-    try:
-        urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=timeout)
-    except urllib.error.HTTPError:
-        return True  # it answered
-    except (OSError, ValueError):
-        return False
-    return True
-
-
 def _one_line(text: str, limit: int = 200) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -140,7 +122,7 @@ def resolve(model: str) -> Path:
         )
     from huggingface_hub import constants, snapshot_download
 
-    how = f"download it (huggingface-cli download {model}) or give a local directory model=PATH"
+    how = f"download it (hf download {model}) or give a local directory model=PATH"
     with _quiet_hub():
         try:
             return Path(
@@ -151,10 +133,11 @@ def resolve(model: str) -> Path:
         except Exception:  # not cached (or not a repo id): ask the Hub below
             pass
         missing = f"{model!r} is not a local directory nor in the Hugging Face cache"
-        if _offline():
+        if hub_offline() or constants.HF_HUB_OFFLINE:
             raise UserError(f"{missing}, and HF_HUB_OFFLINE is set; {how}")
-        if not hub_reachable(constants.ENDPOINT):
-            raise UserError(f"{missing}, and {constants.ENDPOINT} cannot be reached; {how}")
+        reason = hub_unreachable()
+        if reason:
+            raise UserError(f"{missing}, and the Hub cannot be reached ({reason}); {how}")
         try:
             return Path(snapshot_download(model, allow_patterns=list(CHECKPOINT_FILES)))
         except Exception as exc:  # unknown repo, no access, a broken connection
