@@ -315,7 +315,7 @@ def test_offline_hub_through_the_real_datasets_is_one_quiet_line(tmp_path):
     ],
 )
 def test_unusable_file_is_one_line_before_the_backbone(
-    tmp_path, monkeypatch, cli, name, content, needle
+    tmp_path, monkeypatch, cli, finished_run, name, content, needle
 ):
     path = tmp_path / name
     path.write_bytes(content)
@@ -324,10 +324,10 @@ def test_unusable_file_is_one_line_before_the_backbone(
         raise AssertionError("the backbone must not be built")
 
     monkeypatch.setattr(ToyBackbone, "__init__", no_backbone)
-    out = tmp_path / "run"
-    result = cli("run", "--task", f"gsm8k:data={path}", "--backbone", "toy", "--out", out)
-    assert_user_error(result, f"gsm8k: {path} ", needle, ".jsonl")
-    assert snapshot(out) == {}
+    for out, before in ((tmp_path / "new", {}), (finished_run, snapshot(finished_run))):
+        result = cli("run", "--task", f"gsm8k:data={path}", "--backbone", "toy", "--out", out)
+        assert_user_error(result, f"gsm8k: {path} ", needle, ".jsonl")
+        assert snapshot(out) == before
 
 
 def test_gz_files_in_a_folder_are_found(tmp_path):
