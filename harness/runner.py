@@ -196,11 +196,7 @@ def prepare(cfg: RunConfig, reg: Registry | None = None):
     if cfg.scorers is None:
         cfg.scorers = dict(getattr(backbone_config, "shipped_scorers", None) or {})
     for name, (plugin, config) in cfg.scorers.items():
-        if getattr(reg.check("scorer", plugin, **config), "trained", True) is False:
-            raise UserError(
-                f"scorer {name!r} has no trained weights; give checkpoint=DIR "
-                "(dllmbench train-scorer makes one)"
-            )
+        _need_trained(name, reg.check("scorer", plugin, **config))
     passes = int(getattr(backbone_config, "passes_per_step", 1))
     budget = cfg.budget if cfg.budget is not None else default_budget(cfg.sampling.total_steps)
     chosen = _choose(cfg, reg, budget, passes)
@@ -213,12 +209,16 @@ def prepare(cfg: RunConfig, reg: Registry | None = None):
         for name, (plugin, config) in cfg.scorers.items()
     }
     for name, scorer in scorers.items():
-        if getattr(scorer, "trained", True) is False:
-            raise UserError(
-                f"scorer {name!r} has no trained weights; give checkpoint=DIR "
-                "(dllmbench train-scorer makes one)"
-            )
+        _need_trained(name, scorer)  # a scorer whose options alone cannot tell
     return reg, task, problems, backbone, scorers, chosen, budget
+
+
+def _need_trained(name: str, scorer_or_config: Any) -> None:
+    if getattr(scorer_or_config, "trained", True) is False:
+        raise UserError(
+            f"scorer {name!r} has no trained weights; give checkpoint=DIR "
+            "(dllmbench train-scorer makes one)"
+        )
 
 
 def _choose(cfg: RunConfig, reg: Registry, budget: int, passes_per_step: int) -> Plan:

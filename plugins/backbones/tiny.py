@@ -2,7 +2,8 @@
 
 Weights, tokenizer and config live in `tiny_model/` inside the package and load through the
 same code as Dream checkpoints (Qwen2ForCausalLM, is_causal=False, shifted logits).
-`dllmbench retrain-demo` rebuilds them, with the demo's PRM and ORM, from a seed.
+`python -m dllmbench.plugins.backbones.retrain_demo` rebuilds them, with the demo's PRM and
+ORM, from a seed.
 """
 
 from __future__ import annotations
