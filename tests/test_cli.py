@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import assert_user_error
+from conftest import TOY_RUN, assert_user_error
 
 from dllmbench.cli import main
 
@@ -93,25 +93,7 @@ def test_tasks_lists_splits_and_sizes(capsys):
 
 
 def test_run_prints_a_leaderboard_and_writes_the_run_directory(capsys, tmp_path):
-    argv = [
-        "run",
-        "--task",
-        "toy_sum:size=4",
-        "--backbone",
-        "toy",
-        "--scorer",
-        "orm=toy:partial=false",
-        "--steps",
-        "8",
-        "--gen-length",
-        "5",
-        "--methods",
-        "vanilla,majority,orm_rerank,oracle",
-        "--budget",
-        "72",
-        "--out",
-        str(tmp_path / "r"),
-    ]
+    argv = [*TOY_RUN, "--out", str(tmp_path / "r")]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "ORM Rerank@8" in out and "Δ vs Vanilla" in out
