@@ -132,6 +132,7 @@ class RunDir:
         self._made: list[Path] = []  # directories acquire() created, deepest first
         self._compute: dict[str, Any] = {"invocations": []}
         self._slot: int | None = None  # this invocation's index in compute.json
+        self._scanned: tuple[list[dict[str, Any]], int, int] | None = None  # by acquire()
 
     # -- pre-flight and lock ----------------------------------------------------------------
     def acquire(self) -> None:
@@ -239,7 +240,7 @@ class RunDir:
                 f"{self.manifest_path} holds a JSON {type(manifest).__name__}, not a "
                 "manifest object; choose another --out"
             )
-        self.read_records()
+        self._scanned = self._scan()  # open() resumes from this read: big files are read once
         if self.compute_path.exists():
             fix = "move it away (it only counts compute) or choose another --out"
             data = _read_json(self.compute_path, fix)
@@ -262,16 +263,25 @@ class RunDir:
                     f"{self.path} holds a different run; choose another --out. "
                     f"Differences: {'; '.join(diffs)}"
                 )
-            return self.read_records(repair=True)
+            records, good, size = self._scanned or self._scan()
+            if good < size:  # a torn last line: cut off, and its record is redone
+                with open(self.samples_path, "r+b") as fh:
+                    fh.truncate(good)
+            return records
         self.path.mkdir(parents=True, exist_ok=True)
         _write_atomic(self.manifest_path, json.dumps(manifest, indent=2) + "\n")
         self._made = []  # a run directory now: it stays
         return []
 
-    def read_records(self, repair: bool = False) -> list[dict[str, Any]]:
-        """Records in samples.jsonl; with `repair`, a torn last line is cut off the file."""
+    def read_records(self) -> list[dict[str, Any]]:
+        """Records in samples.jsonl (a torn last line left out)."""
+        return self._scan()[0]
+
+    def _scan(self) -> tuple[list[dict[str, Any]], int, int]:
+        """The records, the bytes they fill and the file's size: a torn last line (a crash
+        mid-write) is the difference; damage before it is an error naming the line."""
         if not self.samples_path.exists():
-            return []
+            return [], 0, 0
         data = self.samples_path.read_bytes()
         lines = data.splitlines(keepends=True)
         records, good = [], 0
@@ -289,10 +299,7 @@ class RunDir:
                 self._damaged(number, problem)
             records.append(record)
             good += len(line)
-        if repair and good < len(data):
-            with open(self.samples_path, "r+b") as fh:
-                fh.truncate(good)
-        return records
+        return records, good, len(data)
 
     def _damaged(self, number: int, problem: str) -> NoReturn:
         raise UserError(
