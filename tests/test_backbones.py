@@ -207,7 +207,15 @@ def test_reference_behaviour_can_commit_the_mask_token(cls):
 
 # -- batching and snapshots --------------------------------------------------------------------
 @pytest.mark.parametrize(
-    "cls,config", [(Dream, {}), (Dream, {"alg": "origin"}), (LLaDA, {"temperature": 0.7})]
+    "cls,config",
+    [
+        (Dream, {}),
+        (Dream, {"alg": "origin"}),
+        (Dream, {"alg": "entropy", "alg_temp": 0.0, "dtype": "bfloat16"}),
+        (LLaDA, {"temperature": 0.7}),
+        (LLaDA, {"temperature": 0.7, "remasking": "random"}),
+        (LLaDA, {"temperature": 0.0, "dtype": "bfloat16"}),
+    ],
 )
 def test_row_alone_equals_row_in_a_mixed_batch_and_resumed_from_a_snapshot(cls, config):
     bb = cls(model="random", **config)
@@ -381,22 +389,22 @@ def test_checkpoint_errors_are_user_errors(tmp_path):
         LLaDA(model=str(tmp_path))
 
 
-def test_decode_stops_at_the_first_end_token_and_drops_masks():
+def test_decode_stops_at_the_first_end_token_and_marks_interior_masks():
     bb = Dream(model="random")
     ids = bb.tokenizer("ab")["input_ids"]
     eos, end = bb.tokenizer.eos_token_id, bb.tokenizer.convert_tokens_to_ids("<|im_end|>")
-    tokens = torch.tensor(
-        [
-            *ids,
-            *bb.tokenizer("4")["input_ids"],
-            bb.mask_id,
-            *bb.tokenizer("2")["input_ids"],
-            end,
-            *bb.tokenizer("9")["input_ids"],
-            eos,
-        ]
-    )
-    assert bb.decode(tokens, len(ids)) == "42"
+
+    def text(*parts):
+        return bb.tokenizer("".join(parts))["input_ids"]
+
+    m = bb.mask_id
+    tokens = torch.tensor([*ids, *text("4"), m, *text("2"), end, *text("9"), eos])
+    assert bb.decode(tokens, len(ids)) == "4<|mask|>2"
+    # "12<mask>5" is not "125": one marker per run of interior masks; ends dropped
+    tokens = torch.tensor([*ids, m, m, *text("12"), m, m, *text("5"), m, eos, *text("7")])
+    assert bb.decode(tokens, len(ids)) == "12<|mask|>5"
+    assert bb.decode(torch.tensor([*ids, *text("125"), m]), len(ids)) == "125"
+    assert bb.decode(torch.tensor([*ids, m, m]), len(ids)) == ""
 
 
 def test_cfg_costs_two_passes_per_row_step():

@@ -3,12 +3,15 @@
 A batch may mix rows of different problems and lengths. Rows are left-padded to the longest,
 with a key-padding attention mask and positions re-based so every row's first real token is
 at position 0: each row then sees exactly what it would see alone. Every random draw of a row
-comes from a generator seeded by (row key, step), drawn at the row's own length.
+comes from a generator seeded by (row key, step) and salted by the draw's purpose (token draw,
+commit order, position draw, tie-break), drawn at the row's own length: a row's noise depends
+only on its key and step, never on the batch, and no two purposes share uniforms.
 """
 
 from __future__ import annotations
 
 import abc
+import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -31,6 +34,36 @@ from dllmbench.types import Prompt
 
 # tokens that end an answer besides the tokenizer's EOS: chat turn ends of each family
 TURN_ENDS = ("<|im_end|>", "<|eot_id|>")
+
+# what a row's uniforms are for; each purpose has its own generator
+PURPOSES = ("token", "order", "position", "tie")
+
+
+def _salt(purpose: str) -> int:
+    if purpose not in PURPOSES:
+        raise ValueError(f"unknown noise purpose {purpose!r}")
+    digest = hashlib.blake2b(f"noise:{purpose}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+def purpose_generator(
+    key: int, step: int, purpose: str, device: str | torch.device = "cpu"
+) -> torch.Generator:
+    """The generator of one row's noise for one purpose at one step: the row key salted by the
+    purpose, so the token draw, the commit order, the position draw and the tie-break never
+    share uniforms."""
+    return torch_generator(key ^ _salt(purpose), step, device)
+
+
+def top_ranked(score: torch.Tensor, k: torch.Tensor, ties: torch.Tensor) -> torch.Tensor:
+    """[B, L] mask of each row's k[b] highest scores. Equal scores are ordered by the keyed
+    uniforms `ties` [B, L], not by position: a tie goes to no position in particular."""
+    shuffle = torch.argsort(ties, dim=-1)
+    by_score = torch.argsort(score.gather(-1, shuffle), dim=-1, descending=True, stable=True)
+    order = shuffle.gather(-1, by_score)
+    ranks = torch.arange(score.shape[-1], device=score.device).expand_as(order)
+    rank = torch.empty_like(order).scatter_(-1, order, ranks)
+    return rank < k[:, None]
 
 
 class DiffusionBackbone(abc.ABC):
@@ -97,13 +130,20 @@ class DiffusionBackbone(abc.ABC):
         return torch.cat([ids, torch.full((gen_length,), self.mask_id, dtype=torch.long)])
 
     def decode(self, tokens: torch.Tensor, prompt_len: int) -> str:
-        out = []
+        """The answer up to the first end token. Leftover masks at either end are dropped; a
+        run of them between two tokens shows as the mask token's text, so its neighbours are
+        never glued ("12<mask>5" is not "125")."""
+        pieces: list[list[int]] = [[]]
         for t in tokens[prompt_len:].tolist():
             if t in self.stop_ids:
                 break
             if t != self.mask_id:
-                out.append(t)
-        return self.tokenizer.decode(out, skip_special_tokens=True)
+                pieces[-1].append(t)
+            elif pieces[-1]:
+                pieces.append([])
+        marker = self.tokenizer.convert_ids_to_tokens(self.mask_id)
+        texts = [self.tokenizer.decode(p, skip_special_tokens=True) for p in pieces if p]
+        return marker.join(texts)
 
     # -- the forward ----------------------------------------------------------------------------
     def pad(self, rows: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
@@ -141,12 +181,14 @@ class DiffusionBackbone(abc.ABC):
         """Logits [B, L, V] as the sampler reads them (shifted for Dream)."""
         return self.head(self.hidden(ids, attn))
 
-    def noise(self, batch: StepBatch, offsets: list[int], width: int, draws: int) -> torch.Tensor:
-        """[B, draws, L] uniforms, each row's drawn at its own length from (key, step)."""
-        out = torch.full((len(offsets), draws, width), 0.5, dtype=torch.float64)
+    @staticmethod
+    def noise(batch: StepBatch, offsets: list[int], width: int, purpose: str) -> torch.Tensor:
+        """[B, L] float64 uniforms for one purpose, each row's drawn at its own length from
+        (key, step, purpose); padding columns hold 0.5."""
+        out = torch.full((len(offsets), width), 0.5, dtype=torch.float64)
         for i, (key, step, off) in enumerate(zip(batch.keys, batch.steps, offsets, strict=True)):
-            gen = torch_generator(key, step)
-            out[i, :, off:] = torch.rand((draws, width - off), generator=gen, dtype=torch.float64)
+            gen = purpose_generator(key, step, purpose)
+            out[i, off:] = torch.rand(width - off, generator=gen, dtype=torch.float64)
         return out
 
     def denoise_step(self, batch: StepBatch) -> list[torch.Tensor]:

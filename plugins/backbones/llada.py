@@ -3,16 +3,20 @@
 The sampler follows LLaDA's `generate`: optional blocks (block_length divides gen_length;
 T/num_blocks steps per block, each block's quota spread as n // steps with the remainder on
 the first steps); x0 by argmax of the logits, or at temperature > 0 by Gumbel-max in float64
-(exp(logits) / (−log U)^temperature); confidence the softmax probability of x0
+(exp(logits) / (−log U)^temperature); confidence the float64 softmax probability of x0
 (`low_confidence`) or a uniform draw (`random`); positions right of the current block never
-commit; the most confident masked positions take x0. With cfg_scale > 0 each step also runs
-the prompt-masked canvas and uses un + (cfg + 1)·(cond − un): two passes per row-step. The
-mask token can be committed, as in the reference; set suppress_mask=true to forbid it.
+commit; the most confident masked positions take x0, equal confidences ordered by a keyed
+uniform. With cfg_scale > 0 each step also runs the prompt-masked canvas and uses
+un + (cfg + 1)·(cond − un): two passes per row-step. The Instruct model's pure-diffusion
+options: `logits_eos_inf` (EOS is never sampled) and `confidence_eos_eot_inf` (EOS and EoT get
+confidence 0 under low_confidence, so they commit last). The mask token can be committed, as
+in the reference; set suppress_mask=true to forbid it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import ClassVar
 
 import torch
@@ -20,8 +24,7 @@ import torch
 from dllmbench.errors import UserError
 from dllmbench.hookspecs import hookimpl
 from dllmbench.interfaces import StepBatch
-from dllmbench.keys import torch_generator
-from dllmbench.plugins.backbones.base import DiffusionBackbone
+from dllmbench.plugins.backbones.base import DiffusionBackbone, purpose_generator, top_ranked
 from dllmbench.plugins.backbones.loading import DType
 
 
@@ -32,10 +35,12 @@ class LLaDAConfig:
     dtype: DType | None = None  # default: bfloat16 on GPU, float32 on CPU
     chat: bool | None = None  # use the chat template; default: when the tokenizer has one
     mask_id: int | None = None  # default: from config.json or the tokenizer (126336)
-    temperature: float = 0.0
+    temperature: float = 0.5  # the paper's; 0 draws argmax tokens
     remasking: str = "low_confidence"  # or "random"
     block_length: int | None = None  # default: the whole generated region, one block
     cfg_scale: float = 0.0
+    logits_eos_inf: bool = False  # EOS logit −inf before sampling: EOS is never drawn
+    confidence_eos_eot_inf: bool = False  # EOS and EoT confidence 0: committed last
     suppress_mask: bool = False  # never sample the mask token (the reference can)
     seed: int = 0  # initialisation of model="random"
 
@@ -52,6 +57,12 @@ class LLaDAConfig:
         """Forwards per row-step: two with classifier-free guidance (known before loading)."""
         return 2 if self.cfg_scale > 0 else 1
 
+    @property
+    def deterministic(self) -> bool:
+        """True when different keys cannot give different samples (up to exact ties of float64
+        confidences): argmax tokens (temperature 0) committed by confidence (low_confidence)."""
+        return self.temperature == 0 and self.remasking == "low_confidence"
+
 
 def block_quota(
     block_length: int, steps_per_block: int, step_in_block: torch.Tensor
@@ -59,6 +70,24 @@ def block_quota(
     """LLaDA's get_num_transfer_tokens for a fully masked block: n // s, +1 on the first n % s."""
     base, rest = divmod(block_length, steps_per_block)
     return base + (step_in_block < rest).long()
+
+
+def gumbel_max(logits: torch.Tensor, temperature: float, gen: torch.Generator) -> torch.Tensor:
+    """LLaDA's add_gumbel_noise then argmax: exp(logits) / (−log U)^temperature in float64,
+    one uniform per (position, token) from `gen`; plain argmax at temperature 0."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    u = torch.rand(logits.shape, generator=gen, dtype=torch.float64, device=logits.device)
+    return (logits.double().exp() / (-torch.log(u)) ** temperature).argmax(-1)
+
+
+def low_confidence(logits: torch.Tensor, x0: torch.Tensor, zeroed: list[int]) -> torch.Tensor:
+    """The float64 softmax probability of x0 [M] under `logits` [M, V], with the `zeroed`
+    tokens' logits at −inf first (confidence_eos_eot_inf)."""
+    logits = logits.double()
+    if zeroed:
+        logits = logits.index_fill(-1, torch.tensor(zeroed, device=logits.device), -torch.inf)
+    return torch.softmax(logits, dim=-1).gather(-1, x0[:, None]).squeeze(-1)
 
 
 class LLaDA(DiffusionBackbone):
@@ -70,6 +99,8 @@ class LLaDA(DiffusionBackbone):
         {"model": "random"},
         {"model": "random", "temperature": 0.7, "remasking": "random"},
         {"model": "random", "cfg_scale": 1.0, "block_length": 5},
+        {"model": "random", "temperature": 0.0, "logits_eos_inf": True},
+        {"model": "random", "confidence_eos_eot_inf": True},
     ]
 
     @property
@@ -90,6 +121,13 @@ class LLaDA(DiffusionBackbone):
                 "choose steps divisible by gen_length / block_length"
             )
         return block, total_steps // blocks
+
+    @cached_property
+    def end_ids(self) -> tuple[int | None, int | None]:
+        """(EOS, EoT): `<|endoftext|>` (else the tokenizer's EOS) and `<|eot_id|>`, the ids
+        the reference hard-codes as 126081 and 126348."""
+        vocab = self.tokenizer.get_vocab()
+        return vocab.get("<|endoftext|>", self.tokenizer.eos_token_id), vocab.get("<|eot_id|>")
 
     def commit(self, ids, attn, offsets, batch: StepBatch) -> torch.Tensor:
         c = self.config
@@ -117,32 +155,33 @@ class LLaDA(DiffusionBackbone):
             logits = un + (c.cfg_scale + 1) * (logits - un)
         if c.suppress_mask:
             logits[:, self.mask_id] = -torch.inf
+        eos, eot = self.end_ids
+        if c.logits_eos_inf and eos is not None:
+            logits[:, eos] = -torch.inf
+        zeroed = [t for t in (eos, eot) if t is not None] if c.confidence_eos_eot_inf else []
 
-        x0 = logits.argmax(-1)
-        if c.temperature > 0:  # Gumbel-max in float64, each row's noise from its own key
-            start = 0
-            for i, count in enumerate(eligible.sum(-1).tolist()):
-                if count:
-                    gen = torch_generator(batch.keys[i], batch.steps[i], device)
-                    u = torch.rand(
-                        (count, logits.shape[-1]), generator=gen, dtype=torch.float64, device=device
+        # row by row: each row's Gumbel noise from its own key; float64 work stays one row big
+        x0 = torch.zeros(logits.shape[0], dtype=torch.long, device=device)
+        picked = torch.zeros(logits.shape[0], dtype=torch.float64, device=device)
+        start = 0
+        for i, count in enumerate(eligible.sum(-1).tolist()):
+            if count:
+                rows = logits[start : start + count]
+                gen = purpose_generator(batch.keys[i], batch.steps[i], "token", device)
+                x0[start : start + count] = gumbel_max(rows, c.temperature, gen)
+                if c.remasking == "low_confidence":
+                    picked[start : start + count] = low_confidence(
+                        rows, x0[start : start + count], zeroed
                     )
-                    rows = logits[start : start + count].double()
-                    x0[start : start + count] = (
-                        rows.exp() / (-torch.log(u)) ** c.temperature
-                    ).argmax(-1)
-                start += count
-        if c.remasking == "low_confidence":
-            probs = torch.softmax(logits.float(), dim=-1)
-            picked = probs.gather(-1, x0[:, None]).squeeze(-1).double()
-        else:
-            picked = self.noise(batch, offsets, width, 1)[:, 0].to(device)[eligible]
+            start += count
+        if c.remasking == "random":
+            picked = self.noise(batch, offsets, width, "order").to(device)[eligible]
         confidence = torch.full(ids.shape, -torch.inf, dtype=torch.float64, device=device)
         confidence[eligible] = picked
         proposal = ids.clone()
         proposal[eligible] = x0
-        rank = torch.argsort(torch.argsort(confidence, dim=-1, descending=True, stable=True), -1)
-        chosen = eligible & (rank < quotas[:, None])
+        ties = self.noise(batch, offsets, width, "tie").to(device)
+        chosen = eligible & top_ranked(confidence, quotas, ties)
         return torch.where(chosen, proposal, ids)
 
 
