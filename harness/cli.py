@@ -6,18 +6,19 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import asdict, dataclass
 from typing import Any, NoReturn
 
 from rich.console import Console
 from rich.table import Table
 
-from dllmbench import __version__, scoring_cli
+from dllmbench import __version__, presets, scoring_cli
 from dllmbench.argtypes import name_list, natural_int, positive_int, scorer_entry
 from dllmbench.engine import Limits, Sampling
 from dllmbench.errors import CostMismatch, UserError
 from dllmbench.leaderboard import rich_table
 from dllmbench.method import parse_part
-from dllmbench.planner import check_scorers, plan, scorer_users
+from dllmbench.planner import check_scorers, default_budget, plan, scorer_users
 from dllmbench.progress import Progress
 from dllmbench.registry import registry
 
@@ -49,7 +50,17 @@ DEMO = {
     "prompt": "fewshot",
     "limit": 100,
 }
-GENERAL = {"steps": 128, "gen_length": 256, "prompt": "chat"}
+# every other run (the paper's T and canvas); `--preset` and explicit flags come first
+GENERAL = {"steps": 128, "gen_length": 512, "prompt": "chat"}
+
+
+def _preset_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--preset",
+        choices=sorted(presets.PRESETS),
+        help="every setting of a published protocol for --task and --backbone "
+        "(docs/reproducing.md); explicit flags and options override single values",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,9 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="a method spec, e.g. independent:n=8+majority; repeatable",
     )
     run.add_argument("--reference", help="method the Δ column is paired against (default Vanilla)")
+    _preset_arg(run)
     run.add_argument("--steps", type=positive_int, help="denoising steps T (default 128)")
     run.add_argument(
-        "--gen-length", type=positive_int, help="generated tokens per canvas (default 256)"
+        "--gen-length", type=positive_int, help="generated tokens per canvas (default 512)"
     )
     run.add_argument("--prompt", choices=["chat", "fewshot"], help="prompt style (default chat)")
     run.add_argument("--limit", type=positive_int, help="first N problems of the split")
@@ -105,10 +117,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume", action="store_true", help="require an existing run directory and continue it"
     )
     run.add_argument("--json", action="store_true", help="print results.json instead of a table")
+    run.add_argument(
+        "--allow-deterministic",
+        action="store_true",
+        help="run multi-candidate methods even if the backbone samples deterministically",
+    )
 
     p = sub.add_parser("plan", help="show the configuration each method family takes")
-    p.add_argument("--budget", type=positive_int, required=True)
-    p.add_argument("--steps", type=positive_int, default=128)
+    p.add_argument(
+        "--budget", type=positive_int, help="passes per problem (required without --preset)"
+    )
+    p.add_argument("--steps", type=positive_int, help="denoising steps T (default 128)")
+    p.add_argument("--task", help="with --backbone or --preset: the task's resolved options")
+    p.add_argument("--backbone", help="the backbone's resolved options; no weights are loaded")
+    p.add_argument("--gen-length", type=positive_int, help="generated tokens (default 512)")
+    p.add_argument("--prompt", choices=["chat", "fewshot"], help="prompt style (default chat)")
+    _preset_arg(p)
     p.add_argument(
         "--methods", type=name_list, help="comma-separated method families; default: all"
     )
@@ -136,12 +160,128 @@ def _methods_arg(args: argparse.Namespace) -> list[str] | None:
     return (list(args.methods or []) + list(args.method)) or None
 
 
+@dataclass
+class _Settings:
+    """--task, --backbone and --scorer parsed, a preset's values applied."""
+
+    task: str | None
+    task_config: dict[str, Any]
+    backbone: str | None
+    backbone_config: dict[str, Any]
+    scorers: dict[str, tuple[str, dict[str, Any]]] | None
+    preset: dict[str, Any] | None  # what the preset set and what was overridden
+
+
+def _settings(args: argparse.Namespace, defaults: dict[str, Any]) -> _Settings:
+    """Parse --task, --backbone and --scorer; fill the flags from --preset, then from
+    `defaults`. An explicit flag or plugin option always wins over the preset's value."""
+    task, task_config = parse_part(args.task) if args.task else (None, {})
+    backbone, backbone_config = parse_part(args.backbone) if args.backbone else (None, {})
+    scorers = None if args.scorer is None else _scorers_arg(args.scorer)
+    record = None
+    if args.preset:
+        if task is None or backbone is None:
+            raise UserError(
+                f"--preset {args.preset} needs --task and --backbone; e.g. "
+                f"--preset {args.preset} --task gsm8k --backbone dream"
+            )
+        resolved = presets.apply(
+            args.preset,
+            backbone=backbone,
+            task=task,
+            flags={key: getattr(args, key) for key in presets.FLAGS},
+            backbone_config=backbone_config,
+            task_config=task_config,
+            scorers=scorers,
+        )
+        for key, value in resolved.flags.items():
+            setattr(args, key, value)
+        task_config, backbone_config = resolved.task_config, resolved.backbone_config
+        scorers, record = resolved.scorers, resolved.record
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    return _Settings(task, task_config, backbone, backbone_config, scorers, record)
+
+
+def _config(checked: Any, given: dict[str, Any]) -> dict[str, Any]:
+    """Every option of a checked plugin configuration (its Config), or the options given."""
+    return asdict(checked) if checked is not None else dict(given)
+
+
+def _dry_run(args: argparse.Namespace, s: _Settings, backbone_config: Any) -> dict[str, Any]:
+    """What `run` would use with these arguments, each plugin's options checked as `run`
+    checks them (`Registry.check`); nothing is built and no weights are loaded."""
+    reg = registry()
+    out: dict[str, Any] = {
+        "preset": s.preset,
+        "sampling": asdict(Sampling(args.steps, args.gen_length, args.prompt)),
+    }
+    if s.backbone:
+        out["backbone"] = {
+            "name": s.backbone,
+            "config": _config(backbone_config, s.backbone_config),
+        }
+    if s.task:
+        checked = reg.check("task", s.task, **s.task_config)
+        out["task"] = {"name": s.task, "config": _config(checked, s.task_config)}
+    out["scorers"] = {
+        name: {
+            "plugin": plugin,
+            "config": _config(reg.check("scorer", plugin, **config), config),
+            "assumed": args.scorer_assumed,
+        }
+        for name, (plugin, config) in sorted((s.scorers or {}).items())
+    }
+    return out
+
+
+def _options_text(config: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in config.items() if v is not None) or "defaults"
+
+
+def _print_dry_run(console: Console, dry: dict[str, Any]) -> None:
+    if dry["preset"]:
+        p = dry["preset"]
+        over = _options_text(p["overridden"])
+        note = f" (overridden: {over})" if p["overridden"] else ""
+        console.print(f"preset {p['name']}: {len(p['set'])} values set{note}")
+    sampling = dry["sampling"]
+    console.print(
+        f"sampling: T={sampling['total_steps']}, {sampling['gen_length']} generated tokens, "
+        f"prompt {sampling['prompt_style']}, seed {sampling['seed']}"
+    )
+    for kind in ("backbone", "task"):
+        if kind in dry:
+            console.print(f"{kind} {dry[kind]['name']}: {_options_text(dry[kind]['config'])}")
+    for name, entry in dry["scorers"].items():
+        how = " (assumed: give --scorer NAME=PLUGIN:checkpoint=DIR)" if entry["assumed"] else ""
+        console.print(f"scorer {name}={entry['plugin']}: {_options_text(entry['config'])}{how}")
+
+
 def cmd_plan(args: argparse.Namespace, console: Console) -> int:
-    scorers = None if args.scorer is None else {s.partition("=")[0] for s in args.scorer}
-    result = plan(registry(), args.budget, args.steps, _methods_arg(args), scorers)
+    reg = registry()
+    dry = bool(args.preset or args.task or args.backbone)
+    # a dry run without --scorer shows the scorers the methods use, as `run` would need them
+    args.scorer_assumed = dry and args.scorer is None
+    if args.scorer_assumed:
+        args.scorer = sorted(scorer_users(reg, _methods_arg(args), args.steps or 128))
+    s = _settings(args, GENERAL)
+    if args.budget is None:
+        raise UserError(
+            "plan needs --budget B (passes per problem), or --preset with --task and --backbone; "
+            f"e.g. --budget {default_budget(args.steps)}"
+        )
+    backbone_config = reg.check("backbone", s.backbone, **s.backbone_config) if s.backbone else None
+    passes = int(getattr(backbone_config, "passes_per_step", 1))
+    scorers = None if s.scorers is None or args.scorer_assumed else set(s.scorers)
+    result = plan(reg, args.budget, args.steps, _methods_arg(args), scorers, passes)
+    resolved = _dry_run(args, s, backbone_config) if dry else None
     if args.json:
-        print(json.dumps(result.as_dict(), indent=2))
+        print(json.dumps({**(resolved or {}), **result.as_dict()}, indent=2))
         return 0
+    if resolved is not None:
+        _print_dry_run(console, resolved)
     table = Table(title=f"Plan for a budget of {args.budget} passes per problem (T={args.steps})")
     for col in ("method", "configuration", "passes", "share", ""):
         table.add_column(col)
@@ -202,22 +342,20 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     from dllmbench.runner import RunConfig, run
 
     reg = registry()
-    if not args.task and not args.backbone:  # the shipped demo
+    if not args.task and not args.backbone and not args.preset:  # the shipped demo
         for key, value in DEMO.items():
             if getattr(args, key) is None:
                 setattr(args, key, value)
-    for key, value in GENERAL.items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
+    s = _settings(args, GENERAL)
     if not args.task:
         raise UserError(f"--task is required; tasks: {', '.join(reg.names('task')) or 'none'}")
     if not args.backbone:
         raise UserError(
             f"--backbone is required; backbones: {', '.join(reg.names('backbone')) or 'none'}"
         )
-    task, task_config = parse_part(args.task)
-    backbone, backbone_config = parse_part(args.backbone)
-    scorers = None if args.scorer is None else _scorers_arg(args.scorer)
+    task, task_config = s.task, s.task_config
+    backbone, backbone_config = s.backbone, s.backbone_config
+    scorers = s.scorers
     if scorers is not None:  # a typo in a scorer name costs no model load
         users = scorer_users(reg, _methods_arg(args), args.steps)
         check_scorers(users, set(scorers), requested=_methods_arg(args) is not None)
@@ -241,6 +379,8 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         resamples=args.resamples,
         out=args.out,
         command=sys.argv,
+        allow_deterministic=args.allow_deterministic,
+        preset=s.preset,
     )
     if args.resume and not (cfg.run_dir() / "manifest.json").exists():
         raise UserError(f"--resume: {cfg.run_dir()} holds no run to resume; drop --resume")

@@ -18,7 +18,7 @@ from dllmbench.engine import Engine, Limits, Sampling
 from dllmbench.errors import UserError
 from dllmbench.leaderboard import markdown
 from dllmbench.method import Method
-from dllmbench.planner import Plan, default_budget, plan
+from dllmbench.planner import Plan, Planned, default_budget, plan
 from dllmbench.registry import Registry, describe, registry
 from dllmbench.results import summarize
 from dllmbench.rundir import RunDir
@@ -42,6 +42,10 @@ class RunConfig:
     resamples: int = 2000
     out: str | None = None
     command: list[str] = field(default_factory=list)
+    # run multi-candidate methods on a backbone that samples deterministically (copies agree)
+    allow_deterministic: bool = False
+    # `--preset`: {"name", "set", "overridden"} as presets.apply records it; None without one
+    preset: dict[str, Any] | None = None
 
     def run_dir(self) -> Path:
         if self.out:
@@ -150,6 +154,7 @@ def build_manifest(
         "command": cfg.command,
         "versions": _versions(),
         "git_revision": _git_revision(),
+        "preset": cfg.preset,
         "sampling": asdict(cfg.sampling),
         "task": {
             **_plugin_entry(reg, "task", cfg.task, task),
@@ -175,7 +180,8 @@ def prepare(cfg: RunConfig, reg: Registry | None = None):
     """Build every plugin and choose the methods; nothing is run or written yet.
 
     Everything that needs no model is checked before the backbone loads: plugin options,
-    scorer checkpoints (their `Config` checks), the plan and `--reference`.
+    scorer checkpoints (their `Config` checks), the plan and `--reference`, and that a
+    backbone sampling deterministically is not asked for several candidates per problem.
     """
     reg = reg or registry()
     if cfg.resamples < 1:
@@ -200,6 +206,8 @@ def prepare(cfg: RunConfig, reg: Registry | None = None):
     passes = int(getattr(backbone_config, "passes_per_step", 1))
     budget = cfg.budget if cfg.budget is not None else default_budget(cfg.sampling.total_steps)
     chosen = _choose(cfg, reg, budget, passes)
+    if getattr(backbone_config, "deterministic", False) and not cfg.allow_deterministic:
+        _refuse_copies(cfg, backbone_config, chosen, passes)
     backbone = reg.backbone(cfg.backbone, **cfg.backbone_config)
     if int(getattr(backbone, "passes_per_step", passes)) != passes:  # not known from config
         chosen = _choose(cfg, reg, budget, int(backbone.passes_per_step))
@@ -219,6 +227,40 @@ def _need_trained(name: str, scorer_or_config: Any) -> None:
             f"scorer {name!r} has no trained weights; give checkpoint=DIR "
             "(dllmbench train-scorer makes one)"
         )
+
+
+def _copies(planned: Planned, total_steps: int, passes_per_step: int) -> int:
+    """The trajectories a planned method samples per problem: its denoising passes over one
+    trajectory's (a method sampling more than one compares candidates drawn with different
+    keys; a strategy that branches counts each branch)."""
+    per_trajectory = total_steps * passes_per_step
+    return -(-planned.cost.get("denoise", 0) // per_trajectory)
+
+
+def _refuse_copies(cfg: RunConfig, backbone_config: Any, chosen: Plan, passes: int) -> None:
+    """A backbone whose copies all come out the same makes every multi-candidate method a
+    costly Vanilla: refuse them (unless `allow_deterministic`)."""
+    many = [
+        (p.method.id, n)
+        for p in chosen.methods
+        if (n := _copies(p, cfg.sampling.total_steps, passes)) > 1
+    ]
+    if not many:
+        return
+    shown = ", ".join(f"{name} ({n} copies)" for name, n in many[:3])
+    if len(many) > 3:
+        shown += f" and {len(many) - 3} more"
+    temperature = getattr(backbone_config, "temperature", None)
+    why = f" (temperature={temperature:g})" if isinstance(temperature, (int, float)) else ""
+    fix = (
+        f"sample at temperature > 0 (--backbone {cfg.backbone}:temperature=0.5, the paper's)"
+        if why
+        else "give the backbone options that sample"
+    )
+    raise UserError(
+        f"backbone {cfg.backbone!r} samples deterministically{why}: {shown} would compare "
+        f"copies of one answer; {fix}, or pass --allow-deterministic"
+    )
 
 
 def _choose(cfg: RunConfig, reg: Registry, budget: int, passes_per_step: int) -> Plan:

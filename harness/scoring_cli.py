@@ -36,7 +36,7 @@ def add_parsers(sub: Any) -> None:
         "--snapshots", type=positive_int, default=8, help="snapshot steps per trajectory"
     )
     c.add_argument("--steps", type=positive_int, default=128)
-    c.add_argument("--gen-length", type=positive_int, default=256)
+    c.add_argument("--gen-length", type=positive_int, default=512)
     c.add_argument("--prompt", default="chat", choices=["chat", "fewshot"])
     c.add_argument("--limit", type=positive_int, help="first N problems of the split")
     c.add_argument("--seed", type=natural_int, default=0)

@@ -133,7 +133,9 @@ class Math500Config:
     data: str | None = None
     # a revision of HuggingFaceH4/MATH-500 to load from the Hub instead of the packaged copy
     revision: str | None = None
-    timeout: float = 5.0  # seconds per grade; a grade that runs longer counts as wrong
+    # seconds per grade, as the paper's grader; math-verify's own parsing and verification
+    # time-outs get the same (whole seconds); a grade that runs longer counts as wrong
+    timeout: float = 30.0
     memory_mb: int = 4096  # address-space limit of each grading worker (0: none)
     workers: int = 0  # grading worker processes for grade_many (0: one per CPU core)
 

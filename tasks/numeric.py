@@ -3,7 +3,8 @@
 `extract_strict` is the protocol's extractor (PROTOCOL.md, "Tasks"): the first `#### <number>`,
 else the first "answer is <number>", else the first `\\boxed{<number>}`, else the last number in
 the text. `extract_flexible` is lm-eval's flexible-extract (the last number-like run), kept as a
-diagnostic only. Both return a canonical decimal string: commas, `$` and `%` gone, no leading
+diagnostic only. A sign before `$` is the number's ("-$3" → "-3", "#### -$5" → "-5").
+Both return a canonical decimal string: commas, `$` and `%` gone, no leading
 zeros, no trailing fractional zeros ("3.50" → "3.5", "-0" → "0"), so that equal numbers give
 equal strings; `number_key` turns it into a Decimal for comparison (3.5 ≠ 3).
 """
@@ -13,23 +14,23 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 
-# a number as written in a solution: optional sign, digits with thousands commas, decimals
-NUMBER = r"-?(?:\d[\d,]*(?:\.\d+)?|\.\d+)"
-_MONEY = r"(?:\\?\$\s*)?"
+# a number as written in a solution: digits with thousands commas, decimals
+_UNSIGNED = r"(?:\d[\d,]*(?:\.\d+)?|\.\d+)"
+# an amount, captured: a sign before the dollar sign ("-$3", "-\\$3") or after it ("$-3", "-3")
+_AMOUNT = r"((?:-\\?\$\s*|(?:\\?\$\s*)?-?)" + _UNSIGNED + ")"
 
-_HASHES = re.compile(r"####\s*" + _MONEY + "(" + NUMBER + ")")
-_ANSWER_IS = re.compile(
-    r"(?:the\s+)?(?:final\s+)?answer\s+is\s*:?\s*" + _MONEY + "(" + NUMBER + ")", re.IGNORECASE
-)
-_BOXED = re.compile(r"\\boxed\{\s*" + _MONEY + "(" + NUMBER + r")\s*(?:\\?%)?\s*\}")
-_ANY = re.compile(NUMBER)
+_HASHES = re.compile(r"####\s*" + _AMOUNT)
+_ANSWER_IS = re.compile(r"(?:the\s+)?(?:final\s+)?answer\s+is\s*:?\s*" + _AMOUNT, re.IGNORECASE)
+_BOXED = re.compile(r"\\boxed\{\s*" + _AMOUNT + r"\s*(?:\\?%)?\s*\}")
+_ANY = re.compile(_AMOUNT)
 # lm-eval gsm8k "flexible-extract": regex (-?[$0-9.,]{2,})|(-?[0-9]+), last match
 _FLEXIBLE = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")
 
 
 def canonical(raw: str) -> str | None:
     """`raw` as a canonical decimal string, or None when it is not a number."""
-    text = raw.strip().replace(",", "").replace("$", "").replace("%", "").rstrip(".")
+    text = re.sub(r"\\?\$\s*", "", raw.strip())  # "$3", "-$3", "\\$ 3"
+    text = text.replace(",", "").replace("%", "").rstrip(".")
     match = re.fullmatch(r"(-?)(\d*)(?:\.(\d*))?", text)
     if match is None:
         return None

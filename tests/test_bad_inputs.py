@@ -286,7 +286,8 @@ def test_without_requested_methods_families_lacking_a_scorer_are_left_out(cli, t
             "is a 'orm' checkpoint, not a 'prm' one",
         ),
         (["--scorer", "prm=prm"], "scorer 'prm' has no trained weights"),
-        (["--scorer", "prm=prm:pooling=max"], "pooling must be one of mean, last"),
+        (["--scorer", "prm=prm:pooling=max"], "option pooling wants one of 'mean', 'last'"),
+        (["--scorer", "prm=prm:pool_stop=end"], "option pool_stop wants one of 'turn', 'eos'"),
         (["--budget", "3"], "needs a budget of at least 4"),
     ],
 )

@@ -12,9 +12,10 @@ from dllmbench.errors import PluginError, UserError
 from dllmbench.interfaces import ScoreBatch
 from dllmbench.plugins.backbones.dream import Dream
 from dllmbench.plugins.backbones.llada import LLaDA
+from dllmbench.plugins.backbones.tiny import TINY_DIR
 from dllmbench.plugins.scorers.adapters import adapter_names, adapter_parameters
 from dllmbench.plugins.scorers.heads import pool, region
-from dllmbench.plugins.scorers.reward import ORM, PRM
+from dllmbench.plugins.scorers.reward import ORM, PRM, read_checkpoint
 from dllmbench.types import Prompt
 
 
@@ -202,3 +203,74 @@ def test_checkpoint_on_another_base_model_or_kind_raises(saved):
 def test_a_scorer_needs_a_transformer_backbone():
     with pytest.raises(PluginError, match="needs a transformer backbone"):
         PRM()
+
+
+# -- pool_stop: where the pooled region ends ----------------------------------------------------
+
+
+def _turn_then_eos(bb) -> tuple[torch.Tensor, int, list[int]]:
+    """A canvas: prompt, two tokens, a turn end, two tokens, EOS, masks; and the four tokens'
+    positions."""
+    eos = bb.tokenizer.eos_token_id
+    (turn,) = set(bb.stop_ids) - {eos}
+    ids = bb.encode(Prompt(text="1+2="))
+    plen = len(ids)
+    a, b, c, d = (bb.tokenizer(ch)["input_ids"][0] for ch in "5678")
+    canvas = bb.canvas(ids, 8)
+    canvas[plen : plen + 6] = torch.tensor([a, b, turn, c, d, eos])
+    return canvas, plen, [plen, plen + 1, plen + 3, plen + 4]
+
+
+@pytest.mark.parametrize("backbone", [Dream, LLaDA])
+def test_pool_stop_eos_pools_past_a_turn_end_up_to_the_first_eos(backbone):
+    bb = backbone(model="random")
+    canvas, plen, _ = _turn_then_eos(bb)
+    turn, eos = PRM(backbone=bb, seed=1), PRM(backbone=bb, seed=1, pool_stop="eos")
+    assert turn.settings["pool_stop"] == "turn" and eos.settings["pool_stop"] == "eos"
+    assert eos.stop_ids() == {bb.tokenizer.eos_token_id} and turn.stop_ids() == bb.stop_ids
+    start = torch.tensor([plen])
+    inside_turn, _ = region(canvas[None], start, bb.mask_id, turn.stop_ids(), True)
+    inside_eos, _ = region(canvas[None], start, bb.mask_id, eos.stop_ids(), True)
+    assert inside_turn[0].nonzero().flatten().tolist() == [plen, plen + 1]
+    assert inside_eos[0].nonzero().flatten().tolist() == list(range(plen, plen + 5))
+    # the same adapter and head (same seed): only the pooled region differs
+    assert (
+        abs(turn.score(batch([(canvas, plen)]))[0] - eos.score(batch([(canvas, plen)]))[0]) > 1e-6
+    )
+    plain = canvas.clone()
+    plain[plen + 2] = plain[plen]  # no turn end before the EOS: both stop at the EOS
+    assert turn.score(batch([(plain, plen)]))[0] == pytest.approx(
+        eos.score(batch([(plain, plen)]))[0], abs=1e-6
+    )
+    orm_turn = ORM(backbone=bb, seed=1, pooling="last")
+    orm_eos = ORM(backbone=bb, seed=1, pooling="last", pool_stop="eos")
+    assert orm_turn.score(batch([(canvas, plen)]))[0] != orm_eos.score(batch([(canvas, plen)]))[0]
+
+
+def test_pool_stop_is_saved_with_a_checkpoint_and_enforced(tmp_path):
+    bb = Dream(model="random")
+    prm = PRM(backbone=bb, seed=2, pool_stop="eos")
+    prm.save(tmp_path / "eos")
+    assert json.loads((tmp_path / "eos" / "config.json").read_text())["pool_stop"] == "eos"
+    loaded = PRM(backbone=bb, checkpoint=str(tmp_path / "eos"))
+    assert loaded.settings["pool_stop"] == "eos"
+    rows = [_turn_then_eos(bb)[:2]]
+    assert loaded.score(batch(rows)) == pytest.approx(prm.score(batch(rows)), abs=1e-6)
+    with pytest.raises(UserError, match="trained with pool_stop='eos', not 'turn'"):
+        PRM(backbone=bb, checkpoint=str(tmp_path / "eos"), pool_stop="turn")
+
+
+def test_a_checkpoint_saved_before_pool_stop_loads_with_turn(tmp_path):
+    bb = Dream(model="random")
+    PRM(backbone=bb, seed=3).save(tmp_path / "old")
+    config = json.loads((tmp_path / "old" / "config.json").read_text())
+    del config["pool_stop"]
+    (tmp_path / "old" / "config.json").write_text(json.dumps(config))
+    assert PRM(backbone=bb, checkpoint=str(tmp_path / "old")).settings["pool_stop"] == "turn"
+    with pytest.raises(UserError, match="trained with pool_stop='turn', not 'eos'"):
+        PRM(backbone=bb, checkpoint=str(tmp_path / "old"), pool_stop="eos")
+    # the shipped demo checkpoints predate the option
+    for kind in ("prm", "orm"):
+        shipped = TINY_DIR / kind
+        assert "pool_stop" not in json.loads((shipped / "config.json").read_text())
+        assert read_checkpoint(shipped, kind)["pool_stop"] == "turn"

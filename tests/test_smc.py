@@ -166,7 +166,18 @@ def test_smc_cost_counts_checkpoints():
 
 
 @pytest.mark.parametrize(
-    "config", [{"k": 0}, {"every": 0}, {"beta_step": 0.0}, {"clip": 0.5}, {"foo": 1}]
+    "config",
+    [
+        {"k": 0},
+        {"every": 0},
+        {"beta_step": 0.0},
+        {"clip": 0.5},
+        {"foo": 1},
+        {"ess_fraction": 0.0},
+        {"ess_fraction": 1.5},
+        {"resample_fraction": -0.1},
+        {"ess_target": 4.0},  # the absolute thresholds are gone
+    ],
 )
 def test_smc_bad_config_raises_plugin_error(config):
     with pytest.raises(PluginError):
@@ -222,9 +233,9 @@ METHODS = {
 }
 
 
-def run_smc(scorer: ScriptedPRM, labels: list[str], problems: int) -> list[dict]:
+def run_smc(scorer: ScriptedPRM, labels: list[str], problems: int, k: int = K) -> list[dict]:
     reg = registry()
-    config = {"k": K, "every": EVERY}
+    config = {"k": k, "every": EVERY}
     methods = [
         Method.build(reg, MethodSpec("smc", config, *METHODS[label]), label=label)
         for label in labels
@@ -326,16 +337,16 @@ def test_final_scores_are_the_scorer_on_final_canvases(smc_run):
             assert c["scores"]["prm"] == pytest.approx(expected, abs=1e-12)
 
 
-def _first_segment_texts(problem_id: str) -> list[str]:
-    """The K particles' texts after the first segment, replayed from their keys: SMC starts
-    K independent samples, particle j with lineage (j,)."""
+def _first_segment_texts(problem_id: str, k: int = K) -> list[str]:
+    """The k particles' texts after the first segment, replayed from their keys: SMC starts
+    k independent samples, particle j with lineage (j,)."""
     backbone, task = ToyBackbone(), ToySum(size=8)
     problem = next(p for p in task.problems("test") if p.id == problem_id)
     prompt_ids = backbone.encode(task.prompt(problem, "fewshot"))
-    rows = [backbone.canvas(prompt_ids, GEN) for _ in range(K)]
-    keys = [row_key(0, problem.id, "sample", (j,)) for j in range(K)]
+    rows = [backbone.canvas(prompt_ids, GEN) for _ in range(k)]
+    keys = [row_key(0, problem.id, "sample", (j,)) for j in range(k)]
     for step in range(STEP1):
-        batch = StepBatch(rows, [len(prompt_ids)] * K, [step] * K, keys, T)
+        batch = StepBatch(rows, [len(prompt_ids)] * k, [step] * k, keys, T)
         rows = backbone.denoise_step(batch)
     # the toy backbone commits all GEN positions within the first 5 steps, so a particle's
     # canvas at step 6 is already final: its descendants end with the same text
@@ -343,9 +354,9 @@ def _first_segment_texts(problem_id: str) -> list[str]:
     return [backbone.decode(row, len(prompt_ids)) for row in rows]
 
 
-def _checkpoint_one(run: Run, problem: str) -> np.ndarray:
-    """log h of the K particles at the first checkpoint, in particle order."""
-    texts = _first_segment_texts(problem)
+def _checkpoint_one(run: Run, problem: str, k: int = K) -> np.ndarray:
+    """log h of the k particles at the first checkpoint, in particle order."""
+    texts = _first_segment_texts(problem, k)
     logged = {text: value for text, value, _ in run.scorer.log[run.prompts[problem], STEP1]}
     assert set(logged) == set(texts)
     return log_h([logged[text] for text in texts])
@@ -406,6 +417,42 @@ def test_lineage_reflects_resampling(smc_run):
         assert np.all(np.abs(counts - K * w1) < 1.0 + 1e-9)
         if K * w1.max() >= 2.0:
             assert len({path[:-1] for path in lineage}) < K  # some ancestor repeats
+
+
+@pytest.mark.parametrize("k,ess_target,resample_below", [(8, 4.0, 6.0), (32, 16.0, 24.0)])
+def test_thresholds_are_fractions_of_k(k, ess_target, resample_below):
+    """0.5·K and 0.75·K: at K=8 the absolute 4 and 6 of the paper's runs."""
+    smc = registry().strategy("smc", k=k)
+    assert smc.config.ess_fraction == 0.5 and smc.config.resample_fraction == 0.75
+    assert smc.thresholds == (ess_target, resample_below)
+    custom = registry().strategy("smc", k=k, ess_fraction=0.25, resample_fraction=1.0)
+    assert custom.thresholds == (k / 4, float(k))
+
+
+@pytest.fixture(scope="module")
+def wide_run() -> Run:
+    """K=32 particles under the sharp scorer: tempering keeps ESS ≥ 16, resampling below 24."""
+    scorer = ScriptedPRM(12.0)
+    records = run_smc(scorer, ["top"], problems=8, k=32)
+    prompts = {p.id: f"question: {p.question}" for p in ToySum(size=8).problems("test")}
+    return Run(records, records, scorer, prompts)
+
+
+def test_thresholds_scale_with_k_at_32_particles(wide_run):
+    k = 32
+    uniform = np.full(k, -math.log(k))
+    between = 0  # checkpoints resampled that the absolute thresholds (ESS < 6) would not
+    for rec in wide_run.solo:
+        assert len(rec["candidates"]) == k
+        h1 = _checkpoint_one(wide_run, rec["problem"], k)
+        (beta, _), (ess1, _) = rec["info"]["beta"], rec["info"]["ess"]
+        assert beta == brute_beta(uniform, h1, np.zeros(k), 16.0)
+        assert ess1 == pytest.approx(ess_by_hand(beta * h1), abs=1e-5)
+        assert ess1 >= 16.0 - 1e-6
+        assert rec["info"]["resampled"] == [ess1 < 24.0]
+        between += rec["info"]["resampled"][0] and ess1 >= 6.0
+    assert between > 0, "the sharp scorer should leave some ESS in [16, 24) and resample it"
+    assert any(rec["info"]["beta"][0] < 1.0 for rec in wide_run.solo)  # tempering at 16
 
 
 def test_flat_run_never_resamples(flat_run):

@@ -76,6 +76,16 @@ STRICT = [
     ("Total: 1,200 dollars.", "1200"),
     ("it is -4 degrees", "-4"),
     ("costs $0.50 each", "0.5"),
+    # a sign before the dollar sign is the number's
+    ("#### -$5", "-5"),
+    ("#### -$1,234.50", "-1234.5"),
+    ("#### $-5", "-5"),
+    ("The answer is -$3.", "-3"),
+    ("\\boxed{-\\$25}", "-25"),
+    ("so the change is -$3", "-3"),
+    ("he lost -$ 4 in all", "-4"),
+    ("5 - $3 = $2", "2"),  # a minus with a space before "$" is subtraction, not a sign
+    ("#### -$-5", "-5"),  # a doubled sign is no number; the "$-5" inside it is
     ("no numbers here", None),
     ("", None),
     ("####", None),
@@ -93,6 +103,9 @@ FLEXIBLE = [
     ("The answer is 42. Then 7 more.", "7"),
     ("it costs $1,234.50.", "1234.5"),
     ("temperature -4", "-4"),
+    ("-$3", "-3"),
+    ("#### -$5", "-5"),
+    ("he owes $-7", "-7"),
     ("3.50", "3.5"),
     ("a . b", None),  # nothing numeric
     ("...", None),  # lm-eval matches "..." but it is no number

@@ -128,6 +128,45 @@ def test_a_grade_that_runs_too_long_counts_wrong_within_its_limit():
         task.close()
 
 
+FAKE_MATH_VERIFY = """
+import json, os
+
+def _log(**kw):
+    with open(os.environ["FAKE_MATH_VERIFY_LOG"], "a") as fh:
+        fh.write(json.dumps(kw) + "\\n")
+
+def parse(pred, parsing_timeout=5):
+    _log(call="parse", timeout=parsing_timeout)
+    return pred
+
+def verify(gold, target, timeout_seconds=5):
+    _log(call="verify", timeout=timeout_seconds)
+    return gold == target
+"""
+
+
+@pytest.mark.parametrize("config,seconds", [({}, 30), ({"timeout": 2.5}, 3)])
+def test_the_grade_timeout_reaches_math_verify(tmp_path, monkeypatch, config, seconds):
+    """The task's `timeout` (default 30 s, the paper's grader) is what the worker gives
+    math-verify's parse and verify, not math-verify's own 5 s (a stand-in math_verify records
+    the arguments, so nothing waits)."""
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / "math_verify.py").write_text(FAKE_MATH_VERIFY)
+    log = tmp_path / "calls.jsonl"
+    monkeypatch.setenv("PYTHONPATH", str(fake))
+    monkeypatch.setenv("FAKE_MATH_VERIFY_LOG", str(log))
+    task = Math500(data=str(DATA), workers=1, **config)
+    assert task.config.timeout == config.get("timeout", 30.0)
+    try:
+        assert task.grade(Problem("p", "q", "3"), "3", "")
+    finally:
+        task.close()
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [c["call"] for c in calls] == ["parse", "parse", "verify"]
+    assert all(c["timeout"] == seconds for c in calls), calls
+
+
 def test_prompts(task):
     problem = task.problems("test")[0]
     chat = task.prompt(problem, "chat")

@@ -49,6 +49,9 @@ def intended(prompt_ids: Sequence[int], gen_length: int) -> list[int]:
 @dataclass(frozen=True)
 class ToyBackboneConfig:
     p_correct: float = 0.85  # probability a committed position is the intended character
+    # draw every row's noise from one fixed key, as a sampler at temperature 0 would: copies
+    # with different keys come out identical (the harness refuses multi-candidate methods)
+    deterministic: bool = False
 
 
 class ToyBackbone:
@@ -77,7 +80,7 @@ class ToyBackbone:
             batch.tokens, batch.prompt_lens, batch.steps, batch.keys, strict=True
         ):
             tokens = tokens.clone()
-            gen = torch_generator(key, step)
+            gen = torch_generator(0 if self.config.deterministic else key, step)
             masked = (tokens[plen:] == MASK).nonzero().flatten() + plen
             quota = math.ceil(len(masked) / (batch.total_steps - step))
             chosen = masked[torch.randperm(len(masked), generator=gen)[:quota]]

@@ -35,7 +35,8 @@ def region(
     width = ids.shape[1]
     cols = torch.arange(width, device=ids.device)
     generated = cols[None] >= starts[:, None]
-    stops = torch.isin(ids, torch.tensor(sorted(stop_ids), device=ids.device)) & generated
+    stop = torch.tensor(sorted(stop_ids), dtype=ids.dtype, device=ids.device)
+    stops = torch.isin(ids, stop) & generated
     first_stop = torch.where(stops.any(-1), stops.int().argmax(-1), width)
     inside = generated & (cols[None] < first_stop[:, None])
     masked = (ids == mask_id) & generated

@@ -2,10 +2,12 @@
 
 PRM ("cross-mask"): hidden states of the last layer pooled over the generated region
 (mask-aware mean, excluding MASK tokens and everything from the first end token; or the last
-such token), concatenated with a 256-d sinusoidal embedding of the mask ratio through
-Linear(256, 256) + GELU, then Linear(·, 1024) → GELU → Linear(1024, 1). It reads partial
-states. ORM: the same LoRA and mean pool, no step embedding, a linear head; final states
-only. Attention is bidirectional or causal: the same model with the causal mask on or off.
+such token; `pool_stop` says which tokens end it: "turn", EOS or a turn-end token such as
+`<|im_end|>`, or "eos", the first EOS only, as the paper's PRM), concatenated with a 256-d
+sinusoidal embedding of the mask ratio through Linear(256, 256) + GELU, then Linear(·, 1024)
+→ GELU → Linear(1024, 1). It reads partial states. ORM: the same LoRA and mean pool (and the
+same `pool_stop`), no step embedding, a linear head; final states only. Attention is
+bidirectional or causal: the same model with the causal mask on or off.
 
 The scorer shares the backbone's transformer: its adapter is injected under its own name and
 switched on only while it scores. A checkpoint is a directory holding adapter.safetensors,
@@ -18,7 +20,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal, get_args
 
 import numpy as np
 import torch
@@ -40,12 +42,18 @@ FILES = ("config.json", "adapter.safetensors", "head.safetensors")  # of a check
 
 FORMAT = 1
 
+Attention = Literal["bidirectional", "causal"]
+Pooling = Literal["mean", "last"]
+# which tokens end the pooled region: EOS or a turn-end token ("turn"), or the first EOS only
+PoolStop = Literal["turn", "eos"]
+
 
 @dataclass(frozen=True)
 class RewardConfig:
     checkpoint: str | None = None  # a trained scorer directory; none: fresh, for training
-    attention: str | None = None  # "bidirectional" (default) or "causal"
-    pooling: str | None = None  # "mean" (default) or "last"
+    attention: Attention | None = None  # "bidirectional" (default) or "causal"
+    pooling: Pooling | None = None  # "mean" (default) or "last"
+    pool_stop: PoolStop | None = None  # "turn" (default) or "eos"
     mask_aware: bool | None = None  # leave MASK tokens out of the pool (default true)
     step_embedding: bool | None = None  # mask-ratio embedding (default: PRM yes, ORM no)
     lora_r: int | None = None  # default 16
@@ -63,7 +71,13 @@ class RewardConfig:
             if asked is not None and asked not in choices:
                 raise ValueError(f"{key} must be one of {', '.join(choices)}, got {asked!r}")
         if self.checkpoint is not None:  # a broken checkpoint is found before any model loads
-            read_checkpoint(Path(self.checkpoint), self.kind)
+            saved = read_checkpoint(Path(self.checkpoint), self.kind)
+            for key in SETTINGS:  # and an option contradicting it (`--preset paper`'s pool_stop)
+                asked = getattr(self, key)
+                if asked is not None and asked != saved[key]:
+                    raise UserError(
+                        f"{self.checkpoint} was trained with {key}={saved[key]!r}, not {asked!r}"
+                    )
 
     @property
     def trained(self) -> bool:
@@ -83,6 +97,7 @@ class ORMConfig(RewardConfig):
 DEFAULTS = {
     "attention": "bidirectional",
     "pooling": "mean",
+    "pool_stop": "turn",
     "mask_aware": True,
     "lora_r": 16,
     "lora_alpha": 32,
@@ -90,8 +105,14 @@ DEFAULTS = {
     "target_modules": "q_proj,v_proj",
     "head_width": 1024,
 }
-CHOICES = {"attention": ("bidirectional", "causal"), "pooling": ("mean", "last")}
+CHOICES = {
+    "attention": get_args(Attention),
+    "pooling": get_args(Pooling),
+    "pool_stop": get_args(PoolStop),
+}
 SETTINGS = (*DEFAULTS, "step_embedding")
+# settings added after checkpoints were made: a checkpoint without one was trained with this
+LATER = {"pool_stop": "turn"}
 WEIGHTS = ("adapter", "head")  # <name>.safetensors of a checkpoint
 
 
@@ -120,6 +141,7 @@ def read_checkpoint(path: Path, kind: str) -> dict[str, Any]:
         raise UserError(f"{file} is not valid JSON ({exc}); restore it") from None
     if not isinstance(saved, dict):
         raise UserError(f"{file} is not a JSON object; restore it")
+    saved = {**LATER, **saved}
     missing = [k for k in ("kind", "base", *SETTINGS) if k not in saved]
     if missing:
         raise UserError(
@@ -316,9 +338,17 @@ class RewardScorer:
         start = torch.tensor(
             [o + p for o, p in zip(offsets, prompt_lens, strict=True)], device=ids.device
         )
-        inside, ratio = region(ids, start, bb.mask_id, bb.stop_ids, self.settings["mask_aware"])
+        inside, ratio = region(ids, start, bb.mask_id, self.stop_ids(), self.settings["mask_aware"])
         pooled = pool(hidden, inside, start - 1, self.settings["pooling"])
         return self.head(pooled, ratio)
+
+    def stop_ids(self) -> set[int]:
+        """The tokens that end the pooled region: the backbone's stop tokens (EOS and turn
+        ends) with pool_stop "turn", its EOS alone with "eos"."""
+        if self.settings["pool_stop"] == "eos":
+            eos = self.backbone.tokenizer.eos_token_id
+            return set() if eos is None else {eos}
+        return set(self.backbone.stop_ids)
 
     def score(self, batch: ScoreBatch) -> np.ndarray:
         with torch.no_grad():

@@ -2,9 +2,11 @@
 
 K particles; at each checkpoint (every `every` steps) h = sigmoid(PRM logit), clipped. At an
 intermediate checkpoint the tempering exponent β is the largest value on the grid
-{0, step, ..., 1} whose incremental weights keep ESS ≥ `ess_target`; the target there is
-p·h^β, so the incremental weight is h^β / h_prev^β_prev. When ESS falls below
-`resample_below` the particles are resampled systematically and weights reset to uniform.
+{0, step, ..., 1} whose incremental weights keep ESS ≥ `ess_fraction`·K (0.5·K: 4 at K=8, 16
+at K=32); the target there is p·h^β, so the incremental weight is h^β / h_prev^β_prev. When
+ESS falls below `resample_fraction`·K (0.75·K: 6 at K=8, 24 at K=32) the particles are
+resampled systematically and weights reset to uniform. Both thresholds scale with K, so that
+SMC tempers and resamples at K=32 as it does at K=8.
 The final checkpoint is untempered: w ∝ w_prev · h_final / h_prev[ancestor]^β_prev.
 Cost: K·T denoising passes plus K scoring passes per checkpoint.
 """
@@ -28,14 +30,16 @@ class SMCConfig:
     k: int = 8  # particles
     every: int = 64  # steps between checkpoints
     scorer: str = "prm"
-    ess_target: float = 4.0  # tempering keeps ESS at least this
-    resample_below: float = 6.0  # resample when ESS falls below this
+    ess_fraction: float = 0.5  # tempering keeps ESS at least this fraction of k
+    resample_fraction: float = 0.75  # resample when ESS falls below this fraction of k
     beta_step: float = 0.05  # grid spacing of the tempering exponent
     clip: float = 1e-6  # h is clipped to [clip, 1 - clip]
 
     def __post_init__(self) -> None:
         if self.k < 1 or self.every < 1:
             raise ValueError("k and every must be >= 1")
+        if not 0 < self.ess_fraction <= 1 or not 0 <= self.resample_fraction <= 1:
+            raise ValueError("ess_fraction must be in (0, 1] and resample_fraction in [0, 1]")
         if not 0 < self.beta_step <= 1:
             raise ValueError("beta_step must be in (0, 1]")
         if not 0 < self.clip < 0.5:
@@ -70,7 +74,7 @@ def systematic(weights: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 class SMC:
     Config = SMCConfig
     contract_configs: ClassVar[list[dict]] = [
-        {"k": 6, "every": 4, "ess_target": 2.0, "resample_below": 5.0},
+        {"k": 6, "every": 4, "ess_fraction": 0.25, "resample_fraction": 0.9},
         {"k": 4, "every": 64},
     ]
     prefix_field: ClassVar[str | None] = None
@@ -80,6 +84,12 @@ class SMC:
         self.scorers = (self.config.scorer,)
         n = round(1 / self.config.beta_step)
         self._grid = np.round(np.linspace(0.0, 1.0, n + 1), 10)
+
+    @property
+    def thresholds(self) -> tuple[float, float]:
+        """(ESS the tempering keeps, ESS below which particles are resampled)."""
+        c = self.config
+        return c.ess_fraction * c.k, c.resample_fraction * c.k
 
     def cost(self, total_steps: int) -> dict[str, int]:
         c = self.config
@@ -96,6 +106,7 @@ class SMC:
 
     async def search(self, problem: Problem, ops: Ops) -> Pool:
         c = self.config
+        ess_target, resample_below = self.thresholds
         particles = ops.start(problem, copies=c.k)  # K independent samples
         log_w = np.full(c.k, -math.log(c.k))
         prev = np.zeros(c.k)  # log h_prev^β_prev of each particle's ancestor
@@ -108,7 +119,7 @@ class SMC:
                 raise ValueError(f"scorer {c.scorer!r} returned NaN")
             log_h = np.log(np.clip(expit(logits), c.clip, 1 - c.clip))
             last = i == len(segments) - 1
-            beta = 1.0 if last else choose_beta(log_w, log_h, prev, self._grid, c.ess_target)
+            beta = 1.0 if last else choose_beta(log_w, log_h, prev, self._grid, ess_target)
             log_w = log_w + beta * log_h - prev
             log_w -= logsumexp(log_w)
             info["beta"].append(beta)
@@ -121,7 +132,7 @@ class SMC:
                     info=info,
                 )
             prev = beta * log_h
-            resample = info["ess"][-1] < c.resample_below
+            resample = info["ess"][-1] < resample_below
             info["resampled"].append(resample)
             if resample:
                 ancestors = systematic(np.exp(log_w), ops.rng(f"smc-resample-{i}"))
