@@ -36,7 +36,7 @@ class Sampling:
     """The sampling protocol shared by every method of a run."""
 
     total_steps: int = 128
-    gen_length: int = 256
+    gen_length: int = 512  # the paper's canvas
     prompt_style: str = "chat"
     seed: int = 0
 
