@@ -210,6 +210,70 @@ def _set_limits(request: dict) -> None:
         resource.setrlimit(which, (value, value))
 
 
+# -- values returned to the grader ---------------------------------------------------------
+# An "eval" step's value leaves the process as data, never as an object: exact builtin types
+# only (no subclasses, no user classes; a dict subclass such as Counter is read as the plain
+# dict it stores, through dict's own methods), recursively, as a tagged Python literal that the
+# grader parses with `ast.literal_eval` and rebuilds itself. The grader, not this process,
+# compares it with the expected value, so a program that patches this encoder can only make it
+# emit some other value or garbage: never make a wrong value compare equal.
+
+MAX_DEPTH = 40
+
+
+def _encode(
+    value,
+    depth=0,
+    _type=type,
+    _repr=str.__repr__,
+    _brepr=bytes.__repr__,
+    _hex=float.hex,
+    _isinstance=isinstance,
+    _items=dict.items,
+):
+    """The value as a tagged literal; a TypeError for anything but exact builtin types (and
+    dict subclasses, read through dict's own methods: their overrides never run)."""
+    if depth > MAX_DEPTH:
+        raise ValueError("the value is nested too deeply to return")
+    kind = _type(value)
+    if value is None:
+        return "('N',)"
+    if kind is bool:
+        return "('b',1)" if value else "('b',0)"
+    if kind is int:
+        return "('i','" + ("-" if value < 0 else "") + _hex_int(value) + "')"
+    if kind is float:
+        return "('f','" + _hex(value) + "')"
+    if kind is complex:
+        return "('c','" + _hex(value.real) + "','" + _hex(value.imag) + "')"
+    if kind is str:
+        return "('s'," + _repr(value) + ")"
+    if kind is bytes:
+        return "('y'," + _brepr(value) + ")"
+    tags = {list: "l", tuple: "t", set: "S", frozenset: "F"}
+    if kind in tags:
+        items = [_encode(v, depth + 1) + "," for v in value]
+        return "('" + tags[kind] + "',(" + "".join(items) + "))"
+    if _isinstance(value, dict):  # Counter, defaultdict…: their stored items, as a plain dict
+        pairs = [
+            "(" + _encode(k, depth + 1) + "," + _encode(v, depth + 1) + "),"
+            for k, v in _items(value)
+        ]
+        return "('d',(" + "".join(pairs) + "))"
+    raise TypeError(f"the sandbox returns only builtin values, not {kind.__name__}")
+
+
+def _hex_int(value, _format=format):
+    return "0x" + _format(-value if value < 0 else value, "x")
+
+
+def _emit(fd, text, _write=os.write, _len=len):
+    data = text.encode("utf-8", "surrogatepass")
+    data = b"%d\n" % _len(data) + data
+    while data:
+        data = data[_write(fd, data) :]
+
+
 # -- the guard and the program ---------------------------------------------------------------
 
 REFUSED = frozenset(
@@ -234,21 +298,40 @@ def _guard(event: str, args: tuple) -> None:
         raise PermissionError(f"the sandbox refuses {event}")
 
 
-def _run_steps(request: dict) -> None:
-    module = types.ModuleType("__sandbox__")
-    sys.modules["__sandbox__"] = module
-    codes = [
-        compile(source, f"<{name}>", "exec") for name, source in request["steps"]
-    ]  # every step must compile before any runs
-    sys.addaudithook(_guard)  # cannot be removed once added
-    for code in codes:
-        exec(code, module.__dict__)
+def _compile(steps: list) -> list:
+    """(code, is_eval) of every step: each must compile before any runs."""
+    out = []
+    for step in steps:
+        name, source = step[0], step[1]
+        is_eval = len(step) > 2 and step[2] == "eval"
+        out.append((compile(source, f"<{name}>", "eval" if is_eval else "exec"), is_eval))
+    return out
 
 
 def _finish(request: dict) -> None:
-    """Run the steps; exit 0 with the nonce only if every one completed."""
+    """Run the steps; exit 0 with the nonce only if every one completed.
+
+    What the program could patch is bound here first (exec, eval, os.write, os._exit, the
+    encoder), and the request is emptied: the steps, the nonce and the values' descriptor live
+    only in this frame's locals.
+    """
+    _exec, _eval, _exit, _write, _encode_, _emit_ = exec, eval, os._exit, os.write, _encode, _emit
+    marker = f"\n{request.pop('nonce')}\n".encode()
+    values = int(request.pop("values_fd"))
+    steps = request.pop("steps")
+    request.clear()
     try:
-        _run_steps(request)
+        codes = _compile(steps)
+        del steps
+        module = types.ModuleType("__sandbox__")
+        sys.modules["__sandbox__"] = module
+        namespace = module.__dict__
+        sys.addaudithook(_guard)  # cannot be removed once added
+        for code, is_eval in codes:
+            if is_eval:
+                _emit_(values, _encode_(_eval(code, namespace)))
+            else:
+                _exec(code, namespace)
     except BaseException:  # SystemExit and KeyboardInterrupt are failures too
         try:
             import traceback
@@ -258,13 +341,13 @@ def _finish(request: dict) -> None:
             sys.stderr.flush()
         except BaseException:
             pass
-        os._exit(1)
+        _exit(1)
     try:  # noqa: SIM105 - contextlib would be one more import at every start
         sys.stdout.flush()
     except BaseException:
         pass
-    os.write(1, f"\n{request['nonce']}\n".encode())
-    os._exit(0)  # no atexit handlers, no lingering threads
+    _write(1, marker)
+    _exit(0)  # no atexit handlers, no lingering threads
 
 
 def _report(fd: int, message: str) -> None:

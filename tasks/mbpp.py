@@ -3,8 +3,10 @@
 Splits by task_id, as in the dataset's own release: prompt 1–10, test 11–510, validation
 511–600, train 601–974. The program is the first fenced code block of the generation (the
 first that defines something when there are several), else the text before `[DONE]`; it passes
-when the program, the task's test_setup_code and every assert of `test_list` run to the end in
-the sandbox (`dllmbench.tasks.sandbox`). Grades are cached per (task, program).
+when the program, the task's test_setup_code and every test of `test_list` run to the end in
+the sandbox (`dllmbench.tasks.sandbox`) and every value the sandbox returns is right: asserts of
+known shapes are judged outside the program's process (`dllmbench.tasks.mbpp_judge`), the rest
+inside it, counted in `meta["judged_in_process"]`. Grades are cached per (task, program).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any, ClassVar
 from dllmbench.errors import UserError
 from dllmbench.hookspecs import hookimpl
 from dllmbench.tasks.data import TaskData, need_fields
+from dllmbench.tasks.mbpp_judge import MODULES, Check, Undecodable, decode, holds, plan
 from dllmbench.tasks.sandbox import ISOLATIONS, Limits, Outcome, Sandbox
 from dllmbench.types import Problem, Prompt
 
@@ -92,11 +95,12 @@ class Tests:
     asserts: tuple[str, ...]
     setup: str
     reference: str
+    checks: tuple[Check, ...] = ()  # how each assert is judged (`mbpp_judge.plan`)
 
 
 def _slim(outcome: Outcome, keep: int = 2000) -> Outcome:
     """An outcome with only the ends of its output, for the cache."""
-    return replace(outcome, stdout=outcome.stdout[-keep:], stderr=outcome.stderr[-keep:])
+    return replace(outcome, stdout=outcome.stdout[-keep:], stderr=outcome.stderr[-keep:], values=())
 
 
 @dataclass(frozen=True)
@@ -162,12 +166,20 @@ class Mbpp:
         for row in self._data.rows(split):
             f = row.fields
             tests = [t.strip() for t in f["test_list"]]
+            checks = tuple(plan(t) for t in tests)
             gold = Tests(
                 tuple(tests),
                 (f.get("test_setup_code") or "").replace("\r\n", "\n"),
                 f["code"].replace("\r\n", "\n"),
+                checks,
             )
-            meta = {"task_id": int(f["task_id"]), "tests": tests, "source": row.where}
+            meta = {
+                "task_id": int(f["task_id"]),
+                "tests": tests,
+                "source": row.where,
+                # asserts judged in the program's own process (shapes the judge does not know)
+                "judged_in_process": sum(not c.outside for c in checks),
+            }
             out.append(Problem(str(f["task_id"]), f["text"], gold, meta))
         return out
 
@@ -205,14 +217,55 @@ class Mbpp:
         return program_key(answer)
 
     @staticmethod
-    def steps(problem: Problem, program: str) -> list[tuple[str, str]]:
-        """What the sandbox runs: the program, the setup code, then each assert."""
+    def steps(problem: Problem, program: str) -> list[tuple[str, ...]]:
+        """What the sandbox runs: expected sides it must compute (before the program), the
+        program, the setup code, then each assert: its actual side only ("eval": the value
+        comes back to be judged here) or, for a shape the judge does not know, the assert."""
         gold: Tests = problem.gold
-        steps = [("program", program)]
+        checks = gold.checks or tuple(plan(t) for t in gold.asserts)
+        before = [(f"expected {i + 1}", c.expected, "eval") for i, c in enumerate(checks)]
+        before = [s for s, c in zip(before, checks, strict=True) if c.before]
+        steps: list[tuple[str, ...]] = []
+        if before:
+            names = ", ".join(MODULES)
+            steps += [("imports", f"import {names}"), *before, ("imports", f"del {names}")]
+        steps.append(("program", program))
         if gold.setup.strip():
             steps.append(("setup", gold.setup))
-        steps += [(f"test {i + 1}", t) for i, t in enumerate(gold.asserts)]
+        for i, check in enumerate(checks):
+            if check.outside:
+                steps.append((f"test {i + 1}", check.actual, "eval"))
+            else:
+                steps.append((f"test {i + 1}", check.source))
         return steps
+
+    @staticmethod
+    def judge(problem: Problem, outcome: Outcome) -> Outcome:
+        """The outcome with the verdict on the returned values: a run that completed but
+        returned a wrong value, or values that are not exactly one per check, is `wrong`."""
+        if not outcome.passed:
+            return outcome
+        gold: Tests = problem.gold
+        checks = gold.checks or tuple(plan(t) for t in gold.asserts)
+        before = [c for c in checks if c.before]
+        after = [c for c in checks if c.outside]
+        if len(outcome.values) != len(before) + len(after):
+            return replace(outcome, passed=False, status="wrong")
+        try:
+            values = [decode(v) for v in outcome.values]
+            computed = iter(values[: len(before)])
+            for check, actual in zip(after, values[len(before) :], strict=True):
+                if check.before:
+                    expected = next(computed)
+                elif check.expected:
+                    expected = ast.literal_eval(check.expected)
+                else:
+                    expected = None
+                if not holds(check, actual, expected):
+                    return replace(outcome, passed=False, status="wrong")
+        except Undecodable:
+            return replace(outcome, passed=False, status="wrong")
+        return outcome
 
     def run(self, problem: Problem, program: str) -> Outcome:
         """The sandbox's outcome for a program on a task (cached)."""
@@ -220,7 +273,7 @@ class Mbpp:
         with self._lock:
             cached = self._outcomes.get(key)
         if cached is None:
-            cached = _slim(self.sandbox.run(self.steps(problem, program)))
+            cached = _slim(self.judge(problem, self.sandbox.run(self.steps(problem, program))))
             with self._lock:
                 self._outcomes[key] = cached
         return cached
@@ -238,7 +291,7 @@ class Mbpp:
         )
         with self._lock:
             for (p, a), outcome in zip(pending, outcomes, strict=True):
-                self._outcomes[(p.id, a)] = _slim(outcome)
+                self._outcomes[(p.id, a)] = _slim(self.judge(p, outcome))
         return [a is not None and self._outcomes[(p.id, a)].passed for p, a, _ in items]
 
     def data_files(self) -> dict[str, str]:

@@ -1,9 +1,11 @@
 """Run untrusted Python programs in a sandbox, one fresh process each, many at a time.
 
 A program is a list of steps (source strings, e.g. the generated code, a setup, each assert);
-it passes when every step runs to the end. Each run is a fresh interpreter started with a clean
-environment (`python -S -s -B [-P] -c`, PYTHONHASHSEED=0 so that set and dict orders, and so the
-grades, repeat between runs) in its own session, whose child side (`_sandbox_boot.py`) sets up
+it passes when every step runs to the end. An "eval" step's value comes back as data on a pipe
+of its own (`Outcome.values`), for the caller to judge outside the program's process. Each run
+is a fresh interpreter started with a clean environment (`python -S -s -B [-P] -c`,
+PYTHONHASHSEED=0 so that set and dict orders, and so the grades, repeat between runs) in its own
+session, whose child side (`_sandbox_boot.py`) sets up
 
 - isolation "namespaces" (the default): new mount, network, PID, IPC and UTS namespaces (and a
   user namespace when not root); a new root holding only read-only system and interpreter
@@ -76,6 +78,9 @@ class Outcome:
     stdout: str
     stderr: str
     seconds: float
+    # the encoded value of each "eval" step, in order (tagged literals, see `_sandbox_boot`);
+    # written by the program's process, so data to parse strictly, never to trust
+    values: tuple[str, ...] = ()
 
 
 @cache
@@ -108,8 +113,11 @@ class Sandbox:
         self.limits = limits or Limits()
         self.isolation = isolation
 
-    def run(self, steps: Sequence[tuple[str, str]]) -> Outcome:
-        """Run (name, source) steps in order, in one namespace; pass when all complete."""
+    def run(self, steps: Sequence[tuple[str, ...]]) -> Outcome:
+        """Run (name, source) steps in order, in one namespace; pass when all complete.
+
+        A step (name, source, "eval") is an expression: its value is encoded (exact builtin
+        types only) and comes back in `Outcome.values`, for the caller to judge outside."""
         scratch = None
         if self.isolation == "process":
             scratch = tempfile.mkdtemp(prefix="dllmbench-sandbox-")
@@ -120,7 +128,7 @@ class Sandbox:
                 shutil.rmtree(scratch, ignore_errors=True)
 
     def run_many(
-        self, programs: Sequence[Sequence[tuple[str, str]]], workers: int = 0
+        self, programs: Sequence[Sequence[tuple[str, ...]]], workers: int = 0
     ) -> list[Outcome]:
         """Run many programs, `workers` at a time (0: two per CPU core, as a run spends part
         of its time waiting on the kernel)."""
@@ -128,16 +136,18 @@ class Sandbox:
         with ThreadPoolExecutor(max(1, workers)) as pool:
             return list(pool.map(self.run, programs))
 
-    def _run(self, steps: Sequence[tuple[str, str]], scratch: str | None) -> Outcome:
+    def _run(self, steps: Sequence[tuple[str, ...]], scratch: str | None) -> Outcome:
         limits = self.limits
         nonce = secrets.token_hex(16)
         status_r, status_w = os.pipe()
+        values_r, values_w = os.pipe()
         request = {
             **asdict(limits),
             "steps": [list(s) for s in steps],
             "nonce": nonce,
             "isolation": self.isolation,
             "status_fd": status_w,
+            "values_fd": values_w,
             "uid": UID_BASE + secrets.randbelow(UID_SPAN),
         }
         start = time.monotonic()
@@ -148,19 +158,21 @@ class Sandbox:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                pass_fds=(status_w,),
+                pass_fds=(status_w, values_w),
                 start_new_session=True,
                 cwd=scratch or "/",
                 env={**ENV, "HOME": scratch or "/", "TMPDIR": scratch or "/tmp"},
             )
         finally:
             os.close(status_w)
+            os.close(values_w)
         try:
-            out, err, status, reason = _exchange(
-                proc, marshal.dumps(request), status_r, deadline, limits.output_bytes
+            out, err, status, values, reason = _exchange(
+                proc, marshal.dumps(request), status_r, values_r, deadline, limits.output_bytes
             )
         finally:
             os.close(status_r)
+            os.close(values_r)
             _end(proc)
         seconds = time.monotonic() - start
         ready = status.startswith(b"ready")
@@ -184,17 +196,39 @@ class Sandbox:
             out.decode(errors="replace"),
             err.decode(errors="replace"),
             seconds,
+            _records(values),
         )
 
 
+def _records(data: bytes) -> tuple[str, ...]:
+    """The length-prefixed records of the values pipe (`<length>\\n<bytes>` each); reading stops
+    at the first malformed one, so a caller that counts them sees the damage."""
+    out, at = [], 0
+    while at < len(data):
+        newline = data.find(b"\n", at, at + 12)
+        head = data[at:newline]
+        if newline < 0 or not head.isdigit():
+            break
+        end = newline + 1 + int(head)
+        if end > len(data):
+            break
+        try:
+            out.append(data[newline + 1 : end].decode("utf-8"))
+        except UnicodeDecodeError:
+            break
+        at = end
+    return tuple(out)
+
+
 def _exchange(
-    proc: subprocess.Popen, request: bytes, status_r: int, deadline: float, cap: int
-) -> tuple[bytes, bytes, bytes, str | None]:
-    """Write the request, then read stdout, stderr and the status pipe until all close, the
-    deadline passes or the output its cap; wait for the exit. Never blocks past the deadline."""
+    proc: subprocess.Popen, request: bytes, status_r: int, values_r: int, deadline: float, cap: int
+) -> tuple[bytes, bytes, bytes, bytes, str | None]:
+    """Write the request, then read stdout, stderr, the status and the values pipes until all
+    close, the deadline passes or the output its cap (the values count towards it); wait for
+    the exit. Never blocks past the deadline."""
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     stdin, stdout, stderr = proc.stdin.fileno(), proc.stdout.fileno(), proc.stderr.fileno()
-    received = {stdout: bytearray(), stderr: bytearray(), status_r: bytearray()}
+    received = {fd: bytearray() for fd in (stdout, stderr, status_r, values_r)}
     os.set_blocking(stdin, False)
     pending = memoryview(request)
     total, reason = 0, None
@@ -229,11 +263,14 @@ def _exchange(
                     if total > cap:
                         reason = "output_limit"
                 received[fd] += chunk[: max(0, cap + 64 - len(received[fd]))]
+                if fd == values_r and len(received[fd]) > cap:
+                    reason = "output_limit"
     while reason is None and not _exited(proc.pid):  # pipes closed: wait for the exit
         if time.monotonic() >= deadline:
             reason = "timeout"
         time.sleep(0.002)
-    return bytes(received[stdout]), bytes(received[stderr]), bytes(received[status_r]), reason
+    out, err, status, values = (bytes(received[fd]) for fd in (stdout, stderr, status_r, values_r))
+    return out, err, status, values, reason
 
 
 def _exited(pid: int) -> bool:

@@ -96,7 +96,8 @@ def test_setup_code_runs_between_program_and_asserts(task):
     problem = next(p for p in task.problems("test") if p.gold.setup.strip())
     assert task.run(problem, problem.gold.reference).passed
     steps = task.steps(problem, "x = 1")
-    assert [name for name, _ in steps][:3] == ["program", "setup", "test 1"]
+    assert [step[0] for step in steps][:3] == ["program", "setup", "test 1"]
+    assert steps[2][2] == "eval"  # the actual side only: its value is judged outside
 
 
 LIBC = "import ctypes, os, struct\nlibc = ctypes.CDLL(None, use_errno=True)\n"

@@ -1,0 +1,209 @@
+"""Judging MBPP asserts outside the program.
+
+Each assert is parsed with `ast`. When it has a shape this module knows, the sandbox evaluates
+only the side that involves the program (the "actual" expression) and returns its value as data
+(`_sandbox_boot._encode`: exact builtin types only, recursively); the grader rebuilds the value
+here with a strict decoder, obtains the expected side itself and compares, so nothing the
+program does to its own interpreter (builtins, frames, `__eq__`, the exit path) can make a wrong
+value compare equal. Shapes:
+
+- `assert A == E`, `assert E == A`, `assert A != E` (and `is` / `is not` with None, True, False);
+- `assert A` and `assert not A` (the value's truth, taken here);
+- `assert math.isclose(A, E[, rel_tol=…, abs_tol=…])` (the tolerances must be literals).
+
+E is a literal (`ast.literal_eval`, evaluated here), or an expression over the modules `math`
+and `sys` only (e.g. `sys.getsizeof((1, 2))`): the sandbox evaluates that one before the program
+runs, so the program cannot have touched the interpreter yet. Any other assert runs in the
+program's process as before (`Check.kind == "exec"`), and is counted.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import math
+from dataclasses import dataclass
+
+MODULES = ("math", "sys")  # names an expected side computed in the sandbox may use
+SINGLETONS = (None, True, False)
+
+
+@dataclass(frozen=True)
+class Check:
+    """How one assert is judged."""
+
+    kind: str  # eq, ne, is, is_not, true, false, isclose; exec: in the program's process
+    source: str  # the assert
+    actual: str = ""  # the expression the sandbox evaluates after the program
+    expected: str = ""  # a literal (evaluated here) or, with `before`, an expression
+    before: bool = False  # the expected side is evaluated in the sandbox before the program
+    rel_tol: float = 1e-9
+    abs_tol: float = 0.0
+
+    @property
+    def outside(self) -> bool:
+        return self.kind != "exec"
+
+
+def _literal(node: ast.AST) -> bool:
+    try:
+        ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
+    return True
+
+
+def _module_only(node: ast.AST) -> bool:
+    """An expression that uses no name but `math` and `sys` (so no name the program defines)."""
+    names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+    banned = (ast.Lambda, ast.NamedExpr, ast.Await, ast.Yield, ast.YieldFrom)
+    comprehension = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+    return (
+        bool(names)
+        and names <= set(MODULES)
+        and not any(isinstance(n, banned + comprehension) for n in ast.walk(node))
+    )
+
+
+def _expected(node: ast.AST) -> tuple[str, bool] | None:
+    if _literal(node):
+        return ast.unparse(node), False
+    if _module_only(node):
+        return ast.unparse(node), True
+    return None
+
+
+def plan(source: str) -> Check:
+    """How the assert `source` is judged."""
+    inside = Check("exec", source)
+    try:
+        body = ast.parse(source).body
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return inside
+    if len(body) != 1 or not isinstance(body[0], ast.Assert):  # a message changes no verdict
+        return inside
+    test = body[0].test
+    if isinstance(test, ast.Compare) and len(test.ops) == 1:
+        op, left, right = test.ops[0], test.left, test.comparators[0]
+        if isinstance(op, (ast.Is, ast.IsNot)):
+            if not (isinstance(right, ast.Constant) and right.value in SINGLETONS):
+                return inside
+            if not any(right.value is s for s in SINGLETONS):
+                return inside
+            kind = "is" if isinstance(op, ast.Is) else "is_not"
+            return Check(kind, source, ast.unparse(left), ast.unparse(right))
+        kinds = {ast.Eq: "eq", ast.NotEq: "ne"}
+        if type(op) not in kinds:
+            return inside
+        for actual, other in ((left, right), (right, left)):
+            expected = _expected(other)
+            if expected is not None and not _literal(actual):
+                return Check(kinds[type(op)], source, ast.unparse(actual), *expected)
+        return inside
+    if (
+        isinstance(test, ast.Call)
+        and ast.unparse(test.func) == "math.isclose"
+        and len(test.args) == 2
+        and not any(isinstance(a, ast.Starred) for a in test.args)
+    ):
+        tols = {}
+        for keyword in test.keywords:
+            if keyword.arg not in ("rel_tol", "abs_tol") or not _literal(keyword.value):
+                return inside
+            value = ast.literal_eval(keyword.value)
+            if type(value) not in (int, float) or not value >= 0:
+                return inside
+            tols[keyword.arg] = float(value)
+        for actual, other in (tuple(test.args), tuple(reversed(test.args))):
+            expected = _expected(other)
+            if expected is not None and not _literal(actual):
+                return Check("isclose", source, ast.unparse(actual), *expected, **tols)
+        return inside
+    kind = "true"
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        kind, test = "false", test.operand
+    # only a call of the program's own function: a builtin's truth (isinstance, all, …) would
+    # be computed in the program's process, where the program can patch it to say True
+    own = isinstance(test, ast.Call) and isinstance(test.func, ast.Name)
+    if own and test.func.id not in dir(builtins):
+        return Check(kind, source, ast.unparse(test))
+    return inside
+
+
+# -- values -----------------------------------------------------------------------------------
+
+MAX_DEPTH = 64
+_SEQUENCES = {"l": list, "t": tuple, "S": set, "F": frozenset}
+
+
+class Undecodable(ValueError):
+    """A record of the values pipe that is not a value the encoder could have written."""
+
+
+def decode(text: str):
+    """The value of one record (see `_sandbox_boot._encode`), rebuilt strictly here."""
+    try:
+        tree = ast.literal_eval(text)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as exc:
+        raise Undecodable(f"not a literal: {exc}") from None
+    return _build(tree, 0)
+
+
+def _build(node, depth: int):
+    if depth > MAX_DEPTH:
+        raise Undecodable("nested too deeply")
+    if type(node) is not tuple or not node or type(node[0]) is not str:
+        raise Undecodable("not a tagged value")
+    tag, args = node[0], node[1:]
+    try:
+        if tag == "N" and not args:
+            return None
+        if tag == "b" and len(args) == 1 and args[0] in (0, 1) and type(args[0]) is int:
+            return bool(args[0])
+        if tag == "i" and len(args) == 1 and type(args[0]) is str:
+            return int(args[0], 16)
+        if tag == "f" and len(args) == 1 and type(args[0]) is str:
+            return float.fromhex(args[0])
+        if tag == "c" and len(args) == 2 and all(type(a) is str for a in args):
+            return complex(float.fromhex(args[0]), float.fromhex(args[1]))
+        if tag == "s" and len(args) == 1 and type(args[0]) is str:
+            return args[0]
+        if tag == "y" and len(args) == 1 and type(args[0]) is bytes:
+            return args[0]
+        if tag in _SEQUENCES and len(args) == 1 and type(args[0]) is tuple:
+            return _SEQUENCES[tag](_build(item, depth + 1) for item in args[0])
+        if tag == "d" and len(args) == 1 and type(args[0]) is tuple:
+            out = {}
+            for pair in args[0]:
+                if type(pair) is not tuple or len(pair) != 2:
+                    raise Undecodable("not a key-value pair")
+                out[_build(pair[0], depth + 1)] = _build(pair[1], depth + 1)
+            return out
+    except (ValueError, TypeError, OverflowError) as exc:  # unhashable keys, bad hex
+        raise Undecodable(str(exc)) from None
+    raise Undecodable(f"unknown tag {tag!r}")
+
+
+def holds(check: Check, actual, expected) -> bool:
+    """Whether the assert holds for these values: builtin values here, compared here."""
+    try:
+        if check.kind == "eq":
+            return bool(actual == expected)
+        if check.kind == "ne":
+            return bool(actual != expected)
+        if check.kind == "is":
+            return actual is expected
+        if check.kind == "is_not":
+            return actual is not expected
+        if check.kind == "true":
+            return bool(actual)
+        if check.kind == "false":
+            return not actual
+        if check.kind == "isclose":
+            numbers = (int, float, bool)
+            if type(actual) not in numbers or type(expected) not in numbers:
+                return False
+            return math.isclose(actual, expected, rel_tol=check.rel_tol, abs_tol=check.abs_tol)
+    except (ValueError, TypeError, OverflowError, RecursionError):
+        return False
+    raise ValueError(f"no verdict for a check of kind {check.kind!r}")
