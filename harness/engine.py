@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dllmbench.errors import PluginError
 from dllmbench.interfaces import Backbone, ScoreBatch, Scorer, SearchStrategy, StepBatch, Task
 from dllmbench.keys import numpy_rng
 from dllmbench.ledger import Ledger
@@ -354,13 +355,26 @@ class Engine:
             ready.append((task, values))
 
     # -- finishing -----------------------------------------------------------------------
+    def _grade(self, items: list[tuple[Problem, str | None, str]]) -> list[bool]:
+        """A pool's grades: all at once through the task's optional `grade_many` (MBPP's
+        sandboxes and MATH-500's workers grade in parallel), else one `grade` at a time."""
+        grade_many = getattr(self.task, "grade_many", None)
+        if grade_many is None:
+            return [bool(self.task.grade(*item)) for item in items]
+        labels = [bool(x) for x in grade_many(items)]
+        if len(labels) != len(items):
+            raise PluginError(
+                f"task grade_many returned {len(labels)} grades for {len(items)} candidates"
+            )
+        return labels
+
     def _finish(self, unit: Unit, pool: Pool) -> list[dict[str, Any]]:
         """Decode, extract and grade the pool once; let each member method select."""
         problem, rows = unit.problem, pool.rows
         texts = [self.backbone.decode(rows.tokens[i], rows.prompt_len) for i in range(len(pool))]
         answers = [self.task.extract(text) for text in texts]
         keys = [None if a is None else self.task.answer_key(a) for a in answers]
-        labels = [bool(self.task.grade(problem, a, t)) for a, t in zip(answers, texts, strict=True)]
+        labels = self._grade([(problem, a, t) for a, t in zip(answers, texts, strict=True)])
         records = []
         for method, size in unit.members:
             # a method sees only the scores it paid for, whatever else shares its pool

@@ -324,3 +324,25 @@ def test_ops_refuses_scorers_the_run_cannot_serve(strategy, needle):
     task, eng = engine([_bad(strategy)], size=1)
     with pytest.raises(PluginError, match=needle):
         eng.run(task.problems("test"))
+
+
+def test_a_pool_is_graded_at_once_through_grade_many_when_the_task_has_it():
+    methods = [method("independent:n=4+majority"), method("independent:n=1+first")]
+    task, plain = engine(methods)
+    expected = sorted(map(str, map(comparable, plain.run(task.problems("test")))))
+
+    calls = []
+
+    class Parallel(ToySum):
+        def grade(self, problem, answer, text):
+            raise AssertionError("the engine must grade a pool through grade_many")
+
+        def grade_many(self, items):
+            calls.append(len(items))
+            return [ToySum.grade(self, *item) for item in items]
+
+    task, eng = engine(methods)
+    eng.task = Parallel(size=6)
+    got = sorted(map(str, map(comparable, eng.run(task.problems("test")))))
+    assert got == expected
+    assert calls == [4] * 6  # one call per problem: the shared pool of 4 serves both methods

@@ -18,6 +18,7 @@ import json
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 
 from dllmbench.engine import Engine, Limits, Sampling
@@ -284,3 +285,20 @@ def test_task_problems_are_well_formed(dllmbench_task):
         assert isinstance(task.prompt(problem, style), Prompt)
     assert task.grade(problem, None, "") is False
     assert task.extract("") is None
+
+
+def test_task_grade_many_agrees_with_grade(dllmbench_task):
+    """`grade_many`, which the engine uses for a whole pool when a task has it, must give
+    `grade`'s verdicts in order: for no answer, a likely wrong one and the gold one (when the
+    gold is an answer string)."""
+    name, config = dllmbench_task
+    task = registry().task(name, **config)
+    if not hasattr(task, "grade_many"):
+        pytest.skip(f"task {name} has no grade_many; the engine calls grade")
+    problems = task.problems(next(iter(task.splits())))[:2]
+    items = [
+        (p, a, a or "")
+        for p in problems
+        for a in ((None, "0", p.gold) if isinstance(p.gold, str) else (None, "0"))
+    ]
+    assert list(task.grade_many(items)) == [task.grade(*item) for item in items]
