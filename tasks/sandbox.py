@@ -25,17 +25,20 @@ the program started survives it.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import marshal
 import os
 import secrets
 import selectors
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from functools import cache
@@ -45,6 +48,8 @@ from dllmbench.errors import UserError
 
 ISOLATIONS = ("namespaces", "process")
 UID_BASE, UID_SPAN = 40000, 25000  # fresh uids for programs when running as root
+# One lock file per uid, held (flock) by the run using it; root only, so a root-owned folder.
+UID_LOCKS = Path("/run" if os.path.isdir("/run") else tempfile.gettempdir(), "dllmbench-uids")
 
 
 @dataclass(frozen=True)
@@ -122,7 +127,11 @@ class Sandbox:
         if self.isolation == "process":
             scratch = tempfile.mkdtemp(prefix="dllmbench-sandbox-")
         try:
-            return self._run(steps, scratch)
+            # The uid matters only as root, in namespaces (the boot code ignores it otherwise).
+            if self.isolation == "namespaces" and os.geteuid() == 0:
+                with allocate_uid() as uid:
+                    return self._run(steps, scratch, uid)
+            return self._run(steps, scratch, None)
         finally:
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
@@ -136,7 +145,9 @@ class Sandbox:
         with ThreadPoolExecutor(max(1, workers)) as pool:
             return list(pool.map(self.run, programs))
 
-    def _run(self, steps: Sequence[tuple[str, ...]], scratch: str | None) -> Outcome:
+    def _run(
+        self, steps: Sequence[tuple[str, ...]], scratch: str | None, uid: int | None
+    ) -> Outcome:
         limits = self.limits
         nonce = secrets.token_hex(16)
         status_r, status_w = os.pipe()
@@ -148,7 +159,7 @@ class Sandbox:
             "isolation": self.isolation,
             "status_fd": status_w,
             "values_fd": values_w,
-            "uid": UID_BASE + secrets.randbelow(UID_SPAN),
+            "uid": uid,
         }
         start = time.monotonic()
         deadline = start + limits.timeout
@@ -197,6 +208,61 @@ class Sandbox:
             err.decode(errors="replace"),
             seconds,
             _records(values),
+        )
+
+
+_uids_lock = threading.Lock()
+_uids_in_use: set[int] = set()
+
+
+@contextlib.contextmanager
+def allocate_uid(
+    directory: Path = UID_LOCKS, base: int = UID_BASE, span: int = UID_SPAN
+) -> Iterator[int]:
+    """Hold a uid of base..base+span-1 that no other live run holds, until the block ends.
+
+    Within this process a set of the uids in use (under a lock); across processes an exclusive
+    flock on `directory`/<uid>, held for the block and released when its descriptor closes (also
+    when the process dies). Lock files are never deleted, so two processes always lock the same
+    file. Tries uids from a random one onwards, skipping those held."""
+    _private_folder(directory)
+    start = secrets.randbelow(span)
+    with _uids_lock:
+        for i in range(span):
+            uid = base + (start + i) % span
+            if uid in _uids_in_use:
+                continue
+            fd = os.open(
+                directory / str(uid), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+            )
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            except BaseException:
+                os.close(fd)
+                raise
+            _uids_in_use.add(uid)
+            break
+        else:
+            raise RuntimeError(f"no free uid: all {span} from {base} are held by running programs")
+    try:
+        yield uid
+    finally:
+        os.close(fd)  # releases the flock
+        with _uids_lock:
+            _uids_in_use.discard(uid)
+
+
+def _private_folder(directory: Path) -> None:
+    """Create `directory` (0700) if needed; refuse one that others own or could write to."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(directory, 0o700)
+    info = os.lstat(directory)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        raise UserError(
+            f"{directory} must be a folder owned by this user that others cannot write to"
         )
 
 

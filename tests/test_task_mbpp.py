@@ -4,10 +4,13 @@ hostile programs that must end as failed grades with the host, this process and 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
+import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -285,3 +288,92 @@ def test_problems_are_hashable(task):
     problem = task.problems("test")[0]
     assert hash(problem) == hash(task.problems("test")[0])
     assert problem.gold.asserts == tuple(problem.meta["tests"])
+
+
+def test_uids_held_at_once_never_collide(tmp_path):
+    with contextlib.ExitStack() as stack:
+        uids = [stack.enter_context(module.allocate_uid(tmp_path, 1000, 50)) for _ in range(50)]
+        assert sorted(uids) == list(range(1000, 1050))
+        with pytest.raises(RuntimeError, match="no free uid"):
+            stack.enter_context(module.allocate_uid(tmp_path, 1000, 50))
+
+
+def test_uids_from_threads_never_collide(tmp_path):
+    held, errors, barrier = [], [], threading.Barrier(8)
+
+    def draw():
+        try:
+            with contextlib.ExitStack() as stack:
+                for _ in range(20):
+                    held.append(stack.enter_context(module.allocate_uid(tmp_path, 1000, 200)))
+                barrier.wait(timeout=30)  # every thread holds its 20 at once
+        except Exception as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=draw) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors and len(held) == 160 and len(set(held)) == 160
+
+
+def test_a_uid_held_by_another_process_is_skipped(tmp_path):
+    with module.allocate_uid(tmp_path, 1000, 1):
+        pass  # creates the folder and the lock file
+    holder = (
+        "import fcntl, sys\n"
+        f"f = open({str(tmp_path / '1000')!r}, 'r+')\n"
+        "fcntl.flock(f, fcntl.LOCK_EX)\n"
+        "print('held', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", holder], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout.readline() == "held\n"
+        for _ in range(20):
+            with module.allocate_uid(tmp_path, 1000, 2) as uid:
+                assert uid == 1001
+        with pytest.raises(RuntimeError, match="no free"), module.allocate_uid(tmp_path, 1000, 1):
+            pass
+    finally:
+        child.communicate()  # closes its stdin: it exits and its lock goes
+    with module.allocate_uid(tmp_path, 1000, 1) as uid:
+        assert uid == 1000
+
+
+def test_a_released_uid_is_available_again(tmp_path):
+    with pytest.raises(ValueError), module.allocate_uid(tmp_path, 1000, 1) as uid:
+        assert uid == 1000
+        raise ValueError  # released on an exception too
+    with module.allocate_uid(tmp_path, 1000, 1) as uid:
+        assert uid == 1000
+    assert not module._uids_in_use
+
+
+def test_uid_folder_others_can_write_is_refused(tmp_path):
+    folder = tmp_path / "uids"
+    folder.mkdir(mode=0o777)
+    folder.chmod(0o777)
+    with pytest.raises(UserError, match="cannot write"), module.allocate_uid(folder, 1000, 1):
+        pass
+
+
+def test_concurrent_sandbox_runs_get_distinct_uids(monkeypatch):
+    if os.geteuid() != 0:
+        pytest.skip("uids are allocated only as root")
+    seen, inside = [], threading.Barrier(4)
+    real = module.allocate_uid
+
+    @contextlib.contextmanager
+    def watched():
+        with real() as uid:
+            seen.append(uid)
+            inside.wait(timeout=30)  # all four runs hold their uid at once
+            yield uid
+
+    monkeypatch.setattr(module, "allocate_uid", watched)
+    outcomes = Sandbox(Limits(timeout=20)).run_many([[("program", "pass")]] * 4, workers=4)
+    assert all(o.passed for o in outcomes) and len(set(seen)) == 4
