@@ -9,7 +9,6 @@ tokenizer, for smoke tests and CPU tests.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import string
@@ -32,6 +31,7 @@ from transformers import (
 
 from dllmbench.errors import UserError
 from dllmbench.hub import hub_offline, hub_unreachable
+from dllmbench.jsonfile import read_object
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DType = Literal["float32", "bfloat16", "float16"]  # the `dtype` option of a backbone
@@ -181,12 +181,7 @@ def read_config(arch: str, path: Path) -> dict[str, Any]:
     file = path / "config.json"
     if not file.is_file():
         raise UserError(f"{path} has no config.json")
-    try:
-        raw = json.loads(file.read_text())
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise UserError(f"{file} is not valid JSON ({_one_line(str(exc))}); restore it") from None
-    if not isinstance(raw, dict):
-        raise UserError(f"{file} is not a JSON object; restore it")
+    raw = read_object(file, "restore it")
     missing = [k for k in REQUIRED[arch] if k not in raw]
     if not ("vocab_size" in raw or (arch == "llada" and "embedding_size" in raw)):
         missing.append("vocab_size")

@@ -30,6 +30,7 @@ from safetensors.torch import load_file, save_file
 from dllmbench.errors import PluginError, UserError
 from dllmbench.hookspecs import hookimpl
 from dllmbench.interfaces import ScoreBatch
+from dllmbench.jsonfile import read_object
 from dllmbench.plugins.scorers.adapters import (
     active,
     adapter_names,
@@ -135,13 +136,7 @@ def read_checkpoint(path: Path, kind: str) -> dict[str, Any]:
     file = path / "config.json"
     if not file.is_file():
         raise UserError(f"scorer checkpoint {str(path)!r} has no config.json")
-    try:
-        saved = json.loads(file.read_text())
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise UserError(f"{file} is not valid JSON ({exc}); restore it") from None
-    if not isinstance(saved, dict):
-        raise UserError(f"{file} is not a JSON object; restore it")
-    saved = {**LATER, **saved}
+    saved = {**LATER, **read_object(file, "restore it")}
     missing = [k for k in ("kind", "base", *SETTINGS) if k not in saved]
     if missing:
         raise UserError(
