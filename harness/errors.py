@@ -20,3 +20,16 @@ class CostMismatch(RuntimeError):
             f"method {method!r} spent {dict(sorted(spent.items()))} passes on problem "
             f"{problem!r} but declared {dict(sorted(planned.items()))}"
         )
+
+
+class PluginViolation(Exception):
+    """A plugin broke its contract while running (a selector's index out of range, a strategy
+    returning too few candidates): a bug in that plugin, not in the user's request. The command
+    line prints the message as one line and exits with `EXIT_CODE`."""
+
+    EXIT_CODE = 3
+
+    def __init__(self, plugin: str, distribution: str | None, what: str):
+        self.plugin, self.distribution, self.what = plugin, distribution, what
+        source = f" (from {distribution})" if distribution else ""
+        super().__init__(f"plugin {plugin!r}{source} broke its contract: {what}")
