@@ -116,7 +116,7 @@ class MbppConfig:
     cpu_seconds: int = 5  # CPU seconds per program
     memory_mb: int = 1024  # address space per process, MiB
     output_bytes: int = 65536  # stdout and stderr kept; more fails the program
-    processes: int = 16  # processes of one program at once (RLIMIT_NPROC)
+    processes: int = 1  # tasks (processes, threads) of one program at once; MBPP needs one
     workers: int = 0  # programs graded at once by grade_many (0: two per CPU core)
 
     def __post_init__(self) -> None:

@@ -5,21 +5,28 @@ it passes when every step runs to the end. An "eval" step's value comes back as 
 of its own (`Outcome.values`), for the caller to judge outside the program's process. Each run
 is a fresh interpreter started with a clean environment (`python -S -s -B [-P] -c`,
 PYTHONHASHSEED=0 so that set and dict orders, and so the grades, repeat between runs) in its own
-session, whose child side (`_sandbox_boot.py`) sets up
+session and its own control group (`cgroups.RunGroup`: memory including tmpfs, shared memory and
+memfds, tasks, one CPU; where cgroups are writable), whose child side (`_sandbox_boot.py`) sets up
 
 - isolation "namespaces" (the default): new mount, network, PID, IPC and UTS namespaces (and a
   user namespace when not root); a new root holding only read-only system and interpreter
-  directories, a private /tmp and the scratch directory (cwd), each a small tmpfs; no network
-  interface but a down loopback; a /proc of its own; then, as root, a fresh unprivileged uid,
-  otherwise no capabilities; no_new_privs;
-- isolation "process": none of that, only the limits and the guard below, in a scratch
-  directory of the host (for machines without namespaces; far weaker);
-- resource limits: CPU seconds, address space, processes, file size, open files, no core;
-- a guard (an audit hook) that refuses sockets, process creation and signals.
+  directories, a minimal /etc, a private /tmp and the scratch directory (cwd), each a small
+  tmpfs; no network interface but a down loopback; a /proc of its own; zero SysV limits; then,
+  as root, a fresh unprivileged uid, otherwise no capabilities; no_new_privs;
+- isolation "process": none of the namespaces; no capabilities, Landlock confining file access
+  to the interpreter and a scratch directory of the host (required as root); for machines
+  without namespaces;
+- a seccomp filter: no processes but threads, no exec, no sockets but AF_UNIX (none in "process"
+  mode), no namespaces, mounts, ptrace, keyrings, SysV IPC, memfds, bpf, io_uring, no signals
+  to other processes;
+- resource limits: CPU seconds, address space, tasks, file size, open files, no core;
+- a guard (an audit hook) that refuses sockets, process creation and signals with a readable
+  error (the filter is what holds when a program switches the guard off).
 
 The grader enforces a wall-clock limit and an output cap (stdout and stderr together), and on
-either kills the whole process group; the PID namespace dies with its first process, so nothing
-the program started survives it.
+either kills the control group and the process group; the PID namespace dies with its first
+process, so nothing the program started survives it. `run_many` runs programs side by side and
+runs one that timed out again, alone, once.
 """
 
 from __future__ import annotations
@@ -40,11 +47,12 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import cache
 from pathlib import Path
 
 from dllmbench.errors import UserError
+from dllmbench.tasks.cgroups import RunGroup
 
 ISOLATIONS = ("namespaces", "process")
 UID_BASE, UID_SPAN = 40000, 25000  # fresh uids for programs when running as root
@@ -60,10 +68,11 @@ class Limits:
     cpu_seconds: int = 5  # RLIMIT_CPU: the process is killed past it
     memory_mb: int = 1024  # RLIMIT_AS of each process
     output_bytes: int = 1 << 16  # stdout and stderr together; more kills the program
-    processes: int = 16  # RLIMIT_NPROC
+    processes: int = 1  # tasks (processes and threads) of the program: RLIMIT_NPROC, pids.max
     file_mb: int = 16  # RLIMIT_FSIZE
     open_files: int = 64  # RLIMIT_NOFILE
     tmpfs_mb: int = 32  # size of the scratch directory and of /tmp (namespaces only)
+    cpus: float = 1.0  # CPU time per wall-clock second, across all threads (cgroup cpu.max)
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
@@ -77,7 +86,8 @@ class Outcome:
 
     passed: bool
     # passed; failed (an exception, or an exit before the end); killed (by a signal: the CPU
-    # limit, or the kernel); timeout (the wall-clock limit); output_limit
+    # limit, or the kernel); memory_limit (the out-of-memory killer, in the run's cgroup);
+    # timeout (the wall-clock limit); output_limit
     status: str
     exit_code: int | None
     stdout: str
@@ -86,6 +96,10 @@ class Outcome:
     # the encoded value of each "eval" step, in order (tagged literals, see `_sandbox_boot`);
     # written by the program's process, so data to parse strictly, never to trust
     values: tuple[str, ...] = ()
+    # the most memory the run's control group held at once (MiB); None without cgroups
+    memory_peak_mb: float | None = None
+    # this is a second run, made alone, of a program whose first run (beside others) timed out
+    reran: bool = False
 
 
 @cache
@@ -127,7 +141,8 @@ class Sandbox:
         if self.isolation == "process":
             scratch = tempfile.mkdtemp(prefix="dllmbench-sandbox-")
         try:
-            # The uid matters only as root, in namespaces (the boot code ignores it otherwise).
+            # As root, in namespaces, the program runs as a uid no other run holds; otherwise
+            # it keeps this process's uid, with no capabilities (see `_sandbox_boot`).
             if self.isolation == "namespaces" and os.geteuid() == 0:
                 with allocate_uid() as uid:
                     return self._run(steps, scratch, uid)
@@ -140,10 +155,17 @@ class Sandbox:
         self, programs: Sequence[Sequence[tuple[str, ...]]], workers: int = 0
     ) -> list[Outcome]:
         """Run many programs, `workers` at a time (0: two per CPU core, as a run spends part
-        of its time waiting on the kernel)."""
+        of its time waiting on the kernel). A program that timed out beside others is run
+        again alone, once, and that second outcome counts (`Outcome.reran`): a neighbour's load
+        must not fail a correct program."""
         workers = workers or 2 * (os.cpu_count() or 1)
         with ThreadPoolExecutor(max(1, workers)) as pool:
-            return list(pool.map(self.run, programs))
+            outcomes = list(pool.map(self.run, programs))
+        if workers > 1 and len(programs) > 1:
+            for i, outcome in enumerate(outcomes):
+                if outcome.status == "timeout":
+                    outcomes[i] = replace(self.run(programs[i]), reran=True)
+        return outcomes
 
     def _run(
         self, steps: Sequence[tuple[str, ...]], scratch: str | None, uid: int | None
@@ -161,6 +183,11 @@ class Sandbox:
             "values_fd": values_w,
             "uid": uid,
         }
+        group = RunGroup.create(
+            limits.memory_mb,
+            limits.processes + (2 if self.isolation == "namespaces" else 0),  # + boot and init
+            limits.cpus,
+        )
         start = time.monotonic()
         deadline = start + limits.timeout
         try:
@@ -174,17 +201,31 @@ class Sandbox:
                 cwd=scratch or "/",
                 env={**ENV, "HOME": scratch or "/", "TMPDIR": scratch or "/tmp"},
             )
+        except BaseException:
+            os.close(status_r)
+            os.close(values_r)
+            if group is not None:
+                group.remove()
+            raise
         finally:
             os.close(status_w)
             os.close(values_w)
         try:
+            if group is not None:  # it waits for the request on stdin: nothing has run yet
+                group.add(proc.pid)
             out, err, status, values, reason = _exchange(
                 proc, marshal.dumps(request), status_r, values_r, deadline, limits.output_bytes
             )
         finally:
             os.close(status_r)
             os.close(values_r)
+            if group is not None:
+                group.kill()
             _end(proc)
+        peak, ooms = None, 0
+        if group is not None:
+            peak, ooms = group.memory_peak(), group.oom_kills()
+            group.remove()
         seconds = time.monotonic() - start
         ready = status.startswith(b"ready")
         if not ready and reason is None:
@@ -199,7 +240,12 @@ class Sandbox:
         if passed:
             out = out[: -len(marker)]
         killed = proc.returncode is not None and (proc.returncode < 0 or proc.returncode > 128)
-        status_name = "passed" if passed else reason or ("killed" if killed else "failed")
+        if passed:
+            status_name = "passed"
+        elif reason is None and ooms:
+            status_name = "memory_limit"
+        else:
+            status_name = reason or ("killed" if killed else "failed")
         return Outcome(
             passed,
             status_name,
@@ -208,6 +254,7 @@ class Sandbox:
             err.decode(errors="replace"),
             seconds,
             _records(values),
+            None if peak is None else peak / (1 << 20),
         )
 
 
