@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from transformers import LlamaForCausalLM, Qwen2ForCausalLM
 
-from dllmbench.engine import Engine, Limits, Sampling
+from dllmbench.engine import Capacity, Engine, Sampling
 from dllmbench.interfaces import StepBatch
 from dllmbench.method import Method, MethodSpec
 from dllmbench.plugins.backbones.dream import Dream
@@ -254,7 +254,7 @@ def engine_run(bb, params: int, s: Setup, peak: float | None) -> dict[str, Any]:
         task=task,
         methods=[method],
         sampling=Sampling(s.engine_steps, s.gen_length, "chat", 0),
-        limits=Limits(batch_rows=s.rows, problems=s.engine_problems),
+        capacity=Capacity(batch_rows=s.rows, problems=s.engine_problems),
     )
     sync(bb.device)
     start = time.perf_counter()

@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from dllmbench.engine import Engine, Limits, Sampling
+from dllmbench.engine import Capacity, Engine, Sampling
 from dllmbench.interfaces import StepBatch
 from dllmbench.planner import default_budget, plan
 from dllmbench.registry import registry
@@ -57,7 +57,7 @@ def measure(batch_rows: int, problems: int, steps: int) -> dict[str, float]:
         task=task,
         methods=methods,
         sampling=Sampling(steps, 8, "fewshot", 0),
-        limits=Limits(batch_rows=batch_rows, problems=problems),
+        capacity=Capacity(batch_rows=batch_rows, problems=problems),
     )
     start = time.perf_counter()
     records = engine.run(task.problems("test"))

@@ -10,7 +10,8 @@ the canvas of every trajectory is kept at chosen steps. The output directory hol
   [rows] int32; a trajectory's snapshots are consecutive rows, in step order.
 
 Shards are written as problems finish, so an interrupted collection resumes where it
-stopped (problems already in trajectories.jsonl are skipped).
+stopped (problems already in trajectories.jsonl are skipped). The snapshots travel from the
+strategy to the writer through the strategy's own `kept` table, not through the records.
 """
 
 from __future__ import annotations
@@ -26,12 +27,14 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from dllmbench.engine import Engine, Limits, Sampling
+from dllmbench.engine import Capacity, Engine, Sampling
 from dllmbench.errors import UserError
 from dllmbench.method import Method, MethodSpec
 from dllmbench.ops import Ops
-from dllmbench.registry import Registry, describe
+from dllmbench.provenance import config_data
+from dllmbench.registry import Registry
 from dllmbench.rundir import manifest_differences
+from dllmbench.schema import Record, TrajectoryLine
 from dllmbench.types import Pool, Problem
 
 
@@ -42,8 +45,17 @@ def snapshot_steps(total_steps: int, count: int) -> list[int]:
     return sorted({max(1, round(total_steps * (i + 1) / count)) for i in range(count)})
 
 
+@dataclass
+class Kept:
+    """The snapshots of one problem's trajectories: the canvas of all n at each step."""
+
+    prompt_len: int
+    snapshots: list[tuple[int, torch.Tensor]]  # (step, tokens [n, canvas])
+
+
 class Trajectories:
-    """n independent trajectories, keeping the canvas at each snapshot step."""
+    """n independent trajectories, keeping the canvas at each snapshot step in `kept`
+    (problem id → `Kept`) until the writer takes it."""
 
     prefix_field: ClassVar[str | None] = None
     scorers: tuple[str, ...] = ()
@@ -51,6 +63,7 @@ class Trajectories:
     def __init__(self, n: int, steps: list[int]):
         self.n, self.steps = n, steps
         self.config = {"n": n, "steps": steps}
+        self.kept: dict[str, Kept] = {}
 
     def cost(self, total_steps: int) -> dict[str, int]:
         return {"denoise": self.n * total_steps}
@@ -71,7 +84,8 @@ class Trajectories:
             snapshots.append((step, rows.tokens.clone()))
         if done < ops.T:
             rows = await ops.denoise(rows, ops.T - done)
-        return ops.pool(rows, info={"snapshots": snapshots, "prompt_len": rows.prompt_len})
+        self.kept[problem.id] = Kept(rows.prompt_len, snapshots)
+        return ops.pool(rows)
 
 
 @dataclass
@@ -83,7 +97,7 @@ class CollectConfig:
     n: int
     steps: list[int]
     sampling: Sampling
-    limits: Limits
+    capacity: Capacity
     shard_problems: int = 64
 
 
@@ -95,7 +109,7 @@ def done_problems(out: Path) -> set[str]:
     return {json.loads(line)["problem"] for line in index.read_text().splitlines()}
 
 
-def collect(
+def run_collection(
     cfg: CollectConfig, reg: Registry, out: Path, advance: Callable[[], None] | None = None
 ) -> dict[str, int]:
     """Collect into `out`, resuming what is there; `advance()` after each problem."""
@@ -114,9 +128,8 @@ def collect(
     done = done_problems(out)
     shard = len(list(out.glob("snapshots-*.safetensors")))
     todo = [p for p in cfg.problems if p.id not in done]
-    method = Method(
-        "collect", MethodSpec("collect"), Trajectories(cfg.n, cfg.steps), reg.selector("first")
-    )
+    trajectories = Trajectories(cfg.n, cfg.steps)
+    method = Method("collect", MethodSpec("collect"), trajectories, reg.selector("first"))
     written = 0
     for start in range(0, len(todo), cfg.shard_problems):
         chunk = todo[start : start + cfg.shard_problems]
@@ -126,34 +139,38 @@ def collect(
             task=cfg.task,
             methods=[method],
             sampling=cfg.sampling,
-            limits=cfg.limits,
+            capacity=cfg.capacity,
         )
         records = engine.run(chunk, on_record=(lambda _r: advance()) if advance else None)
-        _write_shard(out, shard, records)
+        _write_shard(out, shard, records, trajectories.kept)
         shard += 1
         written += sum(len(r["candidates"]) for r in records)
     return {"problems": len(cfg.problems), "skipped": len(done), "trajectories": written}
 
 
-def _write_shard(out: Path, shard: int, records: list[dict[str, Any]]) -> None:
-    rows, steps, lines = [], [], []
+def _write_shard(out: Path, shard: int, records: list[Record], kept: dict[str, Kept]) -> None:
+    """One shard of snapshots and the index lines of its trajectories; `kept` entries of
+    the written problems are taken out."""
+    rows: list[torch.Tensor] = []
+    steps: list[int] = []
+    lines: list[TrajectoryLine] = []
     for record in records:
-        snapshots = record["info"]["snapshots"]
+        problem = kept.pop(record["problem"])
         for i, cand in enumerate(record["candidates"]):
             lines.append(
-                {
-                    "problem": record["problem"],
-                    "index": i,
-                    "text": cand["text"],
-                    "answer": cand["answer"],
-                    "correct": cand["correct"],
-                    "prompt_len": record["info"]["prompt_len"],
-                    "shard": shard,
-                    "row": len(rows),
-                    "snapshots": len(snapshots),
-                }
+                TrajectoryLine(
+                    problem=record["problem"],
+                    index=i,
+                    text=cand["text"],
+                    answer=cand["answer"],
+                    correct=cand["correct"],
+                    prompt_len=problem.prompt_len,
+                    shard=shard,
+                    row=len(rows),
+                    snapshots=len(problem.snapshots),
+                )
             )
-            for step, tokens in snapshots:
+            for step, tokens in problem.snapshots:
                 rows.append(tokens[i])
                 steps.append(step)
     width = max(len(r) for r in rows)
@@ -217,7 +234,7 @@ def mask_ratios(snapshots: list[Snapshot], mask_id: int) -> np.ndarray:
     )
 
 
-def describe_collection(
+def collection_manifest(
     task_name: str,
     task: Any,
     split: str,
@@ -228,9 +245,15 @@ def describe_collection(
     steps: list[int],
     problems: int,
 ) -> dict[str, Any]:
+    """The content of collect.json: what was collected, compared on resume."""
     return {
-        "task": {"name": task_name, "config": describe(task), "split": split, "problems": problems},
-        "backbone": {"name": backbone_name, "config": describe(backbone)},
+        "task": {
+            "name": task_name,
+            "config": config_data(task),
+            "split": split,
+            "problems": problems,
+        },
+        "backbone": {"name": backbone_name, "config": config_data(backbone)},
         "sampling": {
             "total_steps": sampling.total_steps,
             "gen_length": sampling.gen_length,

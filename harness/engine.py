@@ -1,10 +1,10 @@
 """The engine: runs the coroutines of many problems and methods at once, in full batches.
 
 Each strategy is a coroutine per problem. An `await ops.denoise(...)` or `ops.score(...)`
-posts a request; when every live coroutine waits, the engine serves the requests together:
-scoring batched per scorer, and one forward per denoising step over every waiting row
-(sorted by canvas length and capped by rows and tokens). Coroutines resume as soon as their
-request is served, so new rows join the next forward.
+posts a request; when every live coroutine waits, the engine serves the requests together
+(`scheduler.Scheduler` holds the queues): scoring batched per scorer, and one forward per
+denoising step over every waiting row (sorted by canvas length and capped by rows and tokens).
+Coroutines resume as soon as their request is served, so new rows join the next forward.
 
 Methods whose strategy nests its pools (independent sampling) share one pool per problem,
 generated once at the largest size; each row is charged to every method whose prefix holds it.
@@ -14,22 +14,32 @@ from __future__ import annotations
 
 import json
 import time
-from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
-from dllmbench.errors import PluginError
-from dllmbench.interfaces import Backbone, ScoreBatch, Scorer, SearchStrategy, StepBatch, Task
+from dllmbench.interfaces import (
+    Backbone,
+    GradesMany,
+    ScoreBatch,
+    Scorer,
+    SearchStrategy,
+    StepBatch,
+    Task,
+    passes_per_step,
+)
 from dllmbench.keys import numpy_rng
 from dllmbench.ledger import Ledger
 from dllmbench.method import Method
-from dllmbench.ops import DenoiseRequest, Ops, ScoreRequest
-from dllmbench.registry import describe
-from dllmbench.types import Candidate, Owners, Pool, Problem, Rows
+from dllmbench.ops import Ops
+from dllmbench.provenance import Origins, config_data
+from dllmbench.scheduler import Capacity, DenoiseWait, Scheduler, StrategyRun, Wait
+from dllmbench.schema import CandidateRecord, Record
+from dllmbench.types import Candidate, Owners, Pool, Problem
+
+__all__ = ["Capacity", "Engine", "Sampling", "Unit", "plan_units"]
 
 
 @dataclass(frozen=True)
@@ -40,19 +50,6 @@ class Sampling:
     gen_length: int = 512  # the paper's canvas
     prompt_style: str = "chat"
     seed: int = 0
-
-
-@dataclass(frozen=True)
-class Limits:
-    """How much work one forward and the engine may hold at once."""
-
-    batch_rows: int = 64  # rows per physical forward
-    batch_tokens: int | None = None  # rows × canvas length per forward
-    problems: int = 32  # problems in flight
-
-    def __post_init__(self) -> None:
-        if self.batch_rows < 1 or self.problems < 1:
-            raise ValueError("batch_rows and problems must be >= 1")
 
 
 @dataclass
@@ -70,33 +67,19 @@ class Unit:
     members: list[tuple[Method, int]]  # (method, the size of its pool)
     nested: bool = False
 
-    def owners(self, copies: int) -> list[Owners]:
+    @property
+    def strategy_name(self) -> str:
+        return self.members[0][0].spec.strategy
+
+    @property
+    def pool_size(self) -> int:
+        return max(size for _, size in self.members)
+
+    def owners(self, rows: int) -> list[Owners]:
+        """The owners of the first `rows` rows the strategy starts."""
         if not self.nested:
-            return [tuple(m.id for m, _ in self.members)] * copies
-        return [tuple(m.id for m, size in self.members if i < size) for i in range(copies)]
-
-
-@dataclass
-class _Task:
-    unit: Unit
-    coro: Any
-
-
-@dataclass
-class _Denoising:
-    task: _Task
-    rows: Rows
-    tokens: torch.Tensor
-    steps: list[int]
-    keys: tuple[int, ...]
-    remaining: int
-
-
-@dataclass
-class _InFlight:
-    units: int
-    prompt_len: int
-    canvas: torch.Tensor
+            return [tuple(m.id for m, _ in self.members)] * rows
+        return [tuple(m.id for m, size in self.members if i < size) for i in range(rows)]
 
 
 def plan_units(problem: Problem, methods: Iterable[Method]) -> list[Unit]:
@@ -104,8 +87,8 @@ def plan_units(problem: Problem, methods: Iterable[Method]) -> list[Unit]:
     groups: dict[str, list[tuple[Method, int]]] = {}
     nested: dict[str, bool] = {}
     for method in methods:
-        config = describe(method.strategy)
-        field_name = getattr(method.strategy, "prefix_field", None)
+        config = config_data(method.strategy)
+        field_name = method.strategy.prefix_field
         size = int(config.pop(field_name)) if field_name else method.strategy.pool_size()
         key = json.dumps([method.spec.strategy, field_name, config], sort_keys=True, default=str)
         groups.setdefault(key, []).append((method, size))
@@ -117,6 +100,16 @@ def plan_units(problem: Problem, methods: Iterable[Method]) -> list[Unit]:
     return units
 
 
+@dataclass(frozen=True)
+class _Judged:
+    """A finished pool as the task sees it: decoded once, extracted, keyed and graded."""
+
+    texts: list[str]
+    answers: list[str | None]
+    answer_keys: list[Any]  # task.answer_key per candidate; None when invalid
+    labels: list[bool]
+
+
 class Engine:
     def __init__(
         self,
@@ -126,17 +119,19 @@ class Engine:
         task: Task,
         methods: list[Method],
         sampling: Sampling,
-        limits: Limits | None = None,
+        capacity: Capacity | None = None,
         ledger: Ledger | None = None,
+        origins: Origins | None = None,
     ):
         self.backbone = backbone
         self.scorers = scorers
         self.task = task
         self.methods = methods
         self.sampling = sampling
-        self.limits = limits or Limits()
+        self.capacity = capacity or Capacity()
         self.ledger = ledger or Ledger()
-        self.passes_per_step = int(getattr(backbone, "passes_per_step", 1))
+        self.origins = origins or Origins()
+        self.passes_per_step = passes_per_step(backbone)
         self._costs = {m.id: m.cost(sampling.total_steps, self.passes_per_step) for m in methods}
         if len(self._costs) != len(methods):
             raise ValueError("two methods of a run share one id; give each a distinct label")
@@ -146,104 +141,130 @@ class Engine:
         self,
         problems: Iterable[Problem],
         *,
-        skip: set[tuple[str, str]] | frozenset = frozenset(),
-        on_record: Callable[[dict[str, Any]], None] | None = None,
-    ) -> list[dict[str, Any]]:
+        skip: Collection[tuple[str, str]] = frozenset(),
+        on_record: Callable[[Record], None] | None = None,
+    ) -> list[Record]:
         """Run every method on every problem; return (and pass on) one record per pair."""
-        records: list[dict[str, Any]] = []
-
-        def emit(record: dict[str, Any]) -> None:
-            records.append(record)
-            if on_record is not None:
-                on_record(record)
-
+        records: list[Record] = []
         pending = iter(problems)
-        inflight: dict[str, _InFlight] = {}
-        ready: deque[tuple[_Task, Any]] = deque()
-        denoising: list[_Denoising] = []
-        scoring: list[tuple[_Task, ScoreRequest]] = []
-
-        def admit() -> None:
-            while len(inflight) < self.limits.problems:
-                problem = next(pending, None)
-                if problem is None:
-                    return
-                todo = [m for m in self.methods if (problem.id, m.id) not in skip]
-                if not todo:
-                    continue
-                if problem.id in inflight:
-                    raise ValueError(f"problem id {problem.id!r} appears twice")
-                prompt_ids = self.backbone.encode(
-                    self.task.prompt(problem, self.sampling.prompt_style)
-                )
-                canvas = self.backbone.canvas(prompt_ids, self.sampling.gen_length)
-                units = plan_units(problem, todo)
-                inflight[problem.id] = _InFlight(len(units), len(prompt_ids), canvas)
-                for unit in units:
-                    ops = Ops(
-                        problem=problem,
-                        seed=self.sampling.seed,
-                        total_steps=self.sampling.total_steps,
-                        canvas=canvas,
-                        prompt_len=len(prompt_ids),
-                        ledger=self.ledger,
-                        scorers={n: bool(s.reads_partial) for n, s in self.scorers.items()},
-                        passes_per_step=self.passes_per_step,
-                        owners=unit.owners,
-                    )
-                    ready.append((_Task(unit, self._unit(unit, ops)), None))
-
-        admit()
-        while ready or denoising or scoring:
-            while ready:
-                task, value = ready.popleft()
-                try:
-                    request = task.coro.send(value)
-                except StopIteration as stop:
-                    for record in self._finish(task.unit, stop.value):
-                        emit(record)
-                    state = inflight[task.unit.problem.id]
-                    state.units -= 1
-                    if state.units == 0:
-                        del inflight[task.unit.problem.id]
-                        admit()
-                    continue
-                if isinstance(request, DenoiseRequest):
-                    rows = request.rows
-                    denoising.append(
-                        _Denoising(
-                            task,
-                            rows,
-                            rows.tokens.clone(),
-                            list(rows.steps),
-                            rows.keys,
-                            request.steps,
-                        )
-                    )
-                elif isinstance(request, ScoreRequest):
-                    scoring.append((task, request))
-                else:
-                    raise TypeError(
-                        f"a strategy awaited {request!r}; await ops.denoise or ops.score only"
-                    )
-            if scoring:
-                self._serve_scores(scoring, ready)
-                scoring = []
-            elif denoising:
-                denoising = self._tick(denoising, ready)
+        queue = Scheduler(self.capacity)
+        self._admit(queue, pending, skip)
+        while queue.busy:
+            for run, pool in queue.resume():
+                for record in self._finish(run.unit, pool):
+                    records.append(record)
+                    if on_record is not None:
+                        on_record(record)
+                if queue.finished(run):
+                    self._admit(queue, pending, skip)
+            groups = queue.round()
+            for group in groups:
+                self._serve(group)
+            queue.served(groups)
         return records
 
-    async def _unit(self, unit: Unit, ops: Ops) -> Pool:
-        pool = await unit.strategy.search(unit.problem, ops)
+    def _admit(
+        self, queue: Scheduler, pending: Iterator[Problem], skip: Collection[tuple[str, str]]
+    ) -> None:
+        """Admit problems while there is room: one strategy run per unit of each."""
+        while queue.has_room:
+            problem = next(pending, None)
+            if problem is None:
+                return
+            todo = [m for m in self.methods if (problem.id, m.id) not in skip]
+            if not todo:
+                continue
+            if queue.in_flight(problem.id):
+                raise ValueError(f"problem id {problem.id!r} appears twice")
+            queue.admit(self._start(problem, todo))
+
+    def _start(self, problem: Problem, methods: list[Method]) -> list[StrategyRun]:
+        """Format the prompt, build the canvas, and start one coroutine per unit."""
+        prompt_ids = self.backbone.encode(self.task.prompt(problem, self.sampling.prompt_style))
+        canvas = self.backbone.canvas(prompt_ids, self.sampling.gen_length)
+        runs = []
+        for unit in plan_units(problem, methods):
+            ops = Ops(
+                problem=problem,
+                seed=self.sampling.seed,
+                total_steps=self.sampling.total_steps,
+                canvas=canvas,
+                prompt_len=len(prompt_ids),
+                ledger=self.ledger,
+                scorers={n: bool(s.reads_partial) for n, s in self.scorers.items()},
+                passes_per_step=self.passes_per_step,
+                owners=unit.owners,
+            )
+            name = unit.strategy_name
+            dist = self.origins.distribution("strategy", name)
+            runs.append(StrategyRun(unit, self._strategy_run(unit, ops), name, dist))
+        return runs
+
+    async def _strategy_run(self, unit: Unit, ops: Ops) -> Pool:
+        """The strategy's search, then the scores its pool lacks for the members' selectors."""
+        pool = self._checked(unit, await unit.strategy.search(unit.problem, ops))
+        await self._selector_scores(unit, pool, ops)
+        return pool
+
+    def _checked(self, unit: Unit, pool: Any) -> Pool:
+        """The pool a strategy returned, once it is a Pool of the size it declared."""
         if not isinstance(pool, Pool):
-            raise TypeError(
-                f"strategy of {unit.members[0][0].id!r} returned {type(pool).__name__}, not a Pool"
+            what = f"search() returned a {type(pool).__name__}, not a Pool"
+            raise self.origins.violation("strategy", unit.strategy_name, what)
+        if len(pool) != unit.pool_size:
+            what = f"search() returned {len(pool)} candidates but declared {unit.pool_size}"
+            raise self.origins.violation("strategy", unit.strategy_name, what)
+        return pool
+
+    # -- serving requests ----------------------------------------------------------------
+    def _serve(self, waits: list[Wait]) -> None:
+        """One round of requests of one kind: rows that are the same computation are computed
+        once, the rest sorted by canvas length and cut into batches within the caps."""
+        if not waits:
+            return
+        kind = "denoise" if isinstance(waits[0], DenoiseWait) else f"score:{waits[0].scorer}"
+        flat = [(wait, i) for wait in waits for i in range(len(wait.rows))]
+        same = _identical(wait.same_computation(i) for wait, i in flat)
+        owners = [(wait.rows.problem.id, wait.rows.owners[i]) for wait, i in flat]
+        lengths = [flat[rows[0]][0].tokens.shape[1] for rows in same]
+        for batch in self.capacity.batches(lengths):
+            items = [flat[same[j][0]] for j in batch]
+            start = time.perf_counter()
+            outputs = self._forward(waits[0], items)
+            seconds = time.perf_counter() - start
+            for j, output in zip(batch, outputs, strict=True):
+                for wait, i in (flat[n] for n in same[j]):
+                    wait.put(i, output)
+            self.ledger.record_forward(kind, [_charged(owners, same[j]) for j in batch], seconds)
+
+    def _forward(self, like: Wait, items: list[tuple[Any, int]]) -> Sequence[Any]:
+        """One physical call over the rows `items` (wait, row): the backbone's denoising step
+        or the scorer's scores, one output per row."""
+        tokens = [wait.tokens[i] for wait, i in items]
+        prompt_lens = [wait.rows.prompt_len for wait, _ in items]
+        steps = [wait.steps[i] for wait, i in items]
+        total_steps = self.sampling.total_steps
+        if isinstance(like, DenoiseWait):
+            rng_keys = [wait.rng_keys[i] for wait, i in items]
+            out = self.backbone.denoise_step(
+                StepBatch(tokens, prompt_lens, steps, rng_keys, total_steps)
             )
-        if len(pool) < max(size for _, size in unit.members):
-            raise ValueError(
-                f"strategy of {unit.members[0][0].id!r} returned {len(pool)} "
-                "candidates, fewer than it declared"
-            )
+            if len(out) != len(items):
+                what = f"denoise_step() returned {len(out)} rows for a batch of {len(items)}"
+                raise self.origins.violation("backbone", self.origins.backbone, what)
+            return out
+        values = np.asarray(
+            self.scorers[like.scorer].score(ScoreBatch(tokens, prompt_lens, steps, total_steps)),
+            dtype=np.float64,
+        )
+        if values.shape != (len(items),):
+            what = f"score() returned shape {values.shape} for a batch of {len(items)} rows"
+            raise self.origins.violation("scorer", self.origins.scorer(like.scorer), what)
+        return values
+
+    async def _selector_scores(self, unit: Unit, pool: Pool, ops: Ops) -> None:
+        """Score the pool for selectors that need a scorer it does not carry: each scorer once,
+        on the first candidates of the largest member that needs it."""
         needed = sorted({s for m, _ in unit.members for s in m.selector_scoring()})
         for scorer in needed:
             needy = [(m, size) for m, size in unit.members if scorer in m.selector_scoring()]
@@ -253,128 +274,32 @@ class Engine:
             full = np.full(len(pool), np.nan)
             full[:upto] = values
             pool.scores[scorer] = full
-        return pool
-
-    # -- serving requests ----------------------------------------------------------------
-    def _batches(self, lengths: list[int]) -> list[list[int]]:
-        """Indices sorted by canvas length, cut into batches within the row and token caps."""
-        order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-        batches: list[list[int]] = []
-        current: list[int] = []
-        for i in order:
-            widest = max([lengths[j] for j in current] + [lengths[i]])
-            too_many = len(current) >= self.limits.batch_rows
-            too_wide = (
-                self.limits.batch_tokens is not None
-                and (len(current) + 1) * widest > self.limits.batch_tokens
-            )
-            if current and (too_many or too_wide):
-                batches.append(current)
-                current = []
-            current.append(i)
-        if current:
-            batches.append(current)
-        return batches
-
-    def _tick(self, denoising: list[_Denoising], ready: deque) -> list[_Denoising]:
-        """One denoising step for every waiting row; identical rows are computed once."""
-        flat = [(state, i) for state in denoising for i in range(len(state.steps))]
-        copies = _identical(
-            (state.keys[i], state.steps[i], state.rows.prompt_len, state.tokens[i])
-            for state, i in flat
-        )
-        owners = [(state.rows.problem.id, state.rows.owners[i]) for state, i in flat]
-        lengths = [flat[rows[0]][0].tokens.shape[1] for rows in copies]
-        for batch in self._batches(lengths):
-            items = [flat[copies[j][0]] for j in batch]
-            step = StepBatch(
-                tokens=[state.tokens[i] for state, i in items],
-                prompt_lens=[state.rows.prompt_len for state, _ in items],
-                steps=[state.steps[i] for state, i in items],
-                keys=[state.keys[i] for state, i in items],
-                total_steps=self.sampling.total_steps,
-            )
-            start = time.perf_counter()
-            out = self.backbone.denoise_step(step)
-            seconds = time.perf_counter() - start
-            if len(out) != len(items):
-                raise ValueError(f"backbone returned {len(out)} rows for a batch of {len(items)}")
-            for j, tokens in zip(batch, out, strict=True):
-                for state, i in (flat[n] for n in copies[j]):
-                    state.tokens[i] = tokens
-                    state.steps[i] += 1
-            self.ledger.record_forward(
-                "denoise", [_charged(owners, copies[j]) for j in batch], seconds
-            )
-        still: list[_Denoising] = []
-        for state in denoising:
-            state.remaining -= 1
-            if state.remaining:
-                still.append(state)
-            else:
-                ready.append((state.task, state.rows.advanced(state.tokens, state.steps)))
-        return still
-
-    def _serve_scores(self, scoring: list[tuple[_Task, ScoreRequest]], ready: deque) -> None:
-        """Every pending scoring request, batched per scorer; identical rows scored once."""
-        results = [np.empty(len(req.rows)) for _, req in scoring]
-        for name in sorted({req.scorer for _, req in scoring}):
-            flat = [
-                (req.rows, i, n)
-                for n, (_, req) in enumerate(scoring)
-                if req.scorer == name
-                for i in range(len(req.rows))
-            ]
-            copies = _identical(
-                (r.problem.id, r.steps[i], r.prompt_len, r.tokens[i]) for r, i, _ in flat
-            )
-            owners = [(r.problem.id, r.owners[i]) for r, i, _ in flat]
-            lengths = [flat[rows[0]][0].tokens.shape[1] for rows in copies]
-            for batch in self._batches(lengths):
-                items = [flat[copies[j][0]] for j in batch]
-                request = ScoreBatch(
-                    tokens=[r.tokens[i] for r, i, _ in items],
-                    prompt_lens=[r.prompt_len for r, _, _ in items],
-                    steps=[r.steps[i] for r, i, _ in items],
-                    total_steps=self.sampling.total_steps,
-                )
-                start = time.perf_counter()
-                values = np.asarray(self.scorers[name].score(request), dtype=np.float64)
-                seconds = time.perf_counter() - start
-                if values.shape != (len(items),):
-                    raise ValueError(
-                        f"scorer {name!r} returned shape {values.shape} for {len(items)} rows"
-                    )
-                for j, value in zip(batch, values, strict=True):
-                    for _, i, n in (flat[m] for m in copies[j]):
-                        results[n][i] = value
-                self.ledger.record_forward(
-                    f"score:{name}", [_charged(owners, copies[j]) for j in batch], seconds
-                )
-        for (task, _), values in zip(scoring, results, strict=True):
-            ready.append((task, values))
 
     # -- finishing -----------------------------------------------------------------------
+    def _judge(self, problem: Problem, pool: Pool) -> _Judged:
+        """Decode every candidate once, extract and key its answer, grade the pool."""
+        rows = pool.rows
+        texts = [self.backbone.decode(rows.tokens[i], rows.prompt_len) for i in range(len(pool))]
+        answers = [self.task.extract(text) for text in texts]
+        answer_keys = [None if a is None else self.task.answer_key(a) for a in answers]
+        labels = self._grade([(problem, a, t) for a, t in zip(answers, texts, strict=True)])
+        return _Judged(texts, answers, answer_keys, labels)
+
     def _grade(self, items: list[tuple[Problem, str | None, str]]) -> list[bool]:
         """A pool's grades: all at once through the task's optional `grade_many` (MBPP's
         sandboxes and MATH-500's workers grade in parallel), else one `grade` at a time."""
-        grade_many = getattr(self.task, "grade_many", None)
-        if grade_many is None:
+        if not isinstance(self.task, GradesMany):
             return [bool(self.task.grade(*item)) for item in items]
-        labels = [bool(x) for x in grade_many(items)]
+        labels = [bool(x) for x in self.task.grade_many(items)]
         if len(labels) != len(items):
-            raise PluginError(
-                f"task grade_many returned {len(labels)} grades for {len(items)} candidates"
-            )
+            what = f"grade_many() returned {len(labels)} grades for {len(items)} candidates"
+            raise self.origins.violation("task", self.origins.task, what)
         return labels
 
-    def _finish(self, unit: Unit, pool: Pool) -> list[dict[str, Any]]:
-        """Decode, extract and grade the pool once; let each member method select."""
-        problem, rows = unit.problem, pool.rows
-        texts = [self.backbone.decode(rows.tokens[i], rows.prompt_len) for i in range(len(pool))]
-        answers = [self.task.extract(text) for text in texts]
-        keys = [None if a is None else self.task.answer_key(a) for a in answers]
-        labels = self._grade([(problem, a, t) for a, t in zip(answers, texts, strict=True)])
+    def _finish(self, unit: Unit, pool: Pool) -> list[Record]:
+        """Judge the pool once; let each member method select and write its record."""
+        problem = unit.problem
+        judged = self._judge(problem, pool)
         records = []
         for method, size in unit.members:
             # a method sees only the scores it paid for, whatever else shares its pool
@@ -382,49 +307,73 @@ class Engine:
             candidates = [
                 Candidate(
                     index=i,
-                    text=texts[i],
-                    answer=answers[i],
-                    answer_key=keys[i],
-                    lineage=rows.lineage[i],
+                    text=judged.texts[i],
+                    answer=judged.answers[i],
+                    answer_key=judged.answer_keys[i],
+                    lineage=pool.rows.lineage[i],
                     scores={s: float(v[i]) for s, v in pool.scores.items() if s in paid},
                     weight=None if pool.weights is None else float(pool.weights[i]),
                 )
                 for i in range(size)
             ]
-            rng = numpy_rng(self.sampling.seed, problem.id, "select", method.id)
-            chosen = method.selector.select(
-                candidates, rng=rng, labels=labels[:size] if method.ceiling else None
-            )
-            if chosen is not None and not 0 <= chosen < size:
-                raise ValueError(f"selector of {method.id!r} chose {chosen} of {size} candidates")
+            chosen = self._select(problem, method, candidates, judged.labels[:size])
             self.ledger.check(problem.id, method.id, self._costs[method.id])
-            records.append(
-                {
-                    "problem": problem.id,
-                    "method": method.id,
-                    "selected": chosen,
-                    "answer": None if chosen is None else answers[chosen],
-                    "correct": False if chosen is None else labels[chosen],
-                    "ceiling": method.ceiling,
-                    "candidates": [
-                        {
-                            "text": c.text,
-                            "answer": c.answer,
-                            "valid": c.answer_key is not None,
-                            "key": None if c.answer_key is None else str(c.answer_key),
-                            "correct": labels[c.index],
-                            "scores": c.scores,
-                            "weight": c.weight,
-                            "lineage": list(c.lineage),
-                        }
-                        for c in candidates
-                    ],
-                    "ledger": self.ledger.entry(problem.id, method.id),
-                    "info": pool.info,
-                }
-            )
+            records.append(self._record(problem, method, chosen, candidates, judged, pool))
             self.ledger.release(problem.id, method.id)
         return records
+
+    def _select(
+        self, problem: Problem, method: Method, candidates: list[Candidate], labels: list[bool]
+    ) -> int | None:
+        """The selector's choice, once it is None or an index into `candidates`."""
+        rng = numpy_rng(self.sampling.seed, problem.id, "select", method.id)
+        chosen = method.selector.select(
+            candidates, rng=rng, labels=labels if method.ceiling else None
+        )
+        if chosen is None:
+            return None
+        size = len(candidates)
+        if isinstance(chosen, bool) or not isinstance(chosen, int | np.integer):
+            what = f"select() returned a {type(chosen).__name__}, not an index or None"
+        elif not 0 <= chosen < size:
+            what = f"select() returned index {chosen} for a pool of {size} candidates"
+        else:
+            return int(chosen)
+        raise self.origins.violation("selector", method.spec.selector, what)
+
+    def _record(
+        self,
+        problem: Problem,
+        method: Method,
+        chosen: int | None,
+        candidates: list[Candidate],
+        judged: _Judged,
+        pool: Pool,
+    ) -> Record:
+        return Record(
+            problem=problem.id,
+            method=method.id,
+            selected=chosen,
+            answer=None if chosen is None else judged.answers[chosen],
+            correct=False if chosen is None else judged.labels[chosen],
+            ceiling=method.ceiling,
+            candidates=[_candidate_record(c, judged.labels[c.index]) for c in candidates],
+            ledger=self.ledger.entry(problem.id, method.id),
+            info=pool.info,
+        )
+
+
+def _candidate_record(candidate: Candidate, correct: bool) -> CandidateRecord:
+    return CandidateRecord(
+        text=candidate.text,
+        answer=candidate.answer,
+        valid=candidate.answer_key is not None,
+        key=None if candidate.answer_key is None else str(candidate.answer_key),
+        correct=correct,
+        scores=candidate.scores,
+        weight=candidate.weight,
+        lineage=list(candidate.lineage),
+    )
 
 
 def _identical(rows: Iterable[tuple[Any, ...]]) -> list[list[int]]:
@@ -436,6 +385,6 @@ def _identical(rows: Iterable[tuple[Any, ...]]) -> list[list[int]]:
     return list(groups.values())
 
 
-def _charged(owners: list[tuple[str, Owners]], copies: list[int]) -> tuple[str, Owners]:
-    """(problem id, owners) of one computed row: every owner of every copy it stands for."""
-    return owners[copies[0]][0], tuple(o for n in copies for o in owners[n][1])
+def _charged(owners: list[tuple[str, Owners]], same: list[int]) -> tuple[str, Owners]:
+    """(problem id, owners) of one computed row: every owner of every row it stands for."""
+    return owners[same[0]][0], tuple(o for n in same for o in owners[n][1])

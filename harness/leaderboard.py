@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.table import Table
+
+from dllmbench.schema import MethodResult, Results
 
 COLUMNS = (
     "method",
@@ -23,7 +23,7 @@ def _pct(x: float) -> str:
     return f"{100 * x:.2f}"
 
 
-def rows(results: dict[str, Any]) -> list[tuple[bool, list[str]]]:
+def rows(results: Results) -> list[tuple[bool, list[str]]]:
     """(is_ceiling, cells) per method: contenders by accuracy, then ceilings."""
     methods = results["methods"]
     ranked = sorted(
@@ -31,32 +31,32 @@ def rows(results: dict[str, Any]) -> list[tuple[bool, list[str]]]:
         key=lambda m: -(m["accuracy"]["value"] if m["accuracy"] else -1),
     )
     ceilings = [m for m in methods if m["ceiling"]]
-    out = []
-    for m in ranked + ceilings:
-        acc = m["accuracy"]
-        delta = m.get("delta_vs_reference")
-        pool = m.get("pool")
-        cells = [
-            m["id"],
-            m["spec"],
-            f"{m['passes_per_problem']:.0f}" if m["passes_per_problem"] is not None else "–",
-            f"{100 * m['share_of_budget']:.1f}%",
-            _pct(acc["value"]) if m["problems"] else "–",
-            f"[{_pct(acc['low'])}, {_pct(acc['high'])}]" if m["problems"] else "–",
-            (
-                f"{100 * delta['value']:+.2f} "
-                f"[{100 * delta['low']:+.2f}, {100 * delta['high']:+.2f}]"
-                if delta
-                else "–"
-            ),
-            _pct(pool["oracle"]["value"]) if pool else "–",
-            f"{pool['unique_answers']:.2f}" if pool else "–",
-        ]
-        out.append((m["ceiling"], cells))
-    return out
+    return [(m["ceiling"], _cells(m)) for m in ranked + ceilings]
 
 
-def headers(results: dict[str, Any]) -> list[str]:
+def _cells(m: MethodResult) -> list[str]:
+    """The leaderboard cells of one method, in `COLUMNS` order."""
+    acc = m["accuracy"]
+    delta = m.get("delta_vs_reference")
+    pool = m.get("pool")
+    return [
+        m["id"],
+        m["spec"],
+        f"{m['passes_per_problem']:.0f}" if m["passes_per_problem"] is not None else "–",
+        f"{100 * m['share_of_budget']:.1f}%",
+        _pct(acc["value"]) if acc and m["problems"] else "–",
+        f"[{_pct(acc['low'])}, {_pct(acc['high'])}]" if acc and m["problems"] else "–",
+        (
+            f"{100 * delta['value']:+.2f} [{100 * delta['low']:+.2f}, {100 * delta['high']:+.2f}]"
+            if delta
+            else "–"
+        ),
+        _pct(pool["oracle"]["value"]) if pool else "–",
+        f"{pool['unique_answers']:.2f}" if pool else "–",
+    ]
+
+
+def headers(results: Results) -> list[str]:
     ref = results.get("reference") or "reference"
     return [c.format(ref=ref) for c in COLUMNS]
 
@@ -67,7 +67,7 @@ CONFIG_WIDTH = (16, 40)  # the configuration column folds within these widths
 CEILINGS = "ceilings (not ranked):"
 
 
-def _fit(results: dict[str, Any], width: int | None) -> list[int]:
+def _fit(results: Results, width: int | None) -> list[int]:
     """Indices of the columns that fit in `width` characters (all when `width` is None)."""
     if width is None:
         return list(range(len(COLUMNS)))
@@ -84,7 +84,7 @@ def _fit(results: dict[str, Any], width: int | None) -> list[int]:
     return sorted(chosen)
 
 
-def rich_table(results: dict[str, Any], title: str = "", width: int | None = None) -> Table:
+def rich_table(results: Results, title: str = "", width: int | None = None) -> Table:
     """The leaderboard for a terminal `width` columns wide (None: every column).
 
     When narrow, the least wanted columns go first (configuration, unique, share, ...);
@@ -110,7 +110,7 @@ def rich_table(results: dict[str, Any], title: str = "", width: int | None = Non
     return table
 
 
-def markdown(results: dict[str, Any], title: str = "") -> str:
+def markdown(results: Results, title: str = "") -> str:
     head = headers(results)
     lines = [f"# {title}", ""] if title else []
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

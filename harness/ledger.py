@@ -11,6 +11,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 
 from dllmbench.errors import CostMismatch
+from dllmbench.schema import LedgerEntry
 from dllmbench.types import Owners
 
 
@@ -53,16 +54,16 @@ class Ledger:
         if spent != want:
             raise CostMismatch(method, problem_id, want, spent)
 
-    def entry(self, problem_id: str, method: str) -> dict[str, object]:
+    def entry(self, problem_id: str, method: str) -> LedgerEntry:
         """The record of one (problem, method): passes by kind, forwards, seconds."""
         key = (problem_id, method)
         passes = dict(sorted(self._passes.get(key, {}).items()))
-        return {
-            "passes": passes,
-            "total_passes": sum(passes.values()),
-            "forwards": dict(sorted(self._forwards.get(key, {}).items())),
-            "seconds": {k: round(v, 6) for k, v in sorted(self._seconds.get(key, {}).items())},
-        }
+        return LedgerEntry(
+            passes=passes,
+            total_passes=sum(passes.values()),
+            forwards=dict(sorted(self._forwards.get(key, {}).items())),
+            seconds={k: round(v, 6) for k, v in sorted(self._seconds.get(key, {}).items())},
+        )
 
     def release(self, problem_id: str, method: str) -> None:
         """Forget a finished (problem, method) once its record is written."""

@@ -11,7 +11,9 @@ from typing import Any
 
 from dllmbench.errors import UserError
 from dllmbench.interfaces import SearchStrategy, Selector
-from dllmbench.registry import Registry, describe
+from dllmbench.provenance import config_data
+from dllmbench.registry import Registry
+from dllmbench.schema import MethodEntry, PluginEntry
 
 FREE = "*"
 
@@ -153,12 +155,14 @@ class Method:
     def total_cost(self, total_steps: int, passes_per_step: int = 1) -> int:
         return sum(self.cost(total_steps, passes_per_step).values())
 
-    def describe(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "family": self.family,
-            "spec": self.spec.text(),
-            "strategy": {"name": self.spec.strategy, "config": describe(self.strategy)},
-            "selector": {"name": self.spec.selector, "config": describe(self.selector)},
-            "ceiling": self.ceiling,
-        }
+    def manifest_entry(self) -> MethodEntry:
+        """The method as the manifest records it (the runner adds `cost` and where its plugins
+        came from)."""
+        return MethodEntry(
+            id=self.id,
+            family=self.family,
+            spec=self.spec.text(),
+            strategy=PluginEntry(name=self.spec.strategy, config=config_data(self.strategy)),
+            selector=PluginEntry(name=self.spec.selector, config=config_data(self.selector)),
+            ceiling=self.ceiling,
+        )

@@ -1,4 +1,9 @@
-"""Budget planner: each method family takes its largest configuration that fits the budget."""
+"""Budget planner: each method family takes its largest configuration that fits the budget.
+
+Method families (built-in and third-party alike) come from the registry, registered through
+the `dllmbench_register_methods` hook. `all` (and no entry at all) means every family whose
+strategy and selector are available.
+"""
 
 from __future__ import annotations
 
@@ -6,58 +11,10 @@ import math
 from dataclasses import dataclass, field
 
 from dllmbench.errors import PluginError, UserError
+from dllmbench.manager import MethodFamily
 from dllmbench.method import Method, MethodSpec
-from dllmbench.registry import Registry, describe
-
-
-@dataclass(frozen=True)
-class Family:
-    """A method template whose free size (`*`) the planner chooses."""
-
-    name: str
-    label: str  # formatted with the strategy's configuration, e.g. "ORM Rerank@{n}"
-    spec: str  # "{half}" stands for T // 2, the segment length of the guided families
-
-
-FAMILIES: tuple[Family, ...] = (
-    Family("vanilla", "Vanilla", "independent:n=1+first"),
-    Family("majority", "Majority@{n}", "independent:n=*+majority"),
-    Family("orm_rerank", "ORM Rerank@{n}", "independent:n=*+argmax:scorer=orm"),
-    Family(
-        "weighted_majority", "Weighted Majority@{n}", "independent:n=*+weighted_majority:by=orm"
-    ),
-    Family("prm_rerank", "PRM Rerank@{n}", "independent:n=*+argmax:scorer=prm"),
-    Family("random_rerank", "Random Rerank@{n}", "independent:n=*+random"),
-    Family(
-        "prm_guided",
-        "PRM Guided K={k} b={every}",
-        "prm_guided:k=*,every={half},final=keep+argmax:scorer=prm",
-    ),
-    Family(
-        "top_m", "Top-{keep} Retention K={k} b={every}", "prm_guided:k=*,every={half},keep=2+first"
-    ),
-    Family(
-        "prm_hybrid",
-        "PRM Hybrid K={k} b={every} + Majority",
-        "prm_guided:k=*,every={half},final=keep+majority",
-    ),
-    Family(
-        "smc_vote",
-        "SMC K={k} b={every} (weighted vote)",
-        "smc:k=*,every={half}+weighted_majority:by=weight",
-    ),
-    Family(
-        "smc_top", "SMC K={k} b={every} (top particle)", "smc:k=*,every={half}+argmax:scorer=prm"
-    ),
-    Family("oracle", "Oracle@{n}", "independent:n=*+oracle"),
-    Family(
-        "hybrid_oracle",
-        "Oracle of PRM Hybrid K={k} b={every}",
-        "prm_guided:k=*,every={half},final=keep+oracle",
-    ),
-)
-
-FAMILY_BY_NAME = {f.name: f for f in FAMILIES}
+from dllmbench.provenance import config_data
+from dllmbench.registry import Registry
 
 
 def half_steps(total_steps: int) -> int:
@@ -122,7 +79,7 @@ def _label(template: str | None, method: Method) -> str:
     if template is None:
         return method.spec.text()
     try:
-        return template.format(**describe(method.strategy))
+        return template.format(**config_data(method.strategy))
     except (KeyError, IndexError):
         return template
 
@@ -174,15 +131,45 @@ def fit(
     return best, smallest
 
 
-def _spec(registry: Registry, entry: str, total_steps: int) -> tuple[MethodSpec, Family | None]:
+ALL = "all"
+
+
+def family_spec(family: MethodFamily, total_steps: int) -> MethodSpec:
+    return MethodSpec.parse(family.spec.format(half=half_steps(total_steps)))
+
+
+def available_families(registry: Registry, total_steps: int) -> list[str]:
+    """Every registered family whose strategy and selector are registered and not broken."""
+    have = {kind: set(registry.names(kind)) for kind in ("strategy", "selector")}
+    names = []
+    for family in registry.families():
+        spec = family_spec(family, total_steps)
+        if spec.strategy in have["strategy"] and spec.selector in have["selector"]:
+            names.append(family.name)
+    return names
+
+
+def expand(registry: Registry, entries: list[str] | None, total_steps: int) -> dict[str, bool]:
+    """Entry → whether it was asked for by name: `all` (or no entries) adds every available
+    family, not asked for by name, so one that lacks a scorer is only left out."""
+    out: dict[str, bool] = {}
+    for entry in entries or [ALL]:
+        for name in available_families(registry, total_steps) if entry == ALL else [entry]:
+            out[name] = out.get(name, False) or entry != ALL
+    return out
+
+
+def _spec(
+    registry: Registry, entry: str, total_steps: int
+) -> tuple[MethodSpec, MethodFamily | None]:
     """The method spec of a family name or a spec text, its plugins and options checked."""
-    family = FAMILY_BY_NAME.get(entry)
+    family = registry.family(entry)
     if family is not None:
-        return MethodSpec.parse(family.spec.format(half=half_steps(total_steps))), family
+        return family_spec(family, total_steps), family
     if not (":" in entry or "+" in entry or entry in registry.names("strategy")):
-        known = ", ".join(FAMILY_BY_NAME)
+        known = ", ".join(f.name for f in registry.families())
         raise UserError(
-            f"unknown method {entry!r}; families: {known}; or a spec such as "
+            f"unknown method {entry!r}; families: {known}, or all; or a spec such as "
             "independent:n=8+majority"
         )
     spec = MethodSpec.parse(entry)
@@ -194,12 +181,23 @@ def _spec(registry: Registry, entry: str, total_steps: int) -> tuple[MethodSpec,
     return spec, None
 
 
+@dataclass(frozen=True)
+class Use:
+    """An entry whose methods use a scorer; `named` when asked for by name (not by `all`)."""
+
+    entry: str
+    named: bool
+
+    def __str__(self) -> str:
+        return self.entry
+
+
 def scorer_users(
     registry: Registry, entries: list[str] | None, total_steps: int
-) -> dict[str, list[str]]:
+) -> dict[str, list[Use]]:
     """Scorer name → the entries (families or specs) whose methods use it."""
-    users: dict[str, list[str]] = {}
-    for entry in entries or [f.name for f in FAMILIES]:
+    users: dict[str, list[Use]] = {}
+    for entry, named in expand(registry, entries, total_steps).items():
         spec, _ = _spec(registry, entry, total_steps)
         method = None  # which scorers a method uses does not depend on its size: any will do
         for size in range(1, 65) if spec.free_field() else (0,):
@@ -209,23 +207,24 @@ def scorer_users(
         if isinstance(method, PluginError):
             raise method
         for scorer in sorted(method.scorers()):
-            users.setdefault(scorer, []).append(entry)
+            users.setdefault(scorer, []).append(Use(entry, named))
     return users
 
 
-def check_scorers(users: dict[str, list[str]], scorers: set[str], requested: bool) -> None:
+def check_scorers(users: dict[str, list[Use]], scorers: set[str], requested: bool) -> None:
     """With `users` from `scorer_users`: a requested method whose scorer the run lacks, or a
     scorer no method uses, is an error (with no methods requested, families lacking a scorer
-    are only left out)."""
-    for scorer, entries in sorted(users.items()) if requested else ():
-        if scorer not in scorers:
+    are only left out, as are the families `all` adds)."""
+    for scorer, uses in sorted(users.items()) if requested else ():
+        named = [u.entry for u in uses if u.named]
+        if scorer not in scorers and named:
             raise UserError(
-                f"method {entries[0]!r} needs scorer {scorer}, which the run does not have; "
+                f"method {named[0]!r} needs scorer {scorer}, which the run does not have; "
                 f"give --scorer {scorer}=PLUGIN[:checkpoint=DIR] or drop the method"
             )
     for name in sorted(scorers):
         if name not in users:
-            used = "; ".join(f"{s} by {', '.join(e)}" for s, e in sorted(users.items()))
+            used = "; ".join(f"{s} by {', '.join(map(str, u))}" for s, u in sorted(users.items()))
             raise UserError(
                 f"no requested method uses scorer {name!r}; "
                 + (
@@ -244,15 +243,15 @@ def plan(
     scorers: set[str] | None = None,
     passes_per_step: int = 1,
 ) -> Plan:
-    """Choose every method for `budget`. `entries` are family names or method specs.
+    """Choose every method for `budget`. `entries` are family names, `all` or method specs.
 
     With `scorers` given, families that need a scorer outside it are left out.
     """
     if budget < 1:
         raise UserError(f"--budget must be a positive number of passes, got {budget}")
     result = Plan(budget, total_steps)
-    specs = [(entry, *_spec(registry, entry, total_steps)) for entry in entries or FAMILY_BY_NAME]
-    for entry, spec, family in specs:
+    named = expand(registry, entries, total_steps)
+    for entry, spec, family in [(e, *_spec(registry, e, total_steps)) for e in named]:
         label, name = (family.label, family.name) if family else (None, None)
         method, smallest = fit(registry, spec, label, name, budget, total_steps, passes_per_step)
         if method is None:
@@ -263,9 +262,8 @@ def plan(
             continue
         missing = tuple(sorted(method.scorers() - scorers)) if scorers is not None else ()
         if missing:
-            result.left_out.append(
-                LeftOut(entry, f"needs scorer {', '.join(missing)}", missing=missing)
-            )
+            reason = f"needs scorer {', '.join(missing)}"
+            result.left_out.append(LeftOut(entry, reason, missing=missing if named[entry] else ()))
             continue
         if any(p.method.id == method.id for p in result.methods):
             continue

@@ -11,27 +11,35 @@ from functools import lru_cache
 from typing import Any, Literal, Union
 
 from dllmbench.errors import PluginError
-from dllmbench.interfaces import Backbone, Scorer, SearchStrategy, Selector, Task
-from dllmbench.manager import KINDS, PluginInfo, collect, load_plugin_manager
+from dllmbench.interfaces import (
+    KIND_PROTOCOLS,
+    Backbone,
+    Scorer,
+    SearchStrategy,
+    Selector,
+    Task,
+    config_class,
+    cost_formula,
+    missing_members,
+)
+from dllmbench.manager import (
+    KINDS,
+    Broken,
+    Collected,
+    MethodFamily,
+    PluginInfo,
+    collect,
+    load_plugin_manager,
+)
 
 # Run objects a factory may ask for by parameter name; never configuration.
 SHARED = ("backbone",)
 
 
-def describe(obj: Any) -> dict[str, Any]:
-    """The configuration of a built plugin object, as plain data (its `config` dataclass)."""
-    config = getattr(obj, "config", None)
-    if config is None:
-        return {}
-    if dataclasses.is_dataclass(config):
-        return dataclasses.asdict(config)
-    return dict(config)
-
-
 def options(factory: Any) -> list[str]:
     """Configuration field names a factory accepts."""
-    config_cls = getattr(factory, "Config", None)
-    if config_cls is not None and dataclasses.is_dataclass(config_cls):
+    config_cls = config_class(factory)
+    if config_cls is not None:
         return [f.name for f in dataclasses.fields(config_cls)]
     params = inspect.signature(factory).parameters.values()
     kinds = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -96,22 +104,53 @@ def _failed(kind: str, name: str, config: dict[str, Any], exc: BaseException) ->
 
 
 class Registry:
-    """Every registered plugin, by kind and name."""
+    """Every registered plugin, by kind and name; the method families; the broken plugins."""
 
-    def __init__(self, table: dict[str, dict[str, PluginInfo]]):
+    def __init__(
+        self,
+        table: dict[str, dict[str, PluginInfo]],
+        families: dict[str, MethodFamily] | None = None,
+        broken: list[Broken] | tuple[Broken, ...] = (),
+    ):
         self._table = table
+        self._families = dict(families or {})
+        self._broken = list(broken)
+
+    @classmethod
+    def from_collected(cls, collected: Collected) -> Registry:
+        return cls(collected.plugins, collected.families, collected.broken)
 
     def names(self, kind: str) -> list[str]:
-        return sorted(self._table[kind])
+        return sorted(self._table.get(kind, {}))
 
     def all(self) -> list[PluginInfo]:
-        return [info for kind in KINDS for info in self._table[kind].values()]
+        return [info for kind in KINDS for info in self._table.get(kind, {}).values()]
+
+    def broken(self) -> list[Broken]:
+        """Plugins left out, with the reason: failed imports, raising hooks, clashing names."""
+        return list(self._broken)
+
+    def families(self) -> list[MethodFamily]:
+        """Every registered method family, in registration order (built-ins first)."""
+        return list(self._families.values())
+
+    def family(self, name: str) -> MethodFamily | None:
+        self._refuse_broken("method family", name)
+        return self._families.get(name)
+
+    def _refuse_broken(self, kind: str, name: str) -> None:
+        for b in self._broken:
+            if b.kind == kind and b.name == name:
+                raise PluginError(b.line())
 
     def info(self, kind: str, name: str) -> PluginInfo:
-        table = self._table[kind]
+        self._refuse_broken(kind, name)
+        table = self._table.get(kind, {})
         if name not in table:
             known = ", ".join(sorted(table)) or "none installed"
-            raise PluginError(f"unknown {kind} {name!r}; known: {known}")
+            modules = [b for b in self._broken if b.kind is None]
+            also = "; broken: " + "; ".join(b.line() for b in modules) if modules else ""
+            raise PluginError(f"unknown {kind} {name!r}; known: {known}{also}")
         return table[name]
 
     def coerce(
@@ -128,8 +167,8 @@ class Registry:
                 f"{kind} {name!r} has no option {', '.join(map(repr, unknown))}; options: "
                 f"{', '.join(allowed) or 'none'}"
             )
-        config_cls = getattr(factory, "Config", None)
-        if config_cls is None or not dataclasses.is_dataclass(config_cls):
+        config_cls = config_class(factory)
+        if config_cls is None:
             return dict(config)
         hints = typing.get_type_hints(config_cls)
         out = {}
@@ -149,8 +188,8 @@ class Registry:
         """Validate a configuration without building the plugin: names, types and the
         `Config` dataclass's own checks. Returns the Config object (None without one)."""
         config = self.coerce(kind, name, config)
-        config_cls = getattr(self.info(kind, name).factory, "Config", None)
-        if config_cls is None or not dataclasses.is_dataclass(config_cls):
+        config_cls = config_class(self.info(kind, name).factory)
+        if config_cls is None:
             return None
         try:
             return config_cls(**config)
@@ -165,14 +204,16 @@ class Registry:
         `shared` holds run objects (the backbone) passed to factories that ask for them by
         parameter name; they are not configuration and never reach the manifest.
         """
-        factory = self.info(kind, name).factory
+        info = self.info(kind, name)
         config = self.coerce(kind, name, config)
-        params = inspect.signature(factory).parameters
+        params = inspect.signature(info.factory).parameters
         extra = {k: v for k, v in (shared or {}).items() if k in params}
         try:
-            return factory(**extra, **config)
+            built = info.factory(**extra, **config)
         except (TypeError, ValueError) as exc:
             raise _failed(kind, name, config, exc) from exc
+        conform(info, built)
+        return built
 
     def backbone(self, name: str, **config: Any) -> Backbone:
         return self.build("backbone", name, **config)
@@ -190,8 +231,92 @@ class Registry:
         return self.build("task", name, **config)
 
 
+def conform(info: PluginInfo, built: Any) -> None:
+    """A built plugin must implement its kind's Protocol: a one-line error names what lacks."""
+    protocol = KIND_PROTOCOLS[info.kind]
+    missing = missing_members(built, protocol)
+    if missing:
+        raise PluginError(
+            f"{info.kind} {info.name!r} from {info.distribution} does not implement "
+            f"dllmbench.interfaces.{protocol.__name__}: it lacks {', '.join(missing)}"
+        )
+
+
+def _type_text(tp: Any) -> str:
+    """A type as a reader writes it: `int`, `str | None`, `Literal['a', 'b']`."""
+    if isinstance(tp, type):
+        return tp.__name__
+    return str(tp).replace("typing.", "").replace("NoneType", "None")
+
+
+def _plain(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return repr(value)
+
+
+def option_table(factory: Any) -> list[dict[str, Any]]:
+    """A factory's options: name, type and default (from its `Config` dataclass, else its
+    signature); a required option has no "default" key."""
+    config_cls = config_class(factory)
+    rows: list[dict[str, Any]] = []
+    if config_cls is not None:
+        hints = typing.get_type_hints(config_cls)
+        for f in dataclasses.fields(config_cls):
+            row: dict[str, Any] = {"name": f.name, "type": _type_text(hints.get(f.name, Any))}
+            if f.default is not dataclasses.MISSING:
+                row["default"] = _plain(f.default)
+            elif f.default_factory is not dataclasses.MISSING:
+                row["default"] = _plain(f.default_factory())
+            rows.append(row)
+        return rows
+    for p in inspect.signature(factory).parameters.values():
+        if p.name in options(factory):
+            row = {"name": p.name, "type": _type_text(p.annotation) if p.annotation else "any"}
+            if p.default is not inspect.Parameter.empty:
+                row["default"] = _plain(p.default)
+            rows.append(row)
+    return rows
+
+
+def _summary(factory: Any) -> str:
+    doc = inspect.getdoc(factory) or ""
+    return doc.strip().splitlines()[0] if doc.strip() else ""
+
+
+def describe_plugins(reg: Registry) -> list[dict[str, Any]]:
+    """Every plugin as plain data, for `dllmbench plugins --verbose` / `--json`: name, kind,
+    distribution, version, module, `summary` (its docstring's first line), `options` (name,
+    type, default), for strategies `cost` (its cost formula, or None), and `broken` (None, or
+    the reason it is left out; a broken plugin has no summary, options or cost)."""
+    out: list[dict[str, Any]] = []
+    for info in sorted(reg.all(), key=lambda i: (i.kind, i.name)):
+        entry: dict[str, Any] = {
+            **info.as_dict(),
+            "summary": _summary(info.factory),
+            "options": option_table(info.factory),
+            "broken": None,
+        }
+        if info.kind == "strategy":
+            entry["cost"] = cost_formula(info.factory)
+        out.append(entry)
+    for b in reg.broken():
+        out.append(
+            {
+                "name": b.name,
+                "kind": b.kind or "plugin",
+                "distribution": b.distribution,
+                "version": "",
+                "module": b.module,
+                "broken": b.reason,
+            }
+        )
+    return out
+
+
 @lru_cache(maxsize=1)
 def registry() -> Registry:
     """The process-wide registry (built once; `registry.cache_clear()` reloads it)."""
-    pm, sources = load_plugin_manager()
-    return Registry(collect(pm, sources))
+    return Registry.from_collected(collect(load_plugin_manager()))

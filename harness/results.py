@@ -3,18 +3,48 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 
-from dllmbench.stats import Interval, bootstrap_ci, entropy_bits, paired_difference, unique_answers
+from dllmbench.schema import (
+    SCHEMA_VERSION,
+    CandidateRecord,
+    DeltaEntry,
+    IntervalEntry,
+    MethodEntry,
+    MethodResult,
+    PoolEntry,
+    Record,
+    Results,
+)
+from dllmbench.stats import bootstrap_ci, entropy_bits, paired_difference, unique_answers
 
-SCHEMA_VERSION = 1
+__all__ = ["SCHEMA_VERSION", "summarize"]
+
+
+@dataclass(frozen=True)
+class _Bootstrap:
+    """The bootstrap settings every interval of one summary shares."""
+
+    resamples: int
+    level: float
+    seed: int
+
+    def interval(self, values: Sequence[float] | np.ndarray) -> IntervalEntry:
+        return bootstrap_ci(
+            values, resamples=self.resamples, level=self.level, seed=self.seed
+        ).as_dict()
+
+    def difference(self, a: Sequence[float], b: Sequence[float]) -> IntervalEntry:
+        return paired_difference(
+            a, b, resamples=self.resamples, level=self.level, seed=self.seed
+        ).as_dict()
 
 
 def summarize(
-    records: Sequence[dict[str, Any]],
-    methods: Sequence[dict[str, Any]],
+    records: Sequence[Record],
+    methods: Sequence[MethodEntry],
     problem_ids: Sequence[str],
     *,
     budget: int,
@@ -22,71 +52,82 @@ def summarize(
     resamples: int = 2000,
     level: float = 0.95,
     seed: int = 0,
-) -> dict[str, Any]:
+) -> Results:
     """The content of results.json. Deterministic: no timings, records in problem order.
 
-    `methods` are the method descriptions of the manifest (id, spec, ceiling, cost).
+    `methods` are the method entries of the manifest (id, family, spec, ceiling, cost).
     """
     order = {pid: i for i, pid in enumerate(problem_ids)}
-    by_method: dict[str, dict[str, dict[str, Any]]] = {m["id"]: {} for m in methods}
+    by_method: dict[str, dict[str, Record]] = {m["id"]: {} for m in methods}
     for rec in records:
         if rec["method"] in by_method and rec["problem"] in order:
             by_method[rec["method"]][rec["problem"]] = rec
     ids = [m["id"] for m in methods]
     if reference is None:
         reference = "Vanilla" if "Vanilla" in ids else (ids[0] if ids else None)
-    ref_records = by_method.get(reference, {})
-
+    ref_records = by_method.get(reference, {}) if reference is not None else {}
+    boot = _Bootstrap(resamples, level, seed)
     out = []
     for m in methods:
         recs = sorted(by_method[m["id"]].values(), key=lambda r: order[r["problem"]])
-        correct = np.array([float(r["correct"]) for r in recs])
-        entry: dict[str, Any] = {
-            "id": m["id"],
-            "family": m.get("family"),
-            "spec": m["spec"],
-            "ceiling": m["ceiling"],
-            "problems": len(recs),
-            "accuracy": bootstrap_ci(correct, resamples=resamples, level=level, seed=seed).as_dict()
-            if recs
-            else None,
-            "passes_per_problem": float(np.mean([r["ledger"]["total_passes"] for r in recs]))
-            if recs
-            else None,
-            "planned_passes": sum(m["cost"].values()),
-            "share_of_budget": round(sum(m["cost"].values()) / budget, 6),
-        }
+        entry = _method_result(m, recs, budget, boot)
         pools = [r["candidates"] for r in recs]
         if pools and max(len(p) for p in pools) > 1:
-            keys = [[c["key"] if c["valid"] else None for c in p] for p in pools]
-            entry["pool"] = {
-                "size": float(np.mean([len(p) for p in pools])),
-                "oracle": bootstrap_ci(
-                    [float(any(c["correct"] for c in p)) for p in pools],
-                    resamples=resamples,
-                    level=level,
-                    seed=seed,
-                ).as_dict(),
-                "unique_answers": float(np.mean([unique_answers(k) for k in keys])),
-                "entropy_bits": round(float(np.mean([entropy_bits(k) for k in keys])), 6),
-            }
+            entry["pool"] = _pool_entry(pools, boot)
         if reference is not None and m["id"] != reference:
-            common = [r for r in recs if r["problem"] in ref_records]
-            if common:
-                a = [float(r["correct"]) for r in common]
-                b = [float(ref_records[r["problem"]]["correct"]) for r in common]
-                diff = paired_difference(a, b, resamples=resamples, level=level, seed=seed)
-                entry["delta_vs_reference"] = {**diff.as_dict(), "problems": len(common)}
+            delta = _delta(recs, ref_records, boot)
+            if delta is not None:
+                entry["delta_vs_reference"] = delta
         out.append(entry)
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "budget": budget,
-        "reference": reference,
-        "resamples": resamples,
-        "level": level,
-        "methods": out,
-    }
+    return Results(
+        schema_version=SCHEMA_VERSION,
+        budget=budget,
+        reference=reference,
+        resamples=resamples,
+        level=level,
+        methods=out,
+    )
 
 
-def interval(d: dict[str, float]) -> Interval:
-    return Interval(d["value"], d["low"], d["high"])
+def _method_result(
+    m: MethodEntry, recs: list[Record], budget: int, boot: _Bootstrap
+) -> MethodResult:
+    """A method's accuracy and costs (no pool measures, no difference yet)."""
+    correct = [float(r["correct"]) for r in recs]
+    passes = [r["ledger"]["total_passes"] for r in recs]
+    planned = sum(m["cost"].values())
+    return MethodResult(
+        id=m["id"],
+        family=m.get("family"),
+        spec=m["spec"],
+        ceiling=m["ceiling"],
+        problems=len(recs),
+        accuracy=boot.interval(correct) if recs else None,
+        passes_per_problem=float(np.mean(passes)) if recs else None,
+        planned_passes=planned,
+        share_of_budget=round(planned / budget, 6),
+    )
+
+
+def _pool_entry(pools: list[list[CandidateRecord]], boot: _Bootstrap) -> PoolEntry:
+    """Pool diagnostics over the problems: size, oracle, distinct answers, entropy."""
+    answer_keys = [[c["key"] if c["valid"] else None for c in p] for p in pools]
+    oracle = [float(any(c["correct"] for c in p)) for p in pools]
+    return PoolEntry(
+        size=float(np.mean([len(p) for p in pools])),
+        oracle=boot.interval(oracle),
+        unique_answers=float(np.mean([unique_answers(k) for k in answer_keys])),
+        entropy_bits=round(float(np.mean([entropy_bits(k) for k in answer_keys])), 6),
+    )
+
+
+def _delta(
+    recs: list[Record], ref_records: dict[str, Record], boot: _Bootstrap
+) -> DeltaEntry | None:
+    """The paired difference to the reference over the problems both have; None if none."""
+    common = [r for r in recs if r["problem"] in ref_records]
+    if not common:
+        return None
+    a = [float(r["correct"]) for r in common]
+    b = [float(ref_records[r["problem"]]["correct"]) for r in common]
+    return DeltaEntry(**boot.difference(a, b), problems=len(common))

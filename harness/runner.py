@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import os
 import platform
@@ -14,12 +15,21 @@ from typing import Any
 
 from dllmbench import __version__
 from dllmbench.checksums import sha256
-from dllmbench.engine import Engine, Limits, Sampling
+from dllmbench.engine import Capacity, Engine, Sampling
 from dllmbench.errors import UserError
+from dllmbench.interfaces import (
+    MultiPass,
+    is_deterministic,
+    is_trained,
+    passes_per_step,
+    shipped_scorers,
+    weight_files,
+)
 from dllmbench.leaderboard import markdown
 from dllmbench.method import Method
 from dllmbench.planner import Plan, Planned, default_budget, plan
-from dllmbench.registry import Registry, describe, registry
+from dllmbench.provenance import Origins, config_data
+from dllmbench.registry import Registry, registry
 from dllmbench.results import summarize
 from dllmbench.rundir import RunDir
 
@@ -38,7 +48,7 @@ class RunConfig:
     methods: list[str] | None = None
     reference: str | None = None
     sampling: Sampling = field(default_factory=Sampling)
-    limits: Limits = field(default_factory=Limits)
+    capacity: Capacity = field(default_factory=Capacity)
     resamples: int = 2000
     out: str | None = None
     command: list[str] = field(default_factory=list)
@@ -101,9 +111,8 @@ def _weights(obj: Any) -> dict[str, dict[str, str]]:
     """Config field → {file: sha256} of the checkpoint files it located, from the plugin's
     optional `weight_files()`. Files are named relative to their common folder, so a moved
     checkpoint (or install) has the same entry and only a change of content differs."""
-    located = getattr(obj, "weight_files", None)
     out = {}
-    for config_field, files in sorted((located() if located else {}).items()):
+    for config_field, files in sorted(weight_files(obj).items()):
         paths = [Path(f) for f in files]
         if paths:
             base = Path(os.path.commonpath([p.parent for p in paths]))
@@ -117,7 +126,7 @@ def _plugin_entry(reg: Registry, kind: str, name: str, obj: Any) -> dict[str, An
         "name": name,
         "distribution": info.distribution,
         "version": info.version,
-        "config": describe(obj),
+        "config": config_data(obj),
     }
     weights = _weights(obj)
     if weights:
@@ -138,7 +147,7 @@ def build_manifest(
     methods = []
     for planned in chosen.methods:
         m: Method = planned.method
-        entry = m.describe()
+        entry = m.manifest_entry()
         entry["cost"] = planned.cost
         entry["strategy"].update(
             distribution=reg.info("strategy", m.spec.strategy).distribution,
@@ -172,7 +181,7 @@ def build_manifest(
         "methods": methods,
         "reference": cfg.reference,
         "statistics": {"resamples": cfg.resamples, "level": 0.95},
-        "execution": asdict(cfg.limits),
+        "execution": asdict(cfg.capacity),
     }
 
 
@@ -200,17 +209,17 @@ def prepare(cfg: RunConfig, reg: Registry | None = None):
     # the backbone's configuration says how it plans (passes per step, shipped scorers)
     backbone_config = reg.check("backbone", cfg.backbone, **cfg.backbone_config)
     if cfg.scorers is None:
-        cfg.scorers = dict(getattr(backbone_config, "shipped_scorers", None) or {})
+        cfg.scorers = shipped_scorers(backbone_config)
     for name, (plugin, config) in cfg.scorers.items():
         _need_trained(name, reg.check("scorer", plugin, **config))
-    passes = int(getattr(backbone_config, "passes_per_step", 1))
+    passes = passes_per_step(backbone_config)
     budget = cfg.budget if cfg.budget is not None else default_budget(cfg.sampling.total_steps)
     chosen = _choose(cfg, reg, budget, passes)
-    if getattr(backbone_config, "deterministic", False) and not cfg.allow_deterministic:
-        _refuse_copies(cfg, backbone_config, chosen, passes)
+    if is_deterministic(backbone_config) and not cfg.allow_deterministic:
+        _refuse_deterministic(cfg, backbone_config, chosen, passes)
     backbone = reg.backbone(cfg.backbone, **cfg.backbone_config)
-    if int(getattr(backbone, "passes_per_step", passes)) != passes:  # not known from config
-        chosen = _choose(cfg, reg, budget, int(backbone.passes_per_step))
+    if isinstance(backbone, MultiPass) and backbone.passes_per_step != passes:
+        chosen = _choose(cfg, reg, budget, passes_per_step(backbone))  # not known from config
     # a scorer that asks for `backbone` shares the frozen weights instead of loading twice
     scorers = {
         name: reg.scorer(plugin, shared={"backbone": backbone}, **config)
@@ -222,14 +231,14 @@ def prepare(cfg: RunConfig, reg: Registry | None = None):
 
 
 def _need_trained(name: str, scorer_or_config: Any) -> None:
-    if getattr(scorer_or_config, "trained", True) is False:
+    if not is_trained(scorer_or_config):
         raise UserError(
             f"scorer {name!r} has no trained weights; give checkpoint=DIR "
             "(dllmbench train-scorer makes one)"
         )
 
 
-def _copies(planned: Planned, total_steps: int, passes_per_step: int) -> int:
+def _trajectories(planned: Planned, total_steps: int, passes_per_step: int) -> int:
     """The trajectories a planned method samples per problem: its denoising passes over one
     trajectory's (a method sampling more than one compares candidates drawn with different
     keys; a strategy that branches counts each branch)."""
@@ -237,20 +246,23 @@ def _copies(planned: Planned, total_steps: int, passes_per_step: int) -> int:
     return -(-planned.cost.get("denoise", 0) // per_trajectory)
 
 
-def _refuse_copies(cfg: RunConfig, backbone_config: Any, chosen: Plan, passes: int) -> None:
+def _refuse_deterministic(cfg: RunConfig, backbone_config: Any, chosen: Plan, passes: int) -> None:
     """A backbone whose copies all come out the same makes every multi-candidate method a
     costly Vanilla: refuse them (unless `allow_deterministic`)."""
     many = [
         (p.method.id, n)
         for p in chosen.methods
-        if (n := _copies(p, cfg.sampling.total_steps, passes)) > 1
+        if (n := _trajectories(p, cfg.sampling.total_steps, passes)) > 1
     ]
     if not many:
         return
     shown = ", ".join(f"{name} ({n} copies)" for name, n in many[:3])
     if len(many) > 3:
         shown += f" and {len(many) - 3} more"
-    temperature = getattr(backbone_config, "temperature", None)
+    options = (
+        dataclasses.asdict(backbone_config) if dataclasses.is_dataclass(backbone_config) else {}
+    )
+    temperature = options.get("temperature")
     why = f" (temperature={temperature:g})" if isinstance(temperature, (int, float)) else ""
     fix = (
         f"sample at temperature > 0 (--backbone {cfg.backbone}:temperature=0.5, the paper's)"
@@ -289,6 +301,21 @@ def _choose(cfg: RunConfig, reg: Registry, budget: int, passes_per_step: int) ->
     return chosen
 
 
+def _origins(cfg: RunConfig, reg: Registry, methods: list[Method]) -> Origins:
+    """Who plays each part of the run, to name a plugin that breaks its contract."""
+    scorers = {name: plugin for name, (plugin, _) in (cfg.scorers or {}).items()}
+    parts = {("backbone", cfg.backbone), ("task", cfg.task)}
+    parts |= {("scorer", plugin) for plugin in scorers.values()}
+    parts |= {("strategy", m.spec.strategy) for m in methods}
+    parts |= {("selector", m.spec.selector) for m in methods}
+    return Origins(
+        backbone=cfg.backbone,
+        task=cfg.task,
+        scorers=scorers,
+        distributions={part: reg.info(*part).distribution for part in parts},
+    )
+
+
 SAVE_EVERY = 5.0  # seconds between saves of this invocation's compute.json entry
 
 
@@ -314,7 +341,8 @@ def run(
             task=task,
             methods=methods,
             sampling=cfg.sampling,
-            limits=cfg.limits,
+            capacity=cfg.capacity,
+            origins=_origins(cfg, reg, methods),
         )
         written, saved = 0, -SAVE_EVERY
 

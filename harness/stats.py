@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dllmbench.keys import numpy_rng
+from dllmbench.schema import IntervalEntry
 
 
 @dataclass(frozen=True)
@@ -21,11 +22,13 @@ class Interval:
     low: float
     high: float
 
-    def as_dict(self, digits: int = 6) -> dict[str, float]:
-        return {
-            k: round(v, digits)
-            for k, v in (("value", self.value), ("low", self.low), ("high", self.high))
-        }
+    def as_dict(self, digits: int = 6) -> IntervalEntry:
+        """The interval as results.json holds it, rounded to `digits`."""
+        return IntervalEntry(
+            value=round(self.value, digits),
+            low=round(self.low, digits),
+            high=round(self.high, digits),
+        )
 
 
 def resample_indices(n: int, resamples: int, seed: int) -> np.ndarray:

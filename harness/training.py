@@ -1,13 +1,15 @@
 """Training a scorer on collected trajectories: `dllmbench train-scorer`.
 
-Works with any scorer plugin that can be trained: one exposing `trainable()` (its
-parameters), a differentiable `logits(tokens, prompt_lens)`, `train_mode(flag)`,
-`save(path, extra)` and `load_weights(path)`. A PRM learns from every snapshot, an ORM from
-final states only; each is labelled with its trajectory's final correctness (BCE). AdamW, a
-cosine schedule with optional warmup, gradient clipping and accumulation. Validation uses
-held-out *training* problems: BCE, accuracy and ROC-AUC overall and per mask-ratio bucket;
-the checkpoint with the lowest validation BCE is kept as `best/`. `latest/` holds everything
-needed to resume exactly.
+Works with any scorer plugin that can be trained, a `dllmbench.interfaces.TrainableScorer`:
+`trainable()` (its parameters), a differentiable `logits(tokens, prompt_lens)`,
+`train_mode(flag)`, `save(path, extra)` and `load_weights(path)`. A PRM learns from every
+snapshot, an ORM from final states only; each is labelled with its trajectory's final
+correctness (BCE). AdamW, a cosine schedule with optional warmup, gradient clipping and
+accumulation. Validation uses held-out *training* problems: BCE, accuracy and ROC-AUC overall
+and per mask-ratio bucket; the checkpoint with the lowest validation BCE is kept as `best/`.
+`latest/` holds everything needed to resume exactly. `train()` runs `select_data()`, then
+`train_step()` until the last step, with `validate()` and `save_checkpoint()` every
+`val_every` steps; `resume()` picks up `latest/`.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import math
 import random
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,7 @@ import torch
 
 from dllmbench.collect import Snapshot, mask_ratios
 from dllmbench.errors import UserError
+from dllmbench.interfaces import TrainableScorer
 
 
 @dataclass(frozen=True)
@@ -130,7 +133,7 @@ def rerank(data: list[Snapshot], scores: np.ndarray) -> dict[str, Any]:
     }
 
 
-def evaluate(scorer: Any, data: list[Snapshot], ratios: np.ndarray, batch: int) -> dict:
+def evaluate(scorer: TrainableScorer, data: list[Snapshot], ratios: np.ndarray, batch: int) -> dict:
     """Validation BCE, accuracy and ROC-AUC, overall and by mask-ratio bucket, and the
     best-of-N accuracy of reranking each problem's final states by score."""
     logits = []
@@ -166,16 +169,20 @@ def evaluate(scorer: Any, data: list[Snapshot], ratios: np.ndarray, batch: int) 
     }
 
 
-def train(
-    scorer: Any,
-    snapshots: list[Snapshot],
-    cfg: TrainConfig,
-    out: Path,
-    mask_id: int,
-    log: Callable[[str], None] = print,
-    advance: Callable[[int], None] | None = None,
-) -> dict[str, Any]:
-    """Train `scorer` and write best/, latest/ and train.json into `out`."""
+@dataclass
+class TrainData:
+    """What a scorer trains and validates on, chosen from a collection."""
+
+    train: list[Snapshot]
+    validation: list[Snapshot]
+    validation_ratios: np.ndarray  # each validation snapshot's mask ratio
+    validation_problems: int
+    digest: str  # data_digest() of train + validation, order included
+
+
+def select_data(snapshots: list[Snapshot], cfg: TrainConfig, mask_id: int) -> TrainData:
+    """Final states only for an ORM; held-out validation problems (a seeded sample of at most
+    `max_val` snapshots); `groups` filtering of the training problems."""
     if cfg.kind == "orm":
         snapshots = [s for s in snapshots if s.final]
     val_ids = split_problems(snapshots, cfg.val_fraction, cfg.seed)
@@ -188,105 +195,173 @@ def train(
     val_set = [s for s in snapshots if s.problem in val_ids]
     random.Random(cfg.seed).shuffle(val_set)
     val_set = val_set[: cfg.max_val]
-    val_ratios = mask_ratios(val_set, mask_id)
     if not train_set:
         raise UserError(
             "no training snapshots left after holding out validation problems"
             + (" and keeping problems with mixed outcomes" if cfg.groups != "all" else "")
         )
+    return TrainData(
+        train_set,
+        val_set,
+        mask_ratios(val_set, mask_id),
+        len(val_ids),
+        data_digest(train_set + val_set),
+    )
 
+
+@dataclass
+class TrainState:
+    """Everything a training run carries from step to step, and what `latest/` saves."""
+
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    step: int = 0
+    best: dict[str, Any] | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _state_file(out: Path) -> Path:
+    return out / "latest" / "state.pt"
+
+
+def resume(
+    scorer: TrainableScorer, state: TrainState, cfg: TrainConfig, out: Path, data: str
+) -> bool:
+    """Load `out/latest` into the scorer and `state` if it holds this run; False if empty."""
+    path = _state_file(out)
+    if not path.exists():
+        return False
+    saved = torch.load(path, weights_only=True)
+    if json.loads(saved["config"]) != asdict(cfg):
+        raise UserError(
+            f"{out} holds a training run with another configuration; choose another --out"
+        )
+    if saved.get("data", data) != data:
+        raise UserError(f"{out} holds a training run on other trajectories; choose another --out")
+    scorer.load_weights(out / "latest")
+    state.optimizer.load_state_dict(saved["optimizer"])
+    state.scheduler.load_state_dict(saved["scheduler"])
+    state.step, state.best = int(saved["step"]), json.loads(saved["best"])
+    state.history = json.loads(saved["history"])
+    torch.set_rng_state(saved["rng"])
+    return True
+
+
+def save_checkpoint(
+    scorer: TrainableScorer, state: TrainState, cfg: TrainConfig, out: Path, data: str
+) -> None:
+    """`latest/`: the scorer and everything needed to resume exactly."""
+    scorer.save(out / "latest")
+    torch.save(
+        {
+            "optimizer": state.optimizer.state_dict(),
+            "scheduler": state.scheduler.state_dict(),
+            "step": state.step,
+            "config": json.dumps(asdict(cfg)),
+            "data": data,
+            "best": json.dumps(state.best),
+            "history": json.dumps(state.history),
+            "rng": torch.get_rng_state(),
+        },
+        _state_file(out),
+    )
+
+
+def train_step(
+    scorer: TrainableScorer, params: list, state: TrainState, data: TrainData, cfg: TrainConfig
+) -> float:
+    """One optimizer step over `accum` micro-batches; returns the step's training BCE."""
+    scorer.train_mode(True)
+    state.optimizer.zero_grad()
+    total = 0.0
+    per_step = cfg.batch * cfg.accum
+    for micro in range(cfg.accum):
+        start = state.step * per_step + micro * cfg.batch
+        chunk = _batch(data.train, start, cfg.batch, cfg.seed)
+        z = scorer.logits([s.tokens for s in chunk], [s.prompt_len for s in chunk])
+        y = torch.tensor([float(s.correct) for s in chunk], device=z.device)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(z.float(), y) / cfg.accum
+        loss.backward()
+        total += loss.item()
+    torch.nn.utils.clip_grad_norm_(params, cfg.clip)
+    state.optimizer.step()
+    state.scheduler.step()
+    state.step += 1
+    return total
+
+
+def validate(
+    scorer: TrainableScorer,
+    state: TrainState,
+    data: TrainData,
+    cfg: TrainConfig,
+    out: Path,
+    total: float,
+) -> str:
+    """Evaluate on the validation set, note it in the history, keep the best in `best/`;
+    returns the line to log."""
+    metrics = evaluate(scorer, data.validation, data.validation_ratios, 2 * cfg.batch)
+    top1 = metrics["rerank"]["top1_accuracy"]
+    state.history.append(
+        {
+            "step": state.step,
+            "train_bce": total,
+            **{k: metrics[k] for k in ("bce", "accuracy", "auc")},
+            "rerank_top1": top1,
+        }
+    )
+    if state.best is None or metrics["bce"] < state.best["bce"]:
+        state.best = {"step": state.step, **metrics}
+        scorer.save(out / "best", {"validation": state.best})
+    return (
+        f"step {state.step}: train BCE {total:.4f}, validation BCE {metrics['bce']:.4f}, "
+        f"accuracy {metrics['accuracy']:.3f}, ROC-AUC {_fmt(metrics['auc'])}, "
+        f"best-of-N {_fmt(top1)} (mean {_fmt(metrics['rerank']['mean_accuracy'])})"
+    )
+
+
+def train(
+    scorer: TrainableScorer,
+    snapshots: list[Snapshot],
+    cfg: TrainConfig,
+    out: Path,
+    mask_id: int,
+    log: Callable[[str], None] = print,
+    advance: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Train `scorer` and write best/, latest/ and train.json into `out`."""
+    data = select_data(snapshots, cfg, mask_id)
     out.mkdir(parents=True, exist_ok=True)
-    data = fingerprint(train_set + val_set)
-    record = {
-        "config": asdict(cfg),
-        "data": data,
-        "train": len(train_set),
-        "validation": len(val_set),
-        "validation_problems": len(val_ids),
-    }
     params = scorer.trainable()
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(cfg.steps, cfg.warmup))
-    step, best, history = 0, None, []
+    state = TrainState(
+        opt, torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(cfg.steps, cfg.warmup))
+    )
     torch.manual_seed(cfg.seed)  # LoRA dropout draws from the global generator
-    latest = out / "latest"
-    if (latest / "state.pt").exists():
-        state = torch.load(latest / "state.pt", weights_only=True)
-        if json.loads(state["config"]) != asdict(cfg):
-            raise UserError(
-                f"{out} holds a training run with another configuration; choose another --out"
-            )
-        if state.get("data", data) != data:
-            raise UserError(
-                f"{out} holds a training run on other trajectories; choose another --out"
-            )
-        scorer.load_weights(latest)
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        step, best = int(state["step"]), json.loads(state["best"])
-        history = json.loads(state["history"])
-        torch.set_rng_state(state["rng"])
-        log(f"resuming at step {step}")
-
-    per_step = cfg.batch * cfg.accum
-    while step < cfg.steps:
-        scorer.train_mode(True)
-        opt.zero_grad()
-        total = 0.0
-        for micro in range(cfg.accum):
-            chunk = _batch(train_set, step * per_step + micro * cfg.batch, cfg.batch, cfg.seed)
-            z = scorer.logits([s.tokens for s in chunk], [s.prompt_len for s in chunk])
-            y = torch.tensor([float(s.correct) for s in chunk], device=z.device)
-            loss = torch.nn.functional.binary_cross_entropy_with_logits(z.float(), y) / cfg.accum
-            loss.backward()
-            total += loss.item()
-        torch.nn.utils.clip_grad_norm_(params, cfg.clip)
-        opt.step()
-        sched.step()
-        step += 1
+    if resume(scorer, state, cfg, out, data.digest):
+        log(f"resuming at step {state.step}")
+    while state.step < cfg.steps:
+        total = train_step(scorer, params, state, data, cfg)
         if advance:
             advance(1)
-        if step % cfg.val_every == 0 or step == cfg.steps:
-            metrics = evaluate(scorer, val_set, val_ratios, 2 * cfg.batch)
-            top1 = metrics["rerank"]["top1_accuracy"]
-            history.append(
-                {
-                    "step": step,
-                    "train_bce": total,
-                    **{k: metrics[k] for k in ("bce", "accuracy", "auc")},
-                    "rerank_top1": top1,
-                }
-            )
-            log(
-                f"step {step}: train BCE {total:.4f}, validation BCE {metrics['bce']:.4f}, "
-                f"accuracy {metrics['accuracy']:.3f}, ROC-AUC {_fmt(metrics['auc'])}, "
-                f"best-of-N {_fmt(top1)} (mean {_fmt(metrics['rerank']['mean_accuracy'])})"
-            )
-            if best is None or metrics["bce"] < best["bce"]:
-                best = {"step": step, **metrics}
-                scorer.save(out / "best", {"validation": best})
-            scorer.save(latest)
-            torch.save(
-                {
-                    "optimizer": opt.state_dict(),
-                    "scheduler": sched.state_dict(),
-                    "step": step,
-                    "config": json.dumps(asdict(cfg)),
-                    "data": data,
-                    "best": json.dumps(best),
-                    "history": json.dumps(history),
-                    "rng": torch.get_rng_state(),
-                },
-                latest / "state.pt",
-            )
+        if state.step % cfg.val_every == 0 or state.step == cfg.steps:
+            log(validate(scorer, state, data, cfg, out, total))
+            save_checkpoint(scorer, state, cfg, out, data.digest)
     scorer.train_mode(False)
-    record.update(best=best, history=history)
+    record = {
+        "config": asdict(cfg),
+        "data": data.digest,
+        "train": len(data.train),
+        "validation": len(data.validation),
+        "validation_problems": data.validation_problems,
+        "best": state.best,
+        "history": state.history,
+    }
     (out / "train.json").write_text(json.dumps(record, indent=2) + "\n")
     return record
 
 
-def fingerprint(snapshots: list[Snapshot]) -> str:
+def data_digest(snapshots: list[Snapshot]) -> str:
     """A digest of the snapshots a run trains and validates on (order included)."""
     digest = hashlib.blake2b(digest_size=16)
     for s in snapshots:

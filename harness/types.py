@@ -65,7 +65,8 @@ class Rows:
         return self.tokens.shape[0]
 
     @property
-    def keys(self) -> tuple[int, ...]:
+    def rng_keys(self) -> tuple[int, ...]:
+        """Each row's noise key, from (seed, problem id, stream, lineage)."""
         return tuple(
             row_key(self.seed, self.problem.id, self.stream, path) for path in self.lineage
         )

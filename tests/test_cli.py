@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import textwrap
 
 import pytest
-from conftest import TOY_RUN, assert_user_error
+from conftest import TOY_RUN, assert_user_error, cli_subprocess
 
-from dllmbench.cli import main
+import dllmbench.cli.tasks
+from dllmbench.cli import COMMANDS, build_parser, main
+from dllmbench.errors import PluginViolation
 
 H1040 = {
     "Vanilla": 128,
@@ -173,3 +177,129 @@ def test_run_prints_a_leaderboard_and_writes_the_run_directory(capsys, tmp_path)
 )
 def test_user_errors_are_one_line_with_exit_2(cli, argv, needle):
     assert_user_error(cli(*argv), needle)
+
+
+BAD_SELECTOR = """
+from dllmbench.hookspecs import hookimpl
+
+
+class Minus:
+    \"\"\"Returns -1: no candidate.\"\"\"
+
+    needs = ()
+    ceiling = False
+    config = None
+
+    def select(self, candidates, *, rng, labels=None):
+        return -1
+
+
+@hookimpl
+def dllmbench_register_selectors(register):
+    register("minus_one", Minus)
+"""
+
+
+def test_a_plugin_breaking_its_contract_is_one_line_with_exit_3(tmp_path):
+    (tmp_path / "bad_selector.py").write_text(textwrap.dedent(BAD_SELECTOR))
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])),
+        "DLLMBENCH_PLUGIN_MODULES": "dllmbench.testing.doubles,bad_selector",
+    }
+    argv = ["run", "--task", "toy_sum:size=2", "--backbone", "toy", "--steps", "8"]
+    argv += ["--gen-length", "5", "--method", "independent:n=2+minus_one", "--out", tmp_path / "r"]
+    result = cli_subprocess(*argv, env=env, cwd=tmp_path)
+    assert result.code == PluginViolation.EXIT_CODE == 3, result.err
+    assert "Traceback" not in result.err
+    errors = [line for line in result.err.splitlines() if "error" in line]  # progress aside
+    assert len(errors) == 1 and errors[0].startswith("dllmbench: error: plugin 'minus_one'")
+    assert "-1" in errors[0]
+
+
+def test_plugin_violation_is_printed_as_one_line_by_the_dispatcher(cli, monkeypatch):
+    def broken(args):
+        raise PluginViolation("pick", "dllmbench-pick", "returned index 9 for a pool of 8")
+
+    monkeypatch.setattr(dllmbench.cli.tasks, "execute", broken)
+    result = cli("tasks")
+    assert result.code == 3
+    assert result.err == (
+        "dllmbench: error: plugin 'pick' (from dllmbench-pick) broke its contract: "
+        "returned index 9 for a pool of 8\n"
+    )
+
+
+MINIMAL = {
+    "run": ["run"],
+    "plan": ["plan"],
+    "plugins": ["plugins"],
+    "tasks": ["tasks"],
+    "collect": ["collect", "--task", "t", "--backbone", "b", "--out", "o"],
+    "train_scorer": ["train-scorer", "--kind", "prm", "--data", "d", "--out", "o"],
+    "demo": ["demo", "retrain", "--out", "o"],
+}
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c.__name__.rsplit(".", 1)[-1])
+def test_every_command_is_a_module_with_its_own_parser_and_json(command):
+    argv = MINIMAL[command.__name__.rsplit(".", 1)[-1]]
+    args = build_parser().parse_args([*argv, "--json"])
+    assert args.json
+    assert args.execute.__module__ == command.__name__
+
+
+@pytest.mark.parametrize("argv", [["tasks"], ["plan", "--budget", "208", "--steps", "24"]])
+def test_json_before_or_after_the_command_prints_the_same(capsys, argv):
+    after = cli_json(capsys, *argv, "--json")
+    before = cli_json(capsys, "--json", *argv)
+    assert before == after and after
+
+
+def test_the_sampling_arguments_are_defined_once_and_shared(capsys):
+    """run, plan and collect take the same --steps, --gen-length and --prompt."""
+    parser = build_parser()
+    subs = parser._subparsers._group_actions[0].choices
+    for name in ("run", "plan", "collect"):
+        options = subs[name]._option_string_actions
+        assert options["--prompt"].choices == ("chat", "fewshot"), name
+        assert "--gen-length" in options and "--steps" in options, name
+    assert subs["collect"].get_default("steps") == 128  # collect has no preset to apply first
+    assert subs["run"].get_default("steps") is None  # run fills it from --preset or the demo
+
+
+def test_plugins_verbose_shows_options_summary_and_cost(capsys, cli):
+    described = {(p["kind"], p["name"]): p for p in cli_json(capsys, "plugins", "-v", "--json")}
+    guided = described["strategy", "prm_guided"]
+    assert {"name": "k", "type": "int", "default": 8} in guided["options"]
+    assert guided["summary"] and "\n" not in guided["summary"]
+    assert "k·T" in guided["cost"]
+    assert described["backbone", "tiny"]["summary"].startswith("The shipped demo model")
+    assert all(p["broken"] is None for p in described.values())
+
+    text = cli("plugins", "--verbose")
+    assert text.code == 0, text.err
+    assert "strategy prm_guided  (dllmbench" in text.out
+    assert "  cost: denoise: k·T" in text.out and "    k: int = 8" in text.out
+    assert "Optional[Literal['float32', 'bfloat16', 'float16']]" in text.out  # no markup eaten
+
+
+def test_plugins_lists_a_broken_plugin_with_its_reason_and_still_runs(tmp_path):
+    (tmp_path / "needs_extra.py").write_text("raise ImportError('no module named torch_extra')\n")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])),
+        "DLLMBENCH_PLUGIN_MODULES": "dllmbench.testing.doubles,needs_extra",
+    }
+    listed = cli_subprocess("plugins", "--json", env=env, cwd=tmp_path)
+    assert listed.code == 0, listed.err
+    broken = [p for p in json.loads(listed.out) if p["broken"]]
+    assert [(p["name"], p["distribution"]) for p in broken] == [
+        ("needs_extra", "module:needs_extra")
+    ]
+    assert "torch_extra" in broken[0]["broken"]
+    for argv in (["plugins"], ["plugins", "--verbose"]):
+        shown = cli_subprocess(*argv, env={**env, "COLUMNS": "200"}, cwd=tmp_path)
+        assert shown.code == 0, shown.err
+        assert "broken: plugin 'needs_extra' from module:needs_extra: " in shown.out
+        assert "torch_extra" in shown.out and "prm_guided" in shown.out

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+from conftest import assert_user_error, snapshot
+
+import dllmbench
+import dllmbench.demo
+import dllmbench.plugins
 from dllmbench.cli import main
-from dllmbench.plugins.backbones.retrain_demo import main as retrain
-from dllmbench.plugins.backbones.tiny import TINY_DIR
+from dllmbench.demo import TINY_DIR
+from dllmbench.plugins.backbones import tiny
 
 FAMILIES = (
     "Vanilla",
@@ -56,24 +62,37 @@ def test_run_without_arguments_runs_every_family_of_the_demo(tmp_path, capsys, m
     assert all(m["passes_per_problem"] == m["planned_passes"] for m in results["methods"])
 
 
-def test_the_retrain_command_rebuilds_model_and_scorers(tmp_path, capsys):
-    out, work = tmp_path / "out", tmp_path / "work"
-    retrain(
-        [
-            "--pretrain-steps",
-            "2",
-            "--problems",
-            "4",
-            "--scorer-steps",
-            "2",
-            "--orm-groups",  # a 2-step model gets every answer wrong: no problem is mixed
-            "all",
-            "--out",
-            str(out),
-            "--work",
-            str(work),
-        ]
-    )
+def _package_files() -> dict[str, bytes]:
+    """Every data file of the installed package (core and plugins): what a retrain would write
+    (weights, configs, tokenizers). Sources and bytecode caches are left out."""
+    files = {}
+    for root in (Path(dllmbench.__file__).parent, Path(dllmbench.plugins.__file__).parent):
+        for name, data in snapshot(root).items():
+            if "__pycache__" not in name and not name.endswith(".py"):
+                files[f"{root}/{name}"] = data
+    assert any(name.endswith("tiny_model/model.safetensors") for name in files)
+    return files
+
+
+def test_plugins_hold_only_plugins_and_the_demo_has_its_own_room():
+    plugins = Path(dllmbench.plugins.__file__).parent
+    data = [p for p in plugins.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+    assert data and all(p.suffix == ".py" for p in data), [p for p in data if p.suffix != ".py"]
+    assert TINY_DIR.parent == Path(dllmbench.demo.__file__).parent
+    assert tiny.TINY_DIR == TINY_DIR  # the plugin loads the demo's model
+
+
+def test_demo_retrain_quick_runs_end_to_end_and_writes_only_into_out(tmp_path, cli, monkeypatch):
+    cwd, out = tmp_path / "cwd", tmp_path / "out"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    before = _package_files()
+    result = cli("demo", "retrain", "--quick", "--out", out, "--json")
+    assert result.code == 0, result.err
+    done = json.loads(result.out)
+    assert _package_files() == before
+    assert list(cwd.iterdir()) == []
+    assert {p.name for p in tmp_path.iterdir()} == {"cwd", "out"}
     for name in (
         "model.safetensors",
         "tokenizer.json",
@@ -81,33 +100,47 @@ def test_the_retrain_command_rebuilds_model_and_scorers(tmp_path, capsys):
         "orm/adapter.safetensors",
     ):
         assert (out / name).exists(), name
-    capsys.readouterr()
-    assert (
-        main(
-            [
-                "run",
-                "--task",
-                "arith:max_steps=2",
-                "--backbone",
-                f"tiny:model={out}",
-                "--scorer",
-                f"orm=orm:checkpoint={out / 'orm'}",
-                "--steps",
-                "24",
-                "--gen-length",
-                "24",
-                "--prompt",
-                "fewshot",
-                "--limit",
-                "2",
-                "--methods",
-                "vanilla,orm_rerank",
-                "--out",
-                str(tmp_path / "run"),
-                "--json",
-            ]
-        )
-        == 0
+    assert done["backbone"] == f"tiny:model={out}"
+    assert done["config"]["pretrain_steps"] == 2  # --quick
+    assert "pretraining the tiny dLLM" in result.err  # stages are logged on stderr
+
+    # the files run as the docs say: --backbone tiny:model=OUT --scorer orm=orm:checkpoint=OUT/orm
+    result = cli(
+        "run",
+        "--task",
+        "arith:max_steps=2",
+        "--backbone",
+        done["backbone"],
+        "--scorer",
+        done["scorers"]["orm"],
+        "--steps",
+        "24",
+        "--gen-length",
+        "24",
+        "--prompt",
+        "fewshot",
+        "--limit",
+        "2",
+        "--methods",
+        "vanilla,orm_rerank",
+        "--out",
+        tmp_path / "run",
+        "--json",
     )
-    results = json.loads(capsys.readouterr().out)
+    assert result.code == 0, result.err
+    results = json.loads(result.out)
     assert [m["id"] for m in results["methods"]] == ["Vanilla", "ORM Rerank@8"]
+
+
+def test_demo_retrain_refuses_to_write_into_the_package(cli):
+    before = _package_files()
+    assert_user_error(
+        cli("demo", "retrain", "--quick", "--out", TINY_DIR), "inside the installed package"
+    )
+    assert_user_error(cli("demo", "retrain", "--quick", "--out", TINY_DIR / "prm"), "--out")
+    assert _package_files() == before
+
+
+def test_demo_needs_an_action_and_retrain_needs_out(cli):
+    assert_user_error(cli("demo"), "retrain")
+    assert_user_error(cli("demo", "retrain", "--quick"), "--out")

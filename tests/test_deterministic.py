@@ -13,7 +13,7 @@ from dllmbench.planner import plan
 from dllmbench.plugins.backbones.base import DiffusionBackbone
 from dllmbench.plugins.backbones.llada import LLaDAConfig
 from dllmbench.registry import registry
-from dllmbench.runner import _copies
+from dllmbench.runner import _trajectories
 from dllmbench.testing.doubles import ToyBackbone
 
 # TOY_RUN on the toy backbone drawing every row's noise from one key
@@ -107,4 +107,4 @@ def test_copies_are_trajectories_whatever_the_passes_per_step():
     reg = registry()
     for passes in (1, 2):  # classifier-free guidance doubles the passes, not the copies
         chosen = plan(reg, 1040 * passes, 128, ["vanilla", "majority"], passes_per_step=passes)
-        assert [_copies(p, 128, passes) for p in chosen.methods] == [1, 8]
+        assert [_trajectories(p, 128, passes) for p in chosen.methods] == [1, 8]

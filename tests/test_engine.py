@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import json
+import re
+from collections import deque
 from typing import ClassVar
 
 import pytest
 
-from dllmbench.engine import Engine, Limits, Sampling, plan_units
-from dllmbench.errors import CostMismatch
+from dllmbench.engine import Capacity, Engine, Sampling, plan_units
+from dllmbench.errors import CostMismatch, PluginViolation
 from dllmbench.method import Method, MethodSpec
 from dllmbench.planner import plan
+from dllmbench.provenance import Origins
 from dllmbench.registry import registry
+from dllmbench.scheduler import DenoiseWait, Scheduler, ScoreWait
 from dllmbench.testing.contracts import comparable
 from dllmbench.testing.doubles import ToyBackbone, ToyScorer, ToySum
+from dllmbench.types import Rows
 
 T, GEN = 16, 6
 
@@ -25,7 +31,7 @@ def engine(methods, batch_rows=64, problems_in_flight=4, size=6):
         task=task,
         methods=methods,
         sampling=Sampling(T, GEN, "fewshot", 0),
-        limits=Limits(batch_rows=batch_rows, problems=problems_in_flight),
+        capacity=Capacity(batch_rows=batch_rows, problems=problems_in_flight),
     )
 
 
@@ -119,7 +125,7 @@ def test_results_identical_for_batch_sizes_1_7_64():
 
 def test_token_cap_splits_batches_but_not_results():
     task, capped = engine(all_families()[:3], batch_rows=64)
-    capped.limits = Limits(batch_rows=64, batch_tokens=40, problems=4)
+    capped.capacity = Capacity(batch_rows=64, batch_tokens=40, problems=4)
     a = sorted(map(str, map(comparable, capped.run(task.problems("test")))))
     task, free = engine(all_families()[:3], batch_rows=64)
     b = sorted(map(str, map(comparable, free.run(task.problems("test")))))
@@ -346,3 +352,278 @@ def test_a_pool_is_graded_at_once_through_grade_many_when_the_task_has_it():
     got = sorted(map(str, map(comparable, eng.run(task.problems("test")))))
     assert got == expected
     assert calls == [4] * 6  # one call per problem: the shared pool of 4 serves both methods
+
+
+# -- run-time contract violations: one error naming the plugin and its distribution ------------
+
+ORIGINS = Origins(
+    backbone="toy",
+    task="toy_sum",
+    scorers={"prm": "toy", "orm": "toy"},
+    distributions={
+        ("selector", "picky"): "dllmbench-picky",
+        ("strategy", "bad"): "dllmbench-bad",
+        ("scorer", "toy"): "dllmbench-toys",
+        ("backbone", "toy"): "dllmbench-toys",
+        ("task", "toy_sum"): "dllmbench-toys",
+    },
+)
+
+
+class Picks:
+    """A selector returning a fixed choice, whatever the pool."""
+
+    needs = ()
+    ceiling = False
+    config = None
+
+    def __init__(self, choice):
+        self.choice = choice
+
+    def select(self, candidates, *, rng, labels=None):
+        return self.choice
+
+
+def _violating(strategy=None, choice=0) -> list[Method]:
+    strategy = strategy or Misreporting(2, T)
+    return [Method("bad method", MethodSpec("bad", {}, "picky"), strategy, Picks(choice))]
+
+
+@pytest.mark.parametrize(
+    "choice,needle",
+    [
+        (-1, "select() returned index -1 for a pool of 2 candidates"),
+        (2, "select() returned index 2 for a pool of 2 candidates"),
+        (1.0, "select() returned a float, not an index or None"),
+        (True, "select() returned a bool, not an index or None"),
+    ],
+)
+def test_a_selector_choosing_outside_its_pool_is_a_violation_naming_it(choice, needle):
+    task, eng = engine(_violating(choice=choice), size=1)
+    eng.origins = ORIGINS
+    with pytest.raises(PluginViolation) as info:
+        eng.run(task.problems("test"))
+    assert (info.value.plugin, info.value.distribution) == ("picky", "dllmbench-picky")
+    assert str(info.value) == f"plugin 'picky' (from dllmbench-picky) broke its contract: {needle}"
+
+
+def test_a_selector_may_choose_none_or_a_numpy_index():
+    import numpy as np
+
+    for choice, selected in ((None, None), (np.int64(1), 1)):
+        task, eng = engine(_violating(choice=choice), size=1)
+        [record] = eng.run(task.problems("test"))
+        assert record["selected"] == selected and type(record["selected"]) is type(selected)
+
+
+class ReturnsPool(Misreporting):
+    """Denoises n rows honestly, then returns `keep` of them (or something not a pool)."""
+
+    def __init__(self, n, keep):
+        super().__init__(n, T)
+        self.keep = keep
+
+    async def search(self, problem, ops):
+        rows = await ops.denoise(ops.start(problem, copies=self.n), ops.T)
+        if self.keep is None:
+            return rows
+        return ops.pool(rows.repeat(2).take(range(self.keep)))
+
+
+class AwaitsSomethingElse(Misreporting):
+    async def search(self, problem, ops):
+        await _Bare()
+        return ops.pool(ops.start(problem, copies=self.n))
+
+
+class _Bare:
+    def __await__(self):
+        return (yield "please denoise")
+
+
+@pytest.mark.parametrize(
+    "strategy,needle",
+    [
+        (ReturnsPool(3, 2), "search() returned 2 candidates but declared 3"),
+        (ReturnsPool(3, 4), "search() returned 4 candidates but declared 3"),
+        (ReturnsPool(3, None), "search() returned a Rows, not a Pool"),
+        (AwaitsSomethingElse(1, T), "search() awaited a str; await only ops.denoise or ops.score"),
+    ],
+    ids=["too-few", "too-many", "not-a-pool", "awaits-a-str"],
+)
+def test_a_strategy_breaking_its_contract_is_a_violation_naming_it(strategy, needle):
+    task, eng = engine(_violating(strategy), size=1)
+    eng.origins = ORIGINS
+    with pytest.raises(PluginViolation, match=re.escape(needle)) as info:
+        eng.run(task.problems("test"))
+    assert (info.value.plugin, info.value.distribution) == ("bad", "dllmbench-bad")
+
+
+class MiscountingScorer(ToyScorer):
+    def score(self, batch):
+        return super().score(batch)[:-1]
+
+
+class MiscountingBackbone(ToyBackbone):
+    def denoise_step(self, batch):
+        return [*super().denoise_step(batch), batch.tokens[0]]
+
+
+class MiscountingGrader(ToySum):
+    def grade_many(self, items):
+        return [True]
+
+
+@pytest.mark.parametrize(
+    "part,needle",
+    [
+        ("scorers", "score() returned shape (1,) for a batch of 2 rows"),
+        ("backbone", "denoise_step() returned 3 rows for a batch of 2"),
+        ("task", "grade_many() returned 1 grades for 2 candidates"),
+    ],
+)
+def test_a_backbone_scorer_or_task_miscounting_is_a_violation_naming_it(part, needle):
+    task, eng = engine([method("independent:n=2+argmax:scorer=orm")], size=1)
+    eng.origins = ORIGINS
+    if part == "scorers":
+        eng.scorers = {"prm": ToyScorer(), "orm": MiscountingScorer(partial=False)}
+    elif part == "backbone":
+        eng.backbone = MiscountingBackbone()
+    else:
+        eng.task = MiscountingGrader(size=1)
+    with pytest.raises(PluginViolation, match=re.escape(needle)) as info:
+        eng.run(task.problems("test"))
+    expected = "toy_sum" if part == "task" else "toy"
+    assert (info.value.plugin, info.value.distribution) == (expected, "dllmbench-toys")
+
+
+MINUS_ONE = """
+from dllmbench.hookspecs import hookimpl
+
+
+class MinusOne:
+    needs = ()
+    ceiling = False
+
+    def select(self, candidates, *, rng, labels=None):
+        return -1
+
+
+@hookimpl
+def dllmbench_register_selectors(register):
+    register("minus_one", MinusOne)
+"""
+
+
+@pytest.fixture
+def minus_one_plugin(tmp_path, monkeypatch):
+    """A plugin module registering the selector `minus_one`, which always returns -1."""
+    (tmp_path / "minus_one_double.py").write_text(MINUS_ONE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("DLLMBENCH_PLUGIN_MODULES", "dllmbench.testing.doubles,minus_one_double")
+    registry.cache_clear()
+    yield
+    monkeypatch.undo()
+    registry.cache_clear()
+
+
+def test_a_selector_returning_minus_one_ends_the_run_with_one_line_and_exit_3(
+    cli, tmp_path, minus_one_plugin
+):
+    out = tmp_path / "run"
+    result = cli(
+        *("run", "--task", "toy_sum:size=2", "--backbone", "toy", "--steps", "4"),
+        *("--gen-length", "5", "--methods", "independent:n=2+minus_one", "--budget", "8"),
+        *("--resamples", "10", "--out", out),
+    )
+    assert result.code == 3, result
+    assert "Traceback" not in result.err
+    # stderr: the progress line the run had started, then the error as one line
+    [line] = [x for x in result.err.splitlines() if not x.startswith("dllmbench: toy_sum ×")]
+    assert line == (
+        "dllmbench: error: plugin 'minus_one' (from module:minus_one_double) broke its "
+        "contract: select() returned index -1 for a pool of 2 candidates"
+    )
+    assert not (out / "samples.jsonl").exists() or not (out / "samples.jsonl").read_text()
+
+
+# -- the collector's own channel for snapshots ----------------------------------------------
+
+
+def test_collected_snapshots_travel_beside_the_records_not_inside_them(tmp_path):
+    from dllmbench.collect import (
+        CollectConfig,
+        Trajectories,
+        collection_manifest,
+        load,
+        run_collection,
+    )
+
+    task, backbone = ToySum(size=3), ToyBackbone()
+    problems = task.problems("test")
+    sampling = Sampling(T, GEN, "fewshot", 0)
+    meta = collection_manifest("toy_sum", task, "test", "toy", backbone, sampling, 2, [4, T], 3)
+    cfg = CollectConfig(task, backbone, meta, problems, 2, [4, T], sampling,
+                        Capacity(batch_rows=8), shard_problems=2)  # fmt: skip
+    records, strategies = [], set()
+    real = Engine.run
+
+    def spy(self, *args, **kwargs):
+        strategies.add(self.methods[0].strategy)
+        out = real(self, *args, **kwargs)
+        records.extend(out)
+        return out
+
+    Engine.run = spy
+    try:
+        counts = run_collection(cfg, registry(), tmp_path)
+    finally:
+        Engine.run = real
+    assert counts == {"problems": 3, "skipped": 0, "trajectories": 6}
+    assert [r["info"] for r in records] == [{}] * 3  # no tensors ride in the records
+    [strategy] = strategies
+    assert isinstance(strategy, Trajectories) and strategy.kept == {}  # written, let go
+    _, snapshots = load(tmp_path)
+    assert len(snapshots) == 3 * 2 * 2  # problems × trajectories × snapshot steps
+    assert [s.step for s in snapshots[:2]] == [4, T] and snapshots[1].final
+    lines = [json.loads(x) for x in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
+    assert [line["shard"] for line in lines] == [0, 0, 0, 0, 1, 1]
+    assert all(line["prompt_len"] > 0 and line["snapshots"] == 2 for line in lines)
+
+
+# -- the scheduler ---------------------------------------------------------------------------
+
+
+def test_capacity_cuts_rows_sorted_by_length_within_both_caps():
+    lengths = [9, 3, 5, 3, 9, 4]
+    assert Capacity(batch_rows=2).batches(lengths) == [[1, 3], [5, 2], [0, 4]]
+    # at most 12 tokens: rows × the widest canvas of the batch
+    assert Capacity(batch_rows=8, batch_tokens=12).batches(lengths) == [[1, 3, 5], [2], [0], [4]]
+    assert Capacity().batches([]) == []
+    with pytest.raises(ValueError, match="must be >= 1"):
+        Capacity(problems=0)
+
+
+def test_scoring_waits_are_served_before_any_denoising_step_and_resume_in_order():
+    problem = ToySum(size=1).problems("test")[0]
+    canvas = ToyBackbone().canvas([1, 2], GEN)
+    one = Rows(problem, 0, "sample", 2, canvas.unsqueeze(0), (0,), ((0,),), (("m",),))
+    queue = Scheduler(Capacity())
+    waits = [
+        DenoiseWait("d1", one, 2),
+        ScoreWait("s-orm", one, "orm"),
+        ScoreWait("s-prm", one, "prm"),
+        ScoreWait("s-orm2", one, "orm"),
+    ]
+    queue.waiting = list(waits)
+    groups = queue.round()
+    assert [[w.run for w in g] for g in groups] == [["s-orm", "s-orm2"], ["s-prm"]]
+    queue.served(groups)
+    assert [run for run, _ in queue.ready] == ["s-orm", "s-prm", "s-orm2"]  # request order
+    queue.ready.clear()
+    for _ in range(2):  # a request for 2 steps takes part in 2 rounds
+        assert queue.ready == deque()
+        [group] = queue.round()
+        assert [w.run for w in group] == ["d1"]
+        queue.served([group])
+    assert [run for run, _ in queue.ready] == ["d1"] and queue.waiting == []

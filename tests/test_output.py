@@ -6,10 +6,12 @@ import io
 import json
 import re
 import time
+from pathlib import Path
 
 from conftest import TOY_RUN
 from rich.console import Console
 
+from dllmbench import schema
 from dllmbench.leaderboard import markdown, rich_table
 from dllmbench.progress import Progress
 
@@ -94,3 +96,67 @@ def test_json_goes_before_or_after_the_command(cli):
     assert before.code == after.code == 0
     assert json.loads(before.out) == json.loads(after.out)
     assert json.loads(cli("--json", "tasks").out) == json.loads(cli("tasks", "--json").out)
+
+
+# -- the typed record: what the files hold, what the schema module says, what the docs say -----
+
+SCHEMA_DOC = Path(__file__).parent.parent / "docs" / "results-schema.md"
+
+
+def _conforms(value: dict, typed: type, where: str) -> None:
+    """`value` has every required key of the TypedDict, no other key, in the declared order."""
+    declared = list(typed.__annotations__)
+    assert typed.__required_keys__ <= set(value), (where, typed.__required_keys__ - set(value))
+    assert list(value) == [k for k in declared if k in value], (where, list(value), declared)
+
+
+def test_every_file_of_a_run_has_exactly_the_keys_of_the_schema(finished_run):
+    records = [json.loads(x) for x in (finished_run / "samples.jsonl").read_text().splitlines()]
+    assert records
+    for r in records:
+        _conforms(r, schema.Record, "record")
+        _conforms(r["ledger"], schema.LedgerEntry, "ledger")
+        for c in r["candidates"]:
+            _conforms(c, schema.CandidateRecord, "candidate")
+    results = json.loads((finished_run / "results.json").read_text())
+    _conforms(results, schema.Results, "results")
+    assert results["schema_version"] == schema.SCHEMA_VERSION
+    assert any("pool" in m for m in results["methods"])
+    assert any("delta_vs_reference" in m for m in results["methods"])
+    for m in results["methods"]:
+        _conforms(m, schema.MethodResult, m["id"])
+        if "pool" in m:
+            _conforms(m["pool"], schema.PoolEntry, "pool")
+        if "delta_vs_reference" in m:
+            _conforms(m["delta_vs_reference"], schema.DeltaEntry, "delta")
+    manifest = json.loads((finished_run / "manifest.json").read_text())
+    for m in manifest["methods"]:
+        _conforms(m, schema.MethodEntry, m["id"])
+
+
+def _doc_tables(heading: str) -> list[list[str]]:
+    """The keys of each `| key | type | content |` table under `## heading`, in order."""
+    section = SCHEMA_DOC.read_text().split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    tables = []
+    for block in re.split(r"\n\s*\n", section):
+        rows = [x for x in block.splitlines() if x.startswith("| ")]
+        if rows and rows[0].startswith("| key |"):
+            cells = [row.split("|")[1] for row in rows[1:] if not row.startswith("| ---")]
+            tables.append([k for cell in cells for k in re.findall(r"`([^`]+)`", cell)])
+    return tables
+
+
+def test_the_schema_doc_lists_the_keys_of_the_schema_module_in_order():
+    keys = lambda typed: list(typed.__annotations__)  # noqa: E731
+    assert _doc_tables("`samples.jsonl`") == [
+        keys(schema.Record),
+        keys(schema.CandidateRecord),
+        keys(schema.LedgerEntry),
+    ]
+    assert _doc_tables("`results.json`") == [
+        keys(schema.Results),
+        keys(schema.MethodResult),
+        keys(schema.PoolEntry),
+    ]
+    [entry] = [t for t in _doc_tables("`manifest.json`") if t[0] == "id"]
+    assert entry == keys(schema.MethodEntry)

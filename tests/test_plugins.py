@@ -1,4 +1,5 @@
-"""Plugins: a pip-installed third-party strategy, clashes, the allow-list, the namespace."""
+"""Plugins: a pip-installed third-party strategy, broken plugins, the allow- and deny-lists,
+method families, the namespace."""
 
 from __future__ import annotations
 
@@ -12,8 +13,16 @@ from pathlib import Path
 import pytest
 
 from dllmbench.errors import PluginError
+from dllmbench.interfaces import (
+    KIND_PROTOCOLS,
+    contract_configs,
+    is_trained,
+    missing_members,
+    passes_per_step,
+)
 from dllmbench.manager import collect, load_plugin_manager
-from dllmbench.registry import Registry
+from dllmbench.planner import available_families, plan
+from dllmbench.registry import Registry, describe_plugins
 
 STRATEGY = '''
 """A third-party strategy: best-of-n with a twist of lineage, for the plugin test."""
@@ -171,32 +180,201 @@ def test_allow_list_leaves_out_unlisted_distributions(third_party):
     assert "pairs" in {p["name"] for p in json.loads(out.stdout)}
 
 
-def test_two_plugins_with_one_name_is_an_error_naming_both(tmp_path, monkeypatch):
-    (tmp_path / "clash_a.py").write_text(
-        "from dllmbench.hookspecs import hookimpl\n"
-        "@hookimpl\ndef dllmbench_register_strategies(register):\n"
-        "    register('independent', object)\n"
-    )
+def _registry(tmp_path: Path, monkeypatch, modules: dict[str, str], **env: str) -> Registry:
+    """A fresh registry with the doubles and `modules` (name → source) as plugin modules."""
+    for name, text in modules.items():
+        (tmp_path / f"{name}.py").write_text(textwrap.dedent(text))
+        sys.modules.pop(name, None)  # each test imports its own module of that name afresh
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setenv("DLLMBENCH_PLUGIN_MODULES", "clash_a")
+    names = ",".join(["dllmbench.testing.doubles", *modules])
+    monkeypatch.setenv("DLLMBENCH_PLUGIN_MODULES", names)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return Registry.from_collected(collect(load_plugin_manager()))
+
+
+CLASH = """
+from dllmbench.hookspecs import hookimpl
+@hookimpl
+def dllmbench_register_strategies(register):
+    register('independent', object)
+"""
+
+
+def test_a_clash_marks_the_name_broken_naming_both_and_the_rest_works(tmp_path, monkeypatch):
+    reg = _registry(tmp_path, monkeypatch, {"clash_a": CLASH})
+    [broken] = reg.broken()
+    assert (broken.kind, broken.name) == ("strategy", "independent")
+    assert "dllmbench (" in broken.reason and "module:clash_a (clash_a)" in broken.reason
+    assert "independent" not in reg.names("strategy") and "smc" in reg.names("strategy")
     with pytest.raises(PluginError) as err:
-        Registry(collect(*load_plugin_manager()))
-    message = str(err.value)
-    assert "strategy 'independent'" in message
-    assert "dllmbench (" in message and "module:clash_a" in message
+        reg.strategy("independent", n=2)
+    assert str(err.value).startswith("strategy 'independent' from dllmbench and module:clash_a")
+    assert "is broken: registered by" in str(err.value)
+    assert reg.strategy("smc", k=2).pool_size() == 2  # a plugin the clash does not touch
 
 
-def test_clash_reaches_the_user_as_one_line(tmp_path):
+def test_a_clash_lets_plugins_run_and_refuses_only_the_command_that_needs_it(tmp_path):
     (tmp_path / "clash_b.py").write_text(
         "from dllmbench.hookspecs import hookimpl\n"
         "@hookimpl\ndef dllmbench_register_selectors(register):\n"
         "    register('majority', object)\n"
     )
-    out = _cli(tmp_path, "plugins", DLLMBENCH_PLUGIN_MODULES="clash_b")
-    assert out.returncode == 2
-    assert (
-        out.stderr.count("\n") == 1 and "two plugins register the selector 'majority'" in out.stderr
+    out = _cli(tmp_path, "plugins", "--json", DLLMBENCH_PLUGIN_MODULES="clash_b")
+    assert out.returncode == 0, out.stderr
+    listed = {(p["kind"], p["name"]) for p in json.loads(out.stdout)}
+    assert ("selector", "first") in listed and ("strategy", "independent") in listed
+    out = _cli(tmp_path, "plan", "--budget", "100", "--methods", "vanilla")
+    assert out.returncode == 0, out.stderr
+    out = _cli(
+        tmp_path,
+        "plan",
+        "--budget",
+        "100",
+        "--methods",
+        "majority",
+        DLLMBENCH_PLUGIN_MODULES="clash_b",
     )
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "selector 'majority' from dllmbench and module:clash_b is broken" in out.stderr
+
+
+@pytest.mark.parametrize(
+    "source,reason",
+    [
+        ("raise ImportError('no module named torch_extra')", "failed to import: ImportError"),
+        (
+            "from dllmbench.hookspecs import hookimpl\n"
+            "@hookimpl\ndef dllmbench_register_strategies(register):\n"
+            "    register('beam', object)\n    raise RuntimeError('half registered')\n",
+            "dllmbench_register_strategies raised RuntimeError: half registered",
+        ),
+        (
+            "from dllmbench.hookspecs import hookimpl\n"
+            "@hookimpl\ndef dllmbench_register_strategy(register):\n"
+            "    register('beam', object)\n",
+            "'dllmbench_register_strategy', which is no dllmbench hook; "
+            "did you mean dllmbench_register_strategies?",
+        ),
+    ],
+    ids=["import-error", "hook-raises", "misspelt-hook"],
+)
+def test_a_broken_module_is_reported_and_named_by_a_command_needing_it(
+    tmp_path, monkeypatch, source, reason
+):
+    reg = _registry(tmp_path, monkeypatch, {"bad_plugin": source})
+    [broken] = reg.broken()
+    assert (broken.name, broken.kind, broken.distribution) == (
+        "bad_plugin",
+        None,
+        "module:bad_plugin",
+    )
+    assert reason in broken.reason
+    assert "beam" not in reg.names("strategy") and "toy" in reg.names("backbone")
+    with pytest.raises(PluginError) as err:
+        reg.strategy("beam")
+    message = str(err.value)
+    assert message.startswith("unknown strategy 'beam'; known: independent")
+    assert "broken: plugin 'bad_plugin' from module:bad_plugin is broken: " in message
+    assert reason in message and "\n" not in message
+
+
+def test_deny_list_leaves_out_a_plugin_and_its_families(tmp_path, monkeypatch):
+    reg = _registry(tmp_path, monkeypatch, {}, DLLMBENCH_DISABLE="smc, toy_sum")
+    assert "smc" not in reg.names("strategy") and "toy_sum" not in reg.names("task")
+    assert "prm_guided" in reg.names("strategy")
+    families = available_families(reg, 8)
+    assert "smc_vote" not in families and "smc_top" not in families and "vanilla" in families
+    with pytest.raises(PluginError, match="unknown strategy 'smc'"):
+        reg.strategy("smc")
+
+
+def test_deny_list_takes_a_distribution_and_leaves_it_unloaded(third_party):
+    out = _cli(third_party, "plugins", "--json", DLLMBENCH_DISABLE="dllmbench-pairs")
+    assert out.returncode == 0, out.stderr
+    assert "pairs" not in {p["name"] for p in json.loads(out.stdout)}
+
+
+@pytest.mark.parametrize(
+    "var,value,needle",
+    [
+        ("DLLMBENCH_DISABLE", "smc,smcc", "DLLMBENCH_DISABLE names 'smcc', which is not installed"),
+        ("DLLMBENCH_PLUGINS", "dllmbench-pair", "DLLMBENCH_PLUGINS names 'dllmbench-pair'"),
+    ],
+)
+def test_a_typo_in_the_plugin_lists_is_one_line(third_party, var, value, needle):
+    out = _cli(third_party, "plugins", **{var: value})
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.count("\n") == 1 and needle in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+FAMILY = (
+    STRATEGY
+    + """
+
+@hookimpl
+def dllmbench_register_methods(register):
+    register("pairs_vote", spec="pairs:n=*+majority", label="Pairs Vote@{n}")
+"""
+)
+
+
+def test_a_registered_family_joins_all_with_its_label(tmp_path, monkeypatch):
+    reg = _registry(tmp_path, monkeypatch, {"pairs_family": FAMILY})
+    family = reg.family("pairs_vote")
+    assert family is not None and family.distribution == "module:pairs_family"
+    assert [f.name for f in reg.families()][:2] == ["vanilla", "majority"]  # built-ins first
+    chosen = plan(reg, 72, 8, ["all"], scorers=set())
+    ids = [p.method.id for p in chosen.methods]
+    assert "Pairs Vote@12" in ids and "Majority@9" in ids  # 6·4 + 12·4 = 72
+    assert [p.method.family for p in chosen.methods if p.method.id == "Pairs Vote@12"] == [
+        "pairs_vote"
+    ]
+    needs = {x.family: x for x in chosen.left_out}
+    assert needs["orm_rerank"].reason == "needs scorer orm" and needs["orm_rerank"].missing == ()
+    assert plan(reg, 72, 8, scorers=set()).as_dict() == chosen.as_dict()  # no entries: all
+
+
+def test_methods_all_runs_a_third_party_family_onto_the_leaderboard(tmp_path):
+    (tmp_path / "pairs_family.py").write_text(FAMILY)
+    out = _cli(
+        tmp_path,
+        "run",
+        "--task",
+        "toy_sum:size=2",
+        "--backbone",
+        "toy",
+        "--steps",
+        "8",
+        "--gen-length",
+        "5",
+        "--budget",
+        "72",
+        "--methods",
+        "all",
+        "--out",
+        str(tmp_path / "r"),
+        "--json",
+        DLLMBENCH_PLUGIN_MODULES="dllmbench.testing.doubles,pairs_family",
+    )
+    assert out.returncode == 0, out.stderr
+    ids = [m["id"] for m in json.loads(out.stdout)["methods"]]
+    assert "Pairs Vote@12" in ids and "Vanilla" in ids
+    assert "Pairs Vote@12" in (tmp_path / "r" / "leaderboard.md").read_text()
+
+
+def test_a_family_needing_a_missing_plugin_is_an_error_only_when_named(tmp_path, monkeypatch):
+    source = """
+    from dllmbench.hookspecs import hookimpl
+    @hookimpl
+    def dllmbench_register_methods(register):
+        register("beam", spec="beam:k=*+first", label="Beam K={k}")
+    """
+    reg = _registry(tmp_path, monkeypatch, {"beam_family": source})
+    assert "beam" not in available_families(reg, 8)
+    with pytest.raises(PluginError, match="unknown strategy 'beam'"):
+        plan(reg, 72, 8, ["beam"])
 
 
 def test_one_namespace_and_no_bare_top_level_packages(tmp_path):
@@ -223,3 +401,103 @@ def test_core_imports_no_builtin_plugin_outside_the_registration_list():
         if "dllmbench.plugins." in text and path.name != "manager.py":
             offenders.append(path.name)
     assert offenders == []
+
+
+DESCRIBED = '''
+"""Plugins of every shape, for describe_plugins and the Protocol check."""
+from dataclasses import dataclass
+
+from dllmbench.hookspecs import hookimpl
+
+
+class Half:
+    """Half a strategy: it forgot pool_scores."""
+
+    scorers = ()
+    prefix_field = None
+
+    def cost(self, total_steps):
+        """denoise: 2·T (two samples)
+
+        More words that the listing leaves out.
+        """
+        return {"denoise": 2 * total_steps}
+
+    def pool_size(self):
+        return 2
+
+    async def search(self, problem, ops):
+        return ops.pool(await ops.denoise(ops.start(problem, copies=2), ops.T))
+
+
+def pick_last(*, offset: int = 0, scorer: str | None = None):
+    """The last candidate, from a plain function factory."""
+    raise ValueError("not built in this test")
+
+
+@hookimpl
+def dllmbench_register_strategies(register):
+    register("half", Half)
+
+
+@hookimpl
+def dllmbench_register_selectors(register):
+    register("pick_last", pick_last)
+'''
+
+
+def _described(reg: Registry) -> dict[tuple[str, str], dict]:
+    return {(d["kind"], d["name"]): d for d in describe_plugins(reg)}
+
+
+def test_describe_plugins_gives_options_summary_and_cost(tmp_path, monkeypatch):
+    reg = _registry(tmp_path, monkeypatch, {"described": DESCRIBED, "bad_one": "1/0"})
+    plugins = _described(reg)
+    independent = plugins["strategy", "independent"]
+    assert independent["summary"].startswith("N samples, each T steps.")
+    assert independent["options"] == [{"name": "n", "type": "int", "default": 1}]
+    assert independent["cost"] == "denoise: n·T" and independent["broken"] is None
+    assert plugins["strategy", "prm_guided"]["cost"] == (
+        "denoise: k·T; score:<scorer>: k·ceil(T / every)"
+    )
+    assert {"name": "final", "type": "str", "default": "prune"} in (
+        plugins["strategy", "prm_guided"]["options"]
+    )
+    checkpoint = plugins["scorer", "prm"]["options"][0]
+    assert checkpoint == {"name": "checkpoint", "type": "str | None", "default": None}
+    assert plugins["strategy", "half"]["cost"] == "denoise: 2·T (two samples)"  # the docstring
+    assert plugins["selector", "pick_last"]["summary"] == (
+        "The last candidate, from a plain function factory."
+    )
+    assert plugins["selector", "pick_last"]["options"] == [
+        {"name": "offset", "type": "int", "default": 0},
+        {"name": "scorer", "type": "str | None", "default": None},
+    ]
+    assert "cost" not in plugins["selector", "first"]
+    broken = plugins["plugin", "bad_one"]
+    assert broken["broken"] == "failed to import: ZeroDivisionError: division by zero"
+    json.dumps(describe_plugins(reg))  # plain data, for --json
+
+
+def test_a_built_plugin_missing_a_protocol_member_is_one_line(tmp_path, monkeypatch):
+    reg = _registry(tmp_path, monkeypatch, {"described_b": DESCRIBED})
+    with pytest.raises(PluginError) as err:
+        reg.strategy("half")
+    assert str(err.value) == (
+        "strategy 'half' from module:described_b does not implement "
+        "dllmbench.interfaces.SearchStrategy: it lacks pool_scores"
+    )
+    assert reg.check("strategy", "half") is None  # options alone are fine: no Config
+
+
+def test_every_builtin_factory_meets_the_protocols_it_claims():
+    reg = Registry.from_collected(collect(load_plugin_manager()))
+    for kind in ("strategy", "selector", "task"):
+        for name in reg.names(kind):
+            factory = reg.info(kind, name).factory
+            for config in contract_configs(factory):
+                built = reg.build(kind, name, **config)  # the registry's Protocol check
+                assert missing_members(built, KIND_PROTOCOLS[kind]) == []
+    llada = reg.check("backbone", "llada", cfg_scale=1.0)
+    assert passes_per_step(llada) == 2 and passes_per_step(reg.check("backbone", "dream")) == 1
+    assert is_trained(reg.check("scorer", "prm")) is False

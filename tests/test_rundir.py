@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from dllmbench.engine import Limits, Sampling
+from dllmbench.engine import Capacity, Sampling
 from dllmbench.errors import UserError
 from dllmbench.rundir import RunDir, manifest_differences
 from dllmbench.runner import RunConfig, run
@@ -25,7 +25,7 @@ def config(out, **overrides) -> RunConfig:
         scorers={"prm": ("toy", {}), "orm": ("toy", {"partial": False})},
         methods=METHODS,
         sampling=Sampling(total_steps=16, gen_length=6, prompt_style="fewshot", seed=3),
-        limits=Limits(batch_rows=16, problems=2),
+        capacity=Capacity(batch_rows=16, problems=2),
         resamples=500,
         out=str(out),
     )
@@ -108,7 +108,7 @@ def test_interrupted_then_resumed_equals_uninterrupted(tmp_path):
     assert len(kept) == 13  # every record written before the interruption is on disk
     assert not (tmp_path / "cut" / "results.json").exists()
 
-    resumed = run(config(tmp_path / "cut", limits=Limits(batch_rows=5, problems=3)))
+    resumed = run(config(tmp_path / "cut", capacity=Capacity(batch_rows=5, problems=3)))
     assert resumed.resumed == 13
     assert resumed.written == 8 * len(METHODS) - 13
     a = (tmp_path / "whole" / "results.json").read_text()
@@ -348,7 +348,7 @@ def test_weights_are_compared_by_content_not_by_where_they_lie(tmp_path):
     from safetensors.torch import load_file, save_file
 
     from dllmbench.checksums import sha256
-    from dllmbench.plugins.backbones.tiny import TINY_DIR
+    from dllmbench.demo import TINY_DIR
 
     first = tmp_path / "install-a" / "tiny_model"
     shutil.copytree(TINY_DIR, first)

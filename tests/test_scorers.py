@@ -9,13 +9,19 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dllmbench.errors import PluginError, UserError
-from dllmbench.interfaces import ScoreBatch
+from dllmbench.interfaces import (
+    ScoreBatch,
+    TrainableScorer,
+    TransformerBackbone,
+    missing_members,
+)
 from dllmbench.plugins.backbones.dream import Dream
 from dllmbench.plugins.backbones.llada import LLaDA
 from dllmbench.plugins.backbones.tiny import TINY_DIR
 from dllmbench.plugins.scorers.adapters import adapter_names, adapter_parameters
 from dllmbench.plugins.scorers.heads import pool, region
 from dllmbench.plugins.scorers.reward import ORM, PRM, read_checkpoint
+from dllmbench.testing.doubles import ToyBackbone
 from dllmbench.types import Prompt
 
 
@@ -201,8 +207,18 @@ def test_checkpoint_on_another_base_model_or_kind_raises(saved):
 
 
 def test_a_scorer_needs_a_transformer_backbone():
-    with pytest.raises(PluginError, match="needs a transformer backbone"):
+    with pytest.raises(PluginError, match=r"implementing dllmbench\.interfaces\.TransformerBack"):
         PRM()
+    with pytest.raises(PluginError, match=r"TransformerBackbone \(dream, llada\), not ToyBackbone"):
+        PRM(backbone=ToyBackbone())
+
+
+@pytest.mark.parametrize("backbone", [Dream, LLaDA])
+def test_the_reward_scorers_meet_their_protocols(backbone):
+    bb = backbone(model="random")
+    assert isinstance(bb, TransformerBackbone) and missing_members(bb, TransformerBackbone) == []
+    scorer = ORM(backbone=bb)
+    assert isinstance(scorer, TrainableScorer) and not scorer.trained
 
 
 # -- pool_stop: where the pooled region ends ----------------------------------------------------

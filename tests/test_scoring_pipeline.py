@@ -183,3 +183,28 @@ def test_best_of_n_ranks_each_problems_final_states():
     kept = balance([s for t in trajectories for s in t], seed=0)
     assert [s.correct for s in kept].count(True) == [s.correct for s in kept].count(False) == 2
     assert [s.final for s in kept] == [False, True, False, True]
+
+
+def test_data_selection_holds_out_problems_and_keeps_what_each_kind_learns_from():
+    import torch
+
+    from dllmbench.collect import Snapshot
+    from dllmbench.training import TrainConfig, select_data
+
+    mask = 9
+    data = [
+        Snapshot(f"p{i}", torch.tensor([1, mask, 2]), 1, step, i % 2 == 0, final)
+        for i in range(10)
+        for step, final in ((4, False), (8, True))
+    ]
+    prm = select_data(data, TrainConfig(kind="prm", val_fraction=0.2, seed=3), mask)
+    train_ids = {s.problem for s in prm.train}
+    val_ids = {s.problem for s in prm.validation}
+    assert len(val_ids) == prm.validation_problems == 2 and not train_ids & val_ids
+    assert len(prm.train) == 16 and not all(s.final for s in prm.train)
+    assert list(prm.validation_ratios) == [0.5] * 4  # one of the two answer tokens is masked
+    orm = select_data(data, TrainConfig(kind="orm", val_fraction=0.2, seed=3), mask)
+    assert all(s.final for s in orm.train + orm.validation) and len(orm.train) == 8
+    assert select_data(data, TrainConfig(kind="prm", seed=4), mask).digest != prm.digest
+    with pytest.raises(UserError, match="mixed outcomes"):  # no problem has both outcomes
+        select_data(data, TrainConfig(kind="orm", groups="mixed"), mask)

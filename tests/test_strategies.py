@@ -8,7 +8,7 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from dllmbench.engine import Engine, Limits, Sampling
+from dllmbench.engine import Capacity, Engine, Sampling
 from dllmbench.interfaces import ScoreBatch
 from dllmbench.method import Method, MethodSpec
 from dllmbench.ops import segments
@@ -42,7 +42,7 @@ def run(spec: str, T: int, problems: int = 2, scorer=None, gen: int = 4):
         task=task,
         methods=[method],
         sampling=Sampling(T, gen, "fewshot", 0),
-        limits=Limits(batch_rows=256, problems=problems),
+        capacity=Capacity(batch_rows=256, problems=problems),
     )
     return method, engine.run(task.problems("test")), engine
 

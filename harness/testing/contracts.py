@@ -8,114 +8,359 @@ over the registered ones; set DLLMBENCH_PLUGIN_MODULES=dllmbench.testing.doubles
 the doubles as well.
 
 Strategies and selectors run through the real engine on the deterministic doubles of
-`dllmbench.testing.doubles`; backbones, scorers and tasks are checked through their own
-interfaces.
+`dllmbench.testing.doubles`, at several T: 3, 12 and the first of 40, 130, 260 at which the
+strategy denoises in more than one call (so that its pruning or resampling code runs).
+Backbones, scorers and tasks are checked through their own interfaces. Each check is a plain
+function of `(name, config)`; a failure is an AssertionError whose message says what broke,
+and a check that does not apply to a plugin skips, saying why.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import random
+import traceback
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
-from dllmbench.engine import Engine, Limits, Sampling
-from dllmbench.interfaces import ScoreBatch, StepBatch
+from dllmbench.errors import CostMismatch
+from dllmbench.interfaces import (
+    GradesMany,
+    ScoreBatch,
+    SearchStrategy,
+    StepBatch,
+    contract_backbone,
+)
 from dllmbench.keys import row_key
 from dllmbench.method import Method, MethodSpec
-from dllmbench.registry import describe, registry
-from dllmbench.testing.doubles import ToyBackbone, ToyScorer, ToySum
-from dllmbench.types import Candidate, Prompt
+from dllmbench.provenance import config_data
+from dllmbench.registry import registry
+from dllmbench.testing.doubles import ToyBackbone, ToySum
+from dllmbench.testing.helpers import GEN_LENGTH, PROBLEMS, STEPS, make_candidates, run_methods
+from dllmbench.types import Candidate, Pool, Problem, Prompt
 
-STEPS, GEN_LENGTH, PROBLEMS = 12, 5, 5
+BASE_STEPS = (3, STEPS)  # fewer steps than generated tokens, and the usual 12
+LONG_STEPS = (40, 130, 260)  # tried in turn until the strategy denoises in several calls
+Key = tuple[int, str, str]  # (T, problem id, method id)
 
 
-def comparable(record: dict[str, Any]) -> dict[str, Any]:
+def comparable(record: Mapping[str, Any]) -> dict[str, Any]:
     """A record without what legitimately varies between runs (timings, batch counts)."""
     out = {k: v for k, v in record.items() if k != "ledger"}
     out["passes"] = record["ledger"]["passes"]
     return out
 
 
-def run_methods(
-    methods: list[Method],
-    *,
-    batch_rows: int = 64,
-    problems: int = PROBLEMS,
-    steps: int = STEPS,
-    seed: int = 0,
-) -> dict[tuple[str, str], dict[str, Any]]:
-    """Run methods on the toy task; every scorer they name is a toy scorer."""
-    names = sorted({s for m in methods for s in m.scorers() if s != "weight"})
-    scorers = {name: ToyScorer(partial=name != "orm") for name in names}
-    task = ToySum(size=problems)
-    engine = Engine(
-        backbone=ToyBackbone(),
-        scorers=scorers,
-        task=task,
-        methods=methods,
-        sampling=Sampling(steps, GEN_LENGTH, "fewshot", seed),
-        limits=Limits(batch_rows=batch_rows, problems=3),
-    )
-    records = engine.run(task.problems("test"))
-    return {(r["problem"], r["method"]): comparable(r) for r in records}
+# -- running strategies, observed --------------------------------------------------------------
 
 
-def _method(
+@dataclass
+class Seen:
+    """What one strategy run on one problem returned, noted by `Observed`."""
+
+    problem: str
+    steps: int  # the run's T
+    returned: int  # candidates in the pool
+    denoise_calls: int
+    scores: dict[str, np.ndarray]
+
+
+class Observed:
+    """A strategy seen through a one-way mirror: the same search, with what it did noted.
+
+    With `hide_pool_scores` it claims no pool scores and strips them from its pools, so the
+    engine scores the final candidates itself (to compare with what the pool claimed)."""
+
+    def __init__(self, inner: SearchStrategy, *, hide_pool_scores: bool = False):
+        self.inner = inner
+        self.hide = hide_pool_scores
+        self.seen: list[Seen] = []
+
+    def __getattr__(self, name: str) -> Any:  # config, scorers, prefix_field, cost, pool_size
+        return getattr(self.inner, name)
+
+    def pool_scores(self) -> frozenset[str]:
+        return frozenset() if self.hide else self.inner.pool_scores()
+
+    async def search(self, problem: Problem, ops: Any) -> Pool:
+        calls = 0
+        denoise = ops.denoise
+
+        async def counted(rows: Any, steps: int) -> Any:
+            nonlocal calls
+            calls += 1
+            return await denoise(rows, steps)
+
+        ops.denoise = counted
+        pool = await self.inner.search(problem, ops)
+        if not isinstance(pool, Pool):
+            return pool  # the engine refuses it
+        scores = {k: np.asarray(v, np.float64).reshape(-1) for k, v in pool.scores.items()}
+        self.seen.append(Seen(problem.id, ops.T, len(pool), calls, scores))
+        if self.hide:
+            claimed = self.inner.pool_scores()
+            pool.scores = {k: v for k, v in pool.scores.items() if k not in claimed}
+        return pool
+
+
+class Reads:
+    """A selector that reads the given scorers on every candidate and picks the first."""
+
+    ceiling = False
+    config = None
+
+    def __init__(self, needs: Sequence[str]):
+        self.needs = tuple(needs)
+
+    def select(self, candidates: Sequence[Candidate], *, rng, labels=None) -> int | None:
+        return 0 if candidates else None
+
+
+def kit_method(
     strategy: str,
     config: dict[str, Any],
     selector: str = "first",
     selector_config: dict[str, Any] | None = None,
+    *,
+    reads: Sequence[str] = (),
+    hide_pool_scores: bool = False,
 ) -> Method:
-    return Method.build(
-        registry(), MethodSpec(strategy, dict(config), selector, dict(selector_config or {}))
+    """A method whose strategy is `Observed`; with `reads`, its selector is `Reads(reads)`."""
+    spec = MethodSpec(strategy, dict(config), selector, dict(selector_config or {}))
+    built = registry().strategy(strategy, **config)
+    chosen = Reads(reads) if reads else registry().selector(selector, **spec.selector_config)
+    observed = Observed(built, hide_pool_scores=hide_pool_scores)
+    return Method(spec.text(), spec, observed, chosen)  # type: ignore[arg-type]
+
+
+def seen(method: Method) -> list[Seen]:
+    strategy = method.strategy
+    return strategy.seen if isinstance(strategy, Observed) else []
+
+
+def explain(exc: BaseException) -> str:
+    """An exception as one readable line: its type, message and where it was raised."""
+    text = " ".join(str(exc).split())
+    text = text if len(text) <= 400 else text[:400] + "…"
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (raised at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    hint = ""
+    if isinstance(exc, CostMismatch):
+        hint = "; cost(T) must equal what search charges through ops, on every problem and T"
+    return f"{type(exc).__name__}: {text}{where}{hint}"
+
+
+def run_kit(
+    methods: Sequence[Method],
+    steps: Sequence[int],
+    *,
+    batch_rows: int = 64,
+    seed: int = 0,
+    problems: int = PROBLEMS,
+) -> dict[Key, dict[str, Any]]:
+    """Run methods on the toy task at each T; records (without timings) by (T, problem,
+    method). Anything the run raises becomes an AssertionError naming it, in one line."""
+    __tracebackhide__ = True  # pytest shows the check's line and this message
+    out: dict[Key, dict[str, Any]] = {}
+    for total in steps:
+        try:
+            records = run_methods(
+                methods, steps=total, problems=problems, seed=seed, batch_rows=batch_rows
+            )
+        except Exception as exc:
+            ids = ", ".join(m.id for m in methods)
+            raise AssertionError(f"{ids} at T={total}: {explain(exc)}") from None
+        out.update({(total, r["problem"], r["method"]): comparable(r) for r in records})
+    return out
+
+
+@cache
+def _steps(strategy: str, config_json: str) -> tuple[int, ...]:
+    config = json.loads(config_json)
+    for total in LONG_STEPS:
+        method = kit_method(strategy, config)
+        try:
+            run_kit([method], (total,), problems=2)
+        except AssertionError:
+            return (*BASE_STEPS, total)  # the checks themselves report it
+        if max((s.denoise_calls for s in seen(method)), default=0) > 1:
+            return (*BASE_STEPS, total)
+    return (*BASE_STEPS, LONG_STEPS[0])
+
+
+def steps_for(strategy: str, config: dict[str, Any]) -> tuple[int, ...]:
+    """The T values a strategy is checked at: 3, 12 and the first of `LONG_STEPS` at which
+    it denoises in more than one call (40 when it never does)."""
+    return _steps(strategy, json.dumps(config, sort_keys=True))
+
+
+@contextlib.contextmanager
+def global_seed(seed: int) -> Iterator[None]:
+    """Seed Python's, numpy's and torch's global generators; restore them afterwards."""
+    states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        yield
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])
+
+
+# -- readable differences ----------------------------------------------------------------------
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _diff(a: Any, b: Any, path: str) -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in [*a, *(k for k in b if k not in a)]:
+            sub = f"{path}.{k}" if path else str(k)
+            if k not in a or k not in b:
+                out.append(f"{sub}: only in the {'first' if k in a else 'second'} run")
+            else:
+                out += _diff(a[k], b[k], sub)
+        return out
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [
+            d
+            for i, (x, y) in enumerate(zip(a, b, strict=True))
+            for d in _diff(x, y, f"{path}[{i}]")
+        ]
+    return [] if a == b else [f"{path}: {_short(a)} != {_short(b)}"]
+
+
+def diff_records(
+    first: dict[Key, dict[str, Any]],
+    second: dict[Key, dict[str, Any]],
+    *,
+    limit: int = 8,
+    per_record: int = 3,
+) -> str:
+    """The first differences between two runs' records, one line each (at most `per_record`
+    for one record, `limit` in all)."""
+    lines = []
+    for key in sorted(set(first) | set(second), key=str):
+        where = f"T={key[0]} problem {key[1]!r} method {key[2]!r}"
+        if key not in first or key not in second:
+            lines.append(f"{where}: only in the {'first' if key in first else 'second'} run")
+            continue
+        found = _diff(first[key], second[key], "")
+        lines += [f"{where}: {d}" for d in found[:per_record]]
+        if len(found) > per_record:
+            lines.append(f"{where}: ... {len(found) - per_record} more here")
+    more = len(lines) - limit
+    return "\n".join(
+        ["  " + line for line in lines[:limit]] + ([f"  ... {more} more lines"] if more > 0 else [])
     )
 
 
-def _roundtrip(kind: str, name: str, obj: Any) -> None:
-    config = json.loads(json.dumps(describe(obj)))
-    rebuilt = registry().build(kind, name, **config)
-    assert describe(rebuilt) == describe(obj), f"{kind} {name}: configuration does not round-trip"
+def assert_same(
+    first: dict[Key, dict[str, Any]], second: dict[Key, dict[str, Any]], what: str
+) -> None:
+    __tracebackhide__ = True
+    if first != second:
+        raise AssertionError(
+            f"{what}; first differences (first run != second run):\n" + diff_records(first, second)
+        )
 
 
 # -- strategies ------------------------------------------------------------------------------
 
 
 def test_strategy_spends_what_it_declares(dllmbench_strategy):
+    """The ledger check passes at every T, and each record's passes equal `cost(T)`."""
     name, config = dllmbench_strategy
-    method = _method(name, config)
-    records = run_methods([method])  # the engine raises CostMismatch on any difference
-    declared = method.cost(STEPS)
-    for record in records.values():
-        assert record["passes"] == declared
-    assert len(records) == PROBLEMS
+    method = kit_method(name, config)
+    records = run_kit([method], steps_for(name, config))  # the engine checks every problem
+    for (total, problem, _), record in records.items():
+        declared = method.cost(total)
+        if record["passes"] != declared:
+            raise AssertionError(
+                f"strategy {name!r} at T={total} spent {record['passes']} on problem "
+                f"{problem!r} but declared {declared}"
+            )
+
+
+def test_strategy_returns_its_pool_size(dllmbench_strategy):
+    """Every pool holds exactly `pool_size()` candidates."""
+    name, config = dllmbench_strategy
+    method = kit_method(name, config)
+    error: AssertionError | None = None
+    try:
+        run_kit([method], steps_for(name, config))
+    except AssertionError as exc:
+        error = exc
+    size = method.strategy.pool_size()
+    for s in seen(method):
+        if s.returned != size:
+            raise AssertionError(
+                f"strategy {name!r} returned {s.returned} candidates on problem {s.problem!r} "
+                f"at T={s.steps}, but its pool_size() is {size}"
+            )
+    if error is not None:
+        raise error
 
 
 def test_strategy_same_seed_same_result(dllmbench_strategy):
+    """Two runs with the same seed give the same records, whatever the global random state;
+    another seed gives records for the same problems."""
     name, config = dllmbench_strategy
-    assert run_methods([_method(name, config)]) == run_methods([_method(name, config)])
-    other = run_methods([_method(name, config)], seed=1)
-    assert other.keys() == run_methods([_method(name, config)]).keys()
+    steps = steps_for(name, config)
+    with global_seed(1):
+        first = run_kit([kit_method(name, config)], steps)
+    with global_seed(2):
+        second = run_kit([kit_method(name, config)], steps)
+    assert_same(
+        first,
+        second,
+        f"strategy {name!r}: the same seed gave different records; does it read global random "
+        "state? Draw from ops.rng(label) or the rows' keys",
+    )
+    other = run_kit([kit_method(name, config)], steps, seed=1)
+    if other.keys() != first.keys():
+        raise AssertionError(f"strategy {name!r}: another seed gave records for other problems")
 
 
 def test_strategy_independent_of_batch_size(dllmbench_strategy):
+    """Records are equal at 64, 7 and 1 rows per forward."""
     name, config = dllmbench_strategy
-    results = [run_methods([_method(name, config)], batch_rows=b) for b in (1, 7, 64)]
-    assert results[0] == results[1] == results[2]
+    steps = steps_for(name, config)
+    wide = run_kit([kit_method(name, config)], steps, batch_rows=64)
+    for rows in (7, 1):
+        narrow = run_kit([kit_method(name, config)], steps, batch_rows=rows)
+        assert_same(
+            wide, narrow, f"strategy {name!r}: records at 64 and {rows} rows per forward differ"
+        )
 
 
 def test_strategy_independent_of_other_methods(dllmbench_strategy):
+    """A method's records are equal alone and run beside other methods."""
     name, config = dllmbench_strategy
-    alone = run_methods([_method(name, config)])
+    steps = steps_for(name, config)
+    alone = run_kit([kit_method(name, config)], steps)
+    mine = kit_method(name, config)
     others = [
-        _method("independent", {"n": 3}, "majority"),
-        _method("prm_guided", {"k": 4, "every": 5}, "first"),
+        kit_method("independent", {"n": 3}, "majority"),
+        kit_method("prm_guided", {"k": 4, "every": 5}, "first"),
     ]
-    mine = _method(name, config)
-    together = run_methods([*(m for m in others if m.id != mine.id), mine])
-    assert {k: v for k, v in together.items() if k in alone} == alone
+    together = run_kit([*(m for m in others if m.id != mine.id), mine], steps)
+    beside = {k: v for k, v in together.items() if k[2] == mine.id}
+    assert_same(alone, beside, f"strategy {name!r}: records alone and beside other methods differ")
 
 
 def test_strategy_config_roundtrips(dllmbench_strategy):
@@ -124,73 +369,186 @@ def test_strategy_config_roundtrips(dllmbench_strategy):
 
 
 def test_strategy_prefix_pools_nest(dllmbench_strategy):
+    """With `prefix_field` set, the pool at size n is the first n candidates of the pool at
+    size n + 2, at every T."""
     name, config = dllmbench_strategy
-    strategy = registry().strategy(name, **config)
-    field = strategy.prefix_field
+    field = registry().strategy(name, **config).prefix_field
     if field is None:
-        assert strategy.prefix_field is None  # the strategy makes no nesting claim to check
-        return
-    size = describe(strategy)[field]
-    small = run_methods([_method(name, {**config, field: size})])
-    large = run_methods([_method(name, {**config, field: size + 2})])
-    for (pid, _), rec in small.items():
-        big = next(v for (p, _), v in large.items() if p == pid)
-        assert rec["candidates"] == big["candidates"][:size]
+        pytest.skip(f"strategy {name} sets prefix_field = None: it claims no nested pools")
+    size = config_data(registry().strategy(name, **config))[field]
+    steps = steps_for(name, config)
+    small = run_kit([kit_method(name, {**config, field: size})], steps)
+    large = run_kit([kit_method(name, {**config, field: size + 2})], steps)
+    by_problem = {(t, p): r["candidates"][:size] for (t, p, _), r in large.items()}
+    cut = {(t, p, m): by_problem.get((t, p), []) for t, p, m in small}
+    mine = {key: r["candidates"] for key, r in small.items()}
+    if mine != cut:
+        first = {key: {"candidates": c} for key, c in mine.items()}
+        second = {key: {"candidates": c} for key, c in cut.items()}
+        raise AssertionError(
+            f"strategy {name!r} sets prefix_field = {field!r}, but its pools at {field}={size} "
+            f"are not the first {size} candidates of its pools at {field}={size + 2}; set "
+            f"prefix_field = None unless they always are. First differences:\n"
+            + diff_records(first, second)
+        )
+
+
+def _check_pool_carries(name: str, claimed: list[str], method: Method) -> None:
+    __tracebackhide__ = True
+    for s in seen(method):
+        for scorer in claimed:
+            where = f"its pool on problem {s.problem!r} at T={s.steps}"
+            values = s.scores.get(scorer)
+            if values is None:
+                carried = ", ".join(sorted(s.scores)) or "none"
+                raise AssertionError(
+                    f"strategy {name!r} claims pool_scores() {claimed}, but {where} carries no "
+                    f"{scorer!r} scores (it carries: {carried}); return them with "
+                    f"ops.pool(rows, scores=...) or leave {scorer!r} out of pool_scores()"
+                )
+            if values.shape != (s.returned,) or not np.isfinite(values).all():
+                raise AssertionError(
+                    f"strategy {name!r}: {where} carries {values.shape[0]} {scorer!r} scores for "
+                    f"{s.returned} candidates, or a value that is not finite"
+                )
+
+
+def test_strategy_pool_scores_are_true(dllmbench_strategy):
+    """Every scorer in `pool_scores()` comes with the pool: one value per candidate, equal
+    to what the engine's own scoring of the final candidates gives."""
+    name, config = dllmbench_strategy
+    claimed = sorted(registry().strategy(name, **config).pool_scores())
+    if not claimed:
+        pytest.skip(f"strategy {name} claims no pool scores")
+    steps = steps_for(name, config)
+    carried = kit_method(name, config, reads=claimed)
+    try:
+        records = run_kit([carried], steps)
+    except AssertionError:
+        _check_pool_carries(name, claimed, carried)
+        raise
+    _check_pool_carries(name, claimed, carried)
+    rescored = run_kit([kit_method(name, config, reads=claimed, hide_pool_scores=True)], steps)
+    for key, record in records.items():
+        for i, (mine, fresh) in enumerate(
+            zip(record["candidates"], rescored[key]["candidates"], strict=True)
+        ):
+            for scorer in claimed:
+                a, b = mine["scores"][scorer], fresh["scores"][scorer]
+                if not np.isclose(a, b, rtol=1e-6, atol=1e-9):
+                    raise AssertionError(
+                        f"strategy {name!r}: the pool's {scorer!r} score of candidate {i} on "
+                        f"problem {key[1]!r} at T={key[0]} is {a:.6g}, but the scorer gives "
+                        f"{b:.6g} on that final candidate; a pool carries scores of exactly "
+                        "its final candidates"
+                    )
 
 
 # -- selectors -------------------------------------------------------------------------------
 
+SELECTOR_STEPS = (STEPS, LONG_STEPS[0])
+ANSWER_LISTS = (["4", None, "7", "4", "9"], ["3"], [None, None], ["8", "2", "2"])
 
-def _candidates() -> list[Candidate]:
-    answers = ["4", None, "7", "4", "9"]
-    return [
-        Candidate(
-            i,
-            a or "",
-            a,
-            None if a is None else int(a),
-            (i,),
-            {"orm": float(i % 3), "prm": float(-i)},
-            1.0 / (i + 1),
-        )
-        for i, a in enumerate(answers)
-    ]
+
+def selector_candidates(needs: Sequence[str], answers: Sequence[str | None]) -> list[Candidate]:
+    """Candidates with the given answers, a score for every scorer named (and orm, prm) and
+    a weight, all distinct."""
+    names = sorted({*needs, "orm", "prm"})
+    n = len(answers)
+    scores = {s: [float((i * 7 + j) % 5) - 2.0 for i in range(n)] for j, s in enumerate(names)}
+    return make_candidates(answers, scores=scores, weights=[1.0 / (i + 1) for i in range(n)])
+
+
+def _labels(answers: Sequence[str | None]) -> list[bool]:
+    return [a in ("7", "2") for a in answers]
 
 
 def test_selector_declares_its_kind(dllmbench_selector):
     name, config = dllmbench_selector
     selector = registry().selector(name, **config)
-    assert isinstance(selector.ceiling, bool)
-    assert all(isinstance(s, str) for s in selector.needs)
+    if not isinstance(selector.ceiling, bool):
+        raise AssertionError(f"selector {name!r}: ceiling is {selector.ceiling!r}, not a bool")
+    if not all(isinstance(s, str) for s in selector.needs):
+        raise AssertionError(f"selector {name!r}: needs {selector.needs!r} are not all strings")
 
 
-def test_selector_never_needs_labels_unless_ceiling(dllmbench_selector):
+def test_selector_works_without_labels(dllmbench_selector):
+    """A selector that is not a ceiling chooses with `labels=None`."""
     name, config = dllmbench_selector
     selector = registry().selector(name, **config)
     if selector.ceiling:
-        labels = [False, False, True, False, True]
-        chosen = selector.select(_candidates(), rng=np.random.default_rng(0), labels=labels)
-        assert chosen is not None and 0 <= chosen < 5
-        return
-    chosen = selector.select(_candidates(), rng=np.random.default_rng(0), labels=None)
-    assert chosen is None or 0 <= chosen < 5
+        pytest.skip(f"selector {name} is a ceiling: it always gets labels")
+    for answers in ANSWER_LISTS:
+        cands = selector_candidates(selector.needs, answers)
+        selector.select(cands, rng=np.random.default_rng(0), labels=None)
+
+
+def test_selector_ceiling_uses_labels(dllmbench_selector):
+    """A ceiling given labels returns an index (it reads them)."""
+    name, config = dllmbench_selector
+    selector = registry().selector(name, **config)
+    if not selector.ceiling:
+        pytest.skip(f"selector {name} is not a ceiling: it never gets labels")
+    answers = ANSWER_LISTS[0]
+    cands = selector_candidates(selector.needs, answers)
+    chosen = selector.select(cands, rng=np.random.default_rng(0), labels=_labels(answers))
+    if chosen is None:
+        raise AssertionError(f"ceiling {name!r} chose nothing though a candidate is correct")
+
+
+def test_selector_returns_an_index_in_range(dllmbench_selector):
+    """`select` returns None or an int index of one of the candidates it was given."""
+    name, config = dllmbench_selector
+    selector = registry().selector(name, **config)
+    for answers in ANSWER_LISTS:
+        n = len(answers)
+        labels = _labels(answers) if selector.ceiling else None
+        cands = selector_candidates(selector.needs, answers)
+        chosen = selector.select(cands, rng=np.random.default_rng(0), labels=labels)
+        if chosen is None:
+            continue
+        if isinstance(chosen, bool) or not isinstance(chosen, (int, np.integer)):
+            raise AssertionError(
+                f"selector {name!r} returned {_short(chosen)} ({type(chosen).__name__}) for "
+                f"{n} candidates; return an int index or None"
+            )
+        if not 0 <= chosen < n:
+            raise AssertionError(
+                f"selector {name!r} chose {chosen} of {n} candidates (answers {answers}); "
+                f"return an index in 0..{n - 1}, or None for no choice"
+            )
 
 
 def test_selector_deterministic_and_costed(dllmbench_selector):
+    """In a run the selector's choices repeat with the seed, and its scoring is charged as
+    the method declares (the ledger check)."""
     name, config = dllmbench_selector
     selector = registry().selector(name, **config)
-    strategy = "smc" if "weight" in describe(selector).values() else "independent"
+    strategy = "smc" if "weight" in config_data(selector).values() else "independent"
     sconf = {"k": 4, "every": 6} if strategy == "smc" else {"n": 4}
-    method = _method(strategy, sconf, name, config)
-    first = run_methods([method])  # the ledger check covers the selector's scoring
-    assert first == run_methods([_method(strategy, sconf, name, config)])
-    for record in first.values():
-        assert record["passes"] == method.cost(STEPS)
+    method = kit_method(strategy, sconf, name, config)
+    first = run_kit([method], SELECTOR_STEPS)  # the engine's ledger check covers its scoring
+    second = run_kit([kit_method(strategy, sconf, name, config)], SELECTOR_STEPS)
+    assert_same(first, second, f"selector {name!r}: the same seed gave different records")
+    for (total, problem, _), record in first.items():
+        if record["passes"] != method.cost(total):
+            raise AssertionError(
+                f"selector {name!r}: {method.id} spent {record['passes']} on problem "
+                f"{problem!r} at T={total} but declared {method.cost(total)}"
+            )
 
 
 def test_selector_config_roundtrips(dllmbench_selector):
     name, config = dllmbench_selector
     _roundtrip("selector", name, registry().selector(name, **config))
+
+
+def _roundtrip(kind: str, name: str, obj: Any) -> None:
+    __tracebackhide__ = True
+    config = json.loads(json.dumps(config_data(obj)))
+    again = config_data(registry().build(kind, name, **config))
+    if again != config_data(obj):
+        raise AssertionError(f"{kind} {name!r}: its config {config} built again gives {again}")
 
 
 # -- backbones -------------------------------------------------------------------------------
@@ -221,8 +579,12 @@ def test_backbone_canvas_is_prompt_then_masks(dllmbench_backbone):
     name, config = dllmbench_backbone
     backbone = registry().backbone(name, **config)
     for canvas, plen in _canvases(backbone, 3):
-        assert canvas.dim() == 1 and canvas.dtype == torch.long
-        assert (canvas[plen:] == backbone.mask_id).all() and len(canvas) == plen + GEN_LENGTH
+        assert canvas.dim() == 1 and canvas.dtype == torch.long, (
+            f"backbone {name!r}: canvas is not a 1-D long tensor"
+        )
+        assert (canvas[plen:] == backbone.mask_id).all() and len(canvas) == plen + GEN_LENGTH, (
+            f"backbone {name!r}: the canvas is not the prompt followed by {GEN_LENGTH} masks"
+        )
 
 
 def test_backbone_row_alone_equals_row_in_batch(dllmbench_backbone):
@@ -233,9 +595,11 @@ def test_backbone_row_alone_equals_row_in_batch(dllmbench_backbone):
         for i, (c, p) in enumerate(_canvases(backbone, 6))
     ]
     batched = _step(backbone, rows)
-    for row, out in zip(rows, batched, strict=True):
-        assert torch.equal(_step(backbone, [row])[0], out)
-        assert torch.equal(_step(backbone, [row])[0], out)  # and again: no hidden state
+    for i, (row, out) in enumerate(zip(rows, batched, strict=True)):
+        for _ in range(2):  # twice: no hidden state
+            assert torch.equal(_step(backbone, [row])[0], out), (
+                f"backbone {name!r}: row {i} alone differs from row {i} in a batch of {len(rows)}"
+            )
 
 
 def test_backbone_trajectory_ends_decodable(dllmbench_backbone):
@@ -245,7 +609,7 @@ def test_backbone_trajectory_ends_decodable(dllmbench_backbone):
     key = row_key(0, "p", "sample", (0,))
     for t in range(STEPS):
         canvas = _step(backbone, [(canvas, plen, t, key)])[0]
-    assert isinstance(backbone.decode(canvas, plen), str)
+    assert isinstance(backbone.decode(canvas, plen), str), f"backbone {name!r}: decode is not a str"
 
 
 # -- scorers ---------------------------------------------------------------------------------
@@ -254,18 +618,20 @@ def test_backbone_trajectory_ends_decodable(dllmbench_backbone):
 def test_scorer_returns_one_finite_float_per_row(dllmbench_scorer):
     name, config = dllmbench_scorer
     # a scorer that reads a model names the backbone to check it on: (name, config)
-    spec = getattr(registry().info("scorer", name).factory, "contract_backbone", None)
+    spec = contract_backbone(registry().info("scorer", name).factory)
     backbone = registry().backbone(spec[0], **spec[1]) if spec else ToyBackbone()
     scorer = registry().scorer(name, shared={"backbone": backbone}, **config)
     canvases = _canvases(backbone, 4)
     batch = ScoreBatch([c for c, _ in canvases], [p for _, p in canvases], [0] * 4, STEPS)
     values = np.asarray(scorer.score(batch))
-    assert values.shape == (4,) and np.isfinite(values).all()
+    assert values.shape == (4,) and np.isfinite(values).all(), (
+        f"scorer {name!r} gave {values.shape} values for 4 rows, or a value that is not finite"
+    )
     single = [
         float(np.asarray(scorer.score(ScoreBatch([c], [p], [0], STEPS)))[0]) for c, p in canvases
     ]
     np.testing.assert_allclose(values, single, rtol=1e-5, atol=1e-6)
-    assert isinstance(scorer.reads_partial, bool)
+    assert isinstance(scorer.reads_partial, bool), f"scorer {name!r}: reads_partial is not a bool"
 
 
 # -- tasks -----------------------------------------------------------------------------------
@@ -278,13 +644,21 @@ def test_task_problems_are_well_formed(dllmbench_task):
     assert splits, f"task {name} has no splits"
     for split, size in splits.items():
         problems = task.problems(split)
-        assert len(problems) == size
-        assert len({p.id for p in problems}) == size, "problem ids must be unique"
+        assert len(problems) == size, (
+            f"task {name!r}: split {split} has {len(problems)} problems, splits() says {size}"
+        )
+        assert len({p.id for p in problems}) == size, (
+            f"task {name!r}: problem ids in {split} are not unique"
+        )
     problem = task.problems(next(iter(splits)))[0]
     for style in ("chat", "fewshot"):
-        assert isinstance(task.prompt(problem, style), Prompt)
-    assert task.grade(problem, None, "") is False
-    assert task.extract("") is None
+        assert isinstance(task.prompt(problem, style), Prompt), (
+            f"task {name!r}: prompt({style!r}) is not a Prompt"
+        )
+    assert task.grade(problem, None, "") is False, (
+        f"task {name!r}: grade(problem, None, '') is not False"
+    )
+    assert task.extract("") is None, f"task {name!r}: extract('') is not None"
 
 
 def test_task_grade_many_agrees_with_grade(dllmbench_task):
@@ -293,7 +667,7 @@ def test_task_grade_many_agrees_with_grade(dllmbench_task):
     gold is an answer string)."""
     name, config = dllmbench_task
     task = registry().task(name, **config)
-    if not hasattr(task, "grade_many"):
+    if not isinstance(task, GradesMany):
         pytest.skip(f"task {name} has no grade_many; the engine calls grade")
     problems = task.problems(next(iter(task.splits())))[:2]
     items = [
@@ -301,4 +675,5 @@ def test_task_grade_many_agrees_with_grade(dllmbench_task):
         for p in problems
         for a in ((None, "0", p.gold) if isinstance(p.gold, str) else (None, "0"))
     ]
-    assert list(task.grade_many(items)) == [task.grade(*item) for item in items]
+    many, one = list(task.grade_many(items)), [task.grade(*item) for item in items]
+    assert many == one, f"task {name!r}: grade_many gave {many}, grade gives {one}"

@@ -52,10 +52,15 @@ class ToyBackboneConfig:
     # draw every row's noise from one fixed key, as a sampler at temperature 0 would: copies
     # with different keys come out identical (the harness refuses multi-candidate methods)
     deterministic: bool = False
+    # commit evenly over all T steps (after step t, ⌊gen·(T−t−1)/T⌋ positions stay masked)
+    # rather than ⌈masked / steps left⌉ per step, which fills a short canvas in its first
+    # steps; the contract kit spreads, so every segment of a long run changes something
+    spread: bool = False
 
 
 class ToyBackbone:
-    """Commits ⌈masked / steps left⌉ positions per step, chosen and filled by keyed noise."""
+    """Commits ⌈masked / steps left⌉ positions per step (or evenly over T with `spread`),
+    chosen and filled by keyed noise."""
 
     Config = ToyBackboneConfig
     mask_id = MASK
@@ -82,7 +87,12 @@ class ToyBackbone:
             tokens = tokens.clone()
             gen = torch_generator(0 if self.config.deterministic else key, step)
             masked = (tokens[plen:] == MASK).nonzero().flatten() + plen
-            quota = math.ceil(len(masked) / (batch.total_steps - step))
+            left = batch.total_steps - step
+            if self.config.spread:
+                keep = (len(tokens) - plen) * (left - 1) // batch.total_steps
+                quota = max(0, len(masked) - keep)
+            else:
+                quota = math.ceil(len(masked) / left)
             chosen = masked[torch.randperm(len(masked), generator=gen)[:quota]]
             target = intended(tokens[:plen].tolist(), len(tokens) - plen)
             right = torch.rand(len(chosen), generator=gen) < self.config.p_correct

@@ -3,7 +3,7 @@
 A test that asks for `dllmbench_strategy`, `dllmbench_selector`, `dllmbench_backbone`,
 `dllmbench_scorer` or `dllmbench_task` runs once per registered plugin of that kind and
 per configuration in its factory's `contract_configs` (default: the defaults), receiving
-(name, config).
+(name, config). The ini option `dllmbench_plugins` (names) limits them to those plugins.
 """
 
 from __future__ import annotations
@@ -13,17 +13,29 @@ from dllmbench.manager import KINDS
 FIXTURES = {f"dllmbench_{kind}": kind for kind in KINDS}
 
 
+def pytest_addoption(parser):
+    parser.addini(
+        "dllmbench_plugins",
+        "names of the plugins the dllmbench contract checks run on (default: every one)",
+        type="args",
+        default=[],
+    )
+
+
 def pytest_generate_tests(metafunc):
+    only = set(metafunc.config.getini("dllmbench_plugins"))
     for fixture, kind in FIXTURES.items():
         if fixture not in metafunc.fixturenames:
             continue
+        from dllmbench.interfaces import contract_configs
         from dllmbench.registry import registry
 
         reg = registry()
         params, ids = [], []
         for name in reg.names(kind):
-            configs = getattr(reg.info(kind, name).factory, "contract_configs", None) or [{}]
-            for config in configs:
+            if only and name not in only:
+                continue
+            for config in contract_configs(reg.info(kind, name).factory):
                 params.append((name, dict(config)))
                 opts = ",".join(f"{k}={v}" for k, v in config.items())
                 ids.append(f"{name}:{opts}" if opts else name)

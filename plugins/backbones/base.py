@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import abc
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -67,7 +67,10 @@ def top_ranked(score: torch.Tensor, k: torch.Tensor, ties: torch.Tensor) -> torc
 
 
 class DiffusionBackbone(abc.ABC):
-    """A masked-diffusion LM on a native transformers class. Subclasses supply `commit`."""
+    """A masked-diffusion LM on a native transformers class. Subclasses supply `commit`.
+
+    It implements `dllmbench.interfaces.TransformerBackbone`, whose weights the reward
+    scorers share."""
 
     arch: ClassVar[str]
     shift: ClassVar[bool]  # read the logit of position i from position i-1 (Dream)
@@ -102,10 +105,9 @@ class DiffusionBackbone(abc.ABC):
         if self.pad_id == self.mask_id or self.pad_id is None:
             raise UserError(f"{c.model}: no pad token distinct from the mask token")
         vocab = self.tokenizer.get_vocab()
+        self.eos_id: int | None = self.tokenizer.eos_token_id
         self.stop_ids = {
-            i
-            for i in [self.tokenizer.eos_token_id, *(vocab.get(t) for t in TURN_ENDS)]
-            if i is not None
+            i for i in [self.eos_id, *(vocab.get(t) for t in TURN_ENDS)] if i is not None
         }
         self.chat = c.chat if c.chat is not None else bool(self.tokenizer.chat_template)
 
@@ -122,7 +124,7 @@ class DiffusionBackbone(abc.ABC):
             ids = self.tokenizer.apply_chat_template(
                 list(prompt.messages), add_generation_prompt=True, tokenize=True
             )
-            return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+            return list(ids["input_ids"] if isinstance(ids, Mapping) else ids)
         return list(self.tokenizer(prompt.text)["input_ids"])
 
     def canvas(self, prompt_ids: Sequence[int], gen_length: int) -> torch.Tensor:

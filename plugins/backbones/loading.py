@@ -301,7 +301,7 @@ def mask_id_of(
     raw: dict[str, Any], tokenizer: PreTrainedTokenizerBase, names: tuple[str, ...], where: str
 ) -> int:
     """The mask token id: the config's, else the tokenizer's, else a known mask token."""
-    for value in (raw.get("mask_token_id"), getattr(tokenizer, "mask_token_id", None)):
+    for value in (raw.get("mask_token_id"), tokenizer.mask_token_id):
         if isinstance(value, int):
             return value
     vocab = tokenizer.get_vocab()

@@ -1,9 +1,9 @@
 """The shipped demo backbone: a 0.7M-parameter Dream-architecture dLLM trained on `arith`.
 
-Weights, tokenizer and config live in `tiny_model/` inside the package and load through the
-same code as Dream checkpoints (Qwen2ForCausalLM, is_causal=False, shifted logits).
-`python -m dllmbench.plugins.backbones.retrain_demo` rebuilds them, with the demo's PRM and
-ORM, from a seed.
+The weights, tokenizer, config and the scorers trained for them live in the demo's own room,
+`dllmbench.demo` (`TINY_DIR`), and load through the same code as Dream checkpoints
+(Qwen2ForCausalLM, is_causal=False, shifted logits). `dllmbench demo retrain --out DIR`
+rebuilds them, with the demo's PRM and ORM, from a seed; `--backbone tiny:model=DIR` runs them.
 """
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from dllmbench.demo import SCORER_KINDS, TINY_DIR
 from dllmbench.hookspecs import hookimpl
 from dllmbench.plugins.backbones.dream import Dream, DreamConfig
 
-TINY_DIR = Path(__file__).parent / "tiny_model"
+__all__ = ["TINY_DIR", "Tiny", "TinyConfig"]
 
 
 @dataclass(frozen=True)
@@ -35,12 +36,14 @@ class TinyConfig(DreamConfig):
             return {}
         return {
             kind: (kind, {"checkpoint": str(TINY_DIR / kind)})
-            for kind in ("prm", "orm")
+            for kind in SCORER_KINDS
             if (TINY_DIR / kind / "config.json").exists()
         }
 
 
 class Tiny(Dream):
+    """The shipped demo model: 0.7M parameters of Dream's architecture, trained on arith."""
+
     Config = TinyConfig
     contract_configs: ClassVar[list[dict]] = [{"model": "random"}, {}]
 

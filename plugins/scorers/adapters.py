@@ -13,6 +13,7 @@ from contextlib import contextmanager
 
 import torch
 from peft import LoraConfig, inject_adapter_in_model
+from peft.tuners.lora import LoraLayer
 from peft.tuners.tuners_utils import BaseTunerLayer
 
 
@@ -20,10 +21,14 @@ def tuner_layers(net: torch.nn.Module) -> list[BaseTunerLayer]:
     return [m for m in net.modules() if isinstance(m, BaseTunerLayer)]
 
 
+def lora_layers(net: torch.nn.Module) -> list[LoraLayer]:
+    return [m for m in net.modules() if isinstance(m, LoraLayer)]
+
+
 def adapter_names(net: torch.nn.Module) -> set[str]:
     names: set[str] = set()
-    for layer in tuner_layers(net):
-        names |= set(getattr(layer, "lora_A", {}).keys())
+    for layer in lora_layers(net):
+        names |= set(layer.lora_A.keys())
     return names
 
 
@@ -46,7 +51,7 @@ def inject(
         warnings.filterwarnings("ignore", message="Already found a `peft_config`")
         torch.manual_seed(seed)
         inject_adapter_in_model(config, net, adapter_name=name)
-    if not any(name in getattr(layer, "lora_A", {}) for layer in tuner_layers(net)):
+    if not any(name in layer.lora_A for layer in lora_layers(net)):
         raise ValueError(f"no module of the backbone matches target_modules {list(targets)}")
     for param in net.parameters():  # the base stays frozen; adapters train only when asked
         param.requires_grad_(False)

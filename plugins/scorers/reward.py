@@ -29,7 +29,7 @@ from safetensors.torch import load_file, save_file
 
 from dllmbench.errors import PluginError, UserError
 from dllmbench.hookspecs import hookimpl
-from dllmbench.interfaces import ScoreBatch
+from dllmbench.interfaces import ScoreBatch, TransformerBackbone
 from dllmbench.jsonfile import read_object
 from dllmbench.plugins.scorers.adapters import (
     active,
@@ -67,14 +67,15 @@ class RewardConfig:
     kind: ClassVar[str] = ""
 
     def __post_init__(self) -> None:
+        values = asdict(self)
         for key, choices in CHOICES.items():
-            asked = getattr(self, key)
+            asked = values[key]
             if asked is not None and asked not in choices:
                 raise ValueError(f"{key} must be one of {', '.join(choices)}, got {asked!r}")
         if self.checkpoint is not None:  # a broken checkpoint is found before any model loads
             saved = read_checkpoint(Path(self.checkpoint), self.kind)
             for key in SETTINGS:  # and an option contradicting it (`--preset paper`'s pool_stop)
-                asked = getattr(self, key)
+                asked = values[key]
                 if asked is not None and asked != saved[key]:
                     raise UserError(
                         f"{self.checkpoint} was trained with {key}={saved[key]!r}, not {asked!r}"
@@ -159,7 +160,7 @@ def read_checkpoint(path: Path, kind: str) -> dict[str, Any]:
     return saved
 
 
-def fingerprint(net: torch.nn.Module) -> str:
+def base_model_digest(net: torch.nn.Module) -> str:
     """Identity of a base model: its architecture and the first rows of its embedding."""
     c = net.config
     h = hashlib.sha256()
@@ -179,15 +180,15 @@ class RewardScorer:
     kind: ClassVar[str]
     reads_partial: ClassVar[bool]
 
-    def __init__(self, backbone: Any = None, **config: Any):
+    def __init__(self, backbone: object = None, **config: Any):
         self.config = self.Config(**config)
-        if backbone is None or not hasattr(backbone, "transformer"):
+        if not isinstance(backbone, TransformerBackbone):
             raise PluginError(
-                f"scorer {self.kind!r} needs a transformer backbone "
-                "(dream, llada or tiny), not "
-                f"{type(backbone).__name__ if backbone else 'none'}"
+                f"scorer {self.kind!r} needs a backbone implementing "
+                "dllmbench.interfaces.TransformerBackbone (dream, llada), not "
+                f"{type(backbone).__name__ if backbone is not None else 'none'}"
             )
-        self.backbone = backbone
+        self.backbone: TransformerBackbone = backbone
         self.net = backbone.transformer
         saved = self._read_checkpoint_config()
         self.settings = self._resolve(saved)
@@ -212,10 +213,8 @@ class RewardScorer:
             )
         self.head.to(backbone.device).eval()
         self.trained = saved is not None
-        self.validation = None
         if saved is not None:
             self._load_weights(Path(self.config.checkpoint), saved)
-            self.validation = saved.get("validation")
 
     def weight_files(self) -> dict[str, list[Path]]:
         """Config field → the checkpoint files it located (the manifest records their hashes)."""
@@ -229,19 +228,20 @@ class RewardScorer:
         if self.config.checkpoint is None:
             return None
         saved = read_checkpoint(Path(self.config.checkpoint), self.kind)
-        if saved.get("base") != fingerprint(self.net):
+        if saved.get("base") != base_model_digest(self.net):
             raise UserError(
                 f"{self.config.checkpoint} was trained on another base model "
                 f"(fingerprint {saved.get('base')}, this backbone's is "
-                f"{fingerprint(self.net)})"
+                f"{base_model_digest(self.net)})"
             )
         return saved
 
     def _resolve(self, saved: dict[str, Any] | None) -> dict[str, Any]:
         defaults = {**DEFAULTS, "step_embedding": self.kind == "prm"}
         settings = {k: (saved or defaults)[k] for k in SETTINGS}
+        values = asdict(self.config)
         for key in SETTINGS:
-            asked = getattr(self.config, key)
+            asked = values[key]
             if asked is None:
                 continue
             if key in CHOICES and asked not in CHOICES[key]:
@@ -274,7 +274,7 @@ class RewardScorer:
         config = {
             "format": FORMAT,
             "kind": self.kind,
-            "base": fingerprint(self.net),
+            "base": base_model_digest(self.net),
             **self.settings,
             **(extra or {}),
         }
@@ -341,16 +341,13 @@ class RewardScorer:
         """The tokens that end the pooled region: the backbone's stop tokens (EOS and turn
         ends) with pool_stop "turn", its EOS alone with "eos"."""
         if self.settings["pool_stop"] == "eos":
-            eos = self.backbone.tokenizer.eos_token_id
+            eos = self.backbone.eos_id
             return set() if eos is None else {eos}
         return set(self.backbone.stop_ids)
 
     def score(self, batch: ScoreBatch) -> np.ndarray:
         with torch.no_grad():
             return self.logits(list(batch.tokens), list(batch.prompt_lens)).cpu().numpy()
-
-    def describe_settings(self) -> dict[str, Any]:
-        return {**asdict(self.config), **self.settings}
 
 
 class PRM(RewardScorer):

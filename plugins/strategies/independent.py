@@ -23,6 +23,7 @@ class Independent:
     """N samples, each T steps. Pools nest: the pool of n is the first n of any larger pool."""
 
     Config = IndependentConfig
+    cost_formula: ClassVar[str] = "denoise: n·T"
     contract_configs: ClassVar[list[dict]] = [{"n": 1}, {"n": 5}]
     prefix_field: ClassVar[str | None] = "n"
     scorers: tuple[str, ...] = ()

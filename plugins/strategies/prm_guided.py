@@ -38,7 +38,10 @@ class PRMGuidedConfig:
 
 
 class PRMGuided:
+    """K children per segment of `every` steps, scored by the PRM; the best `keep` survive."""
+
     Config = PRMGuidedConfig
+    cost_formula: ClassVar[str] = "denoise: k·T; score:<scorer>: k·ceil(T / every)"
     contract_configs: ClassVar[list[dict]] = [
         {"k": 4, "every": 5},
         {"k": 4, "every": 5, "keep": 2},

@@ -72,7 +72,10 @@ def systematic(weights: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 
 class SMC:
+    """K particles reweighted by a tempered PRM every `every` steps, resampled on low ESS."""
+
     Config = SMCConfig
+    cost_formula: ClassVar[str] = "denoise: k·T; score:<scorer>: k·ceil(T / every)"
     contract_configs: ClassVar[list[dict]] = [
         {"k": 6, "every": 4, "ess_fraction": 0.25, "resample_fraction": 0.9},
         {"k": 4, "every": 64},

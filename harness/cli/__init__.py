@@ -1,0 +1,91 @@
+"""The command line: `dllmbench run | plan | plugins | tasks | collect | train-scorer | demo`.
+
+One module per command, each with its own parser (`add_parser`) and an `execute(args)` that
+returns a `Reply`: the data `--json` prints, and how to show it to a person. `main` parses,
+dispatches, prints one or the other, and turns errors into one line and an exit status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from rich.console import Console
+
+from dllmbench import __version__
+from dllmbench.cli import collect, demo, plan, plugins, run, tasks, train_scorer
+from dllmbench.cli.common import Interrupted, Parser, Reply
+from dllmbench.errors import CostMismatch, PluginViolation, UserError
+
+COMMANDS = (run, plan, plugins, tasks, collect, train_scorer, demo)
+
+# exit statuses (docs/user-guide.md)
+OK, USER_ERROR, INTERRUPTED, BROKEN_PIPE = 0, 2, 130, 141
+
+__all__ = ["COMMANDS", "Reply", "build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="dllmbench",
+        description=(
+            "Compare test-time search strategies for diffusion LMs "
+            "at a matched forward-pass budget."
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"dllmbench {__version__}")
+    # `dllmbench --json plugins` as well as `dllmbench plugins --json`
+    parser.add_argument("--json", dest="json_before", action="store_true", help=argparse.SUPPRESS)
+    sub = parser.add_subparsers(dest="command", parser_class=Parser)
+    for command in COMMANDS:
+        command.add_parser(sub)
+    return parser
+
+
+def _console() -> Console:
+    # piped output (a file, a log) is not cut to 80 columns unless COLUMNS says so
+    wide = sys.stdout.isatty() or os.environ.get("COLUMNS")
+    return Console() if wide else Console(width=160)
+
+
+def _reply(args: argparse.Namespace) -> int:
+    reply: Reply = args.execute(args)
+    if args.json or args.json_before:
+        print(json.dumps(reply.data, indent=2))
+    else:
+        reply.show(_console())
+    return OK
+
+
+def _error(message: str, status: int) -> int:
+    sys.stderr.write(f"dllmbench: {message}\n")
+    return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return USER_ERROR
+    try:
+        return _reply(args)
+    except UserError as exc:
+        return _error(f"error: {exc}", USER_ERROR)
+    except PluginViolation as exc:
+        return _error(f"error: {exc}", PluginViolation.EXIT_CODE)
+    except CostMismatch as exc:
+        return _error(f"ledger check failed: {exc}", 3)
+    except Interrupted as exc:
+        return _error(str(exc), INTERRUPTED)
+    except KeyboardInterrupt:
+        return _error("interrupted", INTERRUPTED)
+    except BrokenPipeError:  # `dllmbench plugins --json | head`: the reader left; so do we
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return BROKEN_PIPE
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,77 @@
+"""`dllmbench collect`: on-policy trajectories with snapshots, for training scorers."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from dllmbench.argtypes import positive_int
+from dllmbench.cli.common import Reply, add_json, add_limit, add_sampling
+from dllmbench.collect import (
+    CollectConfig,
+    collection_manifest,
+    done_problems,
+    run_collection,
+    snapshot_steps,
+)
+from dllmbench.engine import Capacity, Sampling
+from dllmbench.errors import UserError
+from dllmbench.method import parse_part
+from dllmbench.progress import Progress
+from dllmbench.registry import registry
+
+
+def add_parser(sub: Any) -> None:
+    c = sub.add_parser("collect", help="on-policy trajectories with snapshots, for scorers")
+    c.add_argument("--task", required=True)
+    c.add_argument("--split", default="train")
+    c.add_argument("--backbone", required=True)
+    c.add_argument("--n", type=positive_int, default=4, help="trajectories per problem")
+    c.add_argument(
+        "--snapshots", type=positive_int, default=8, help="snapshot steps per trajectory"
+    )
+    add_sampling(c, defaults=True)
+    add_limit(c)
+    c.add_argument("--batch-rows", type=positive_int, default=64)
+    c.add_argument("--out", required=True, help="collection directory (resumed if it exists)")
+    add_json(c)
+    c.set_defaults(execute=execute)
+
+
+def execute(args: argparse.Namespace) -> Reply:
+    reg = registry()
+    task_name, task_config = parse_part(args.task)
+    backbone_name, backbone_config = parse_part(args.backbone)
+    task = reg.task(task_name, **task_config)
+    if args.split not in task.splits():
+        raise UserError(
+            f"task {task_name!r} has no split {args.split!r}; splits: {', '.join(task.splits())}"
+        )
+    problems = task.problems(args.split)[: args.limit]
+    backbone = reg.backbone(backbone_name, **backbone_config)
+    sampling = Sampling(args.steps, args.gen_length, args.prompt, args.seed)
+    steps = snapshot_steps(args.steps, args.snapshots)
+    description = collection_manifest(
+        task_name, task, args.split, backbone_name, backbone, sampling, args.n, steps, len(problems)
+    )
+    out = Path(args.out)
+    capacity = Capacity(batch_rows=args.batch_rows)
+    cfg = CollectConfig(
+        task, backbone, description, problems, args.n, steps, sampling, capacity, shard_problems=64
+    )
+    with Progress() as bar:
+        done = len(done_problems(out)) if out.exists() else 0
+        bar.start(f"collect {task_name}/{args.split}", len(problems), done)
+        counts = run_collection(cfg, reg, out, advance=bar.advance)
+
+    def show(console: Console) -> None:
+        console.print(
+            f"collected {counts['trajectories']} trajectories of "
+            f"{counts['problems'] - counts['skipped']} problems into {out} "
+            f"({counts['skipped']} problems were already there)"
+        )
+
+    return Reply(counts, show)

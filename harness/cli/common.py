@@ -1,0 +1,178 @@
+"""What every command shares: the one-line-error parser, the `Reply` a command returns, and
+the arguments several commands take (sampling, methods, scorers, preset, --json)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from rich.console import Console
+from rich.table import Table
+
+from dllmbench import presets
+from dllmbench.argtypes import name_list, natural_int, positive_int, scorer_entry
+from dllmbench.errors import UserError
+from dllmbench.method import parse_part
+
+# every run but the demo: the paper's T and canvas; `--preset` and explicit flags come first
+GENERAL: dict[str, Any] = {"steps": 128, "gen_length": 512, "prompt": "chat"}
+PROMPT_STYLES = ("chat", "fewshot")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"dllmbench: error: {message} (see '{self.prog} --help')\n")
+        raise SystemExit(2)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What a command found or did. `data` is what `--json` prints (plain JSON data); `show`
+    prints the same for a person (a table, a line). The dispatcher calls one of the two."""
+
+    data: Any
+    show: Callable[[Console], None]
+
+
+class Interrupted(Exception):
+    """Ctrl-C in a command that keeps its finished work: the message says how to go on."""
+
+
+def table(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> Table:
+    out = Table(title=title)
+    for column in columns:
+        out.add_column(column)
+    for row in rows:
+        out.add_row(*row)
+    return out
+
+
+def add_json(parser: argparse.ArgumentParser, what: str = "print JSON instead of text") -> None:
+    parser.add_argument("--json", action="store_true", help=what)
+
+
+def add_sampling(
+    parser: argparse.ArgumentParser, *, seed: bool = True, defaults: bool = False
+) -> None:
+    """--steps, --gen-length, --prompt (and --seed): the sampling protocol every method of a
+    run shares. Without `defaults` they stay None, so that --preset and the demo fill them
+    before `GENERAL` does (`settings`)."""
+
+    def default(key: str) -> Any:
+        return GENERAL[key] if defaults else None
+
+    parser.add_argument(
+        "--steps",
+        type=positive_int,
+        default=default("steps"),
+        help=f"denoising steps T (default {GENERAL['steps']})",
+    )
+    parser.add_argument(
+        "--gen-length",
+        type=positive_int,
+        default=default("gen_length"),
+        help=f"generated tokens per canvas (default {GENERAL['gen_length']})",
+    )
+    parser.add_argument(
+        "--prompt",
+        choices=PROMPT_STYLES,
+        default=default("prompt"),
+        help=f"prompt style (default {GENERAL['prompt']})",
+    )
+    if seed:
+        parser.add_argument("--seed", type=natural_int, default=0)
+
+
+def add_limit(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--limit", type=positive_int, help="first N problems of the split")
+
+
+def add_preset(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--preset",
+        choices=sorted(presets.PRESETS),
+        help="every setting of a published protocol for --task and --backbone "
+        "(docs/reproducing.md); explicit flags and options override single values",
+    )
+
+
+def add_methods(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--methods", type=name_list, help="comma-separated method families; default: all"
+    )
+    parser.add_argument(
+        "--method",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="a method spec, e.g. independent:n=8+majority; repeatable",
+    )
+
+
+def add_scorers(parser: argparse.ArgumentParser, metavar: str, what: str) -> None:
+    parser.add_argument(
+        "--scorer", action="append", default=None, type=scorer_entry, metavar=metavar, help=what
+    )
+
+
+def methods_arg(args: argparse.Namespace) -> list[str] | None:
+    """--methods and --method together, or None for every family."""
+    return (list(args.methods or []) + list(args.method)) or None
+
+
+def scorers_arg(entries: list[str]) -> dict[str, tuple[str, dict[str, Any]]]:
+    """`--scorer prm` or `--scorer orm=toy:partial=false` → {run name: (plugin, config)}."""
+    out: dict[str, tuple[str, dict[str, Any]]] = {}
+    for entry in entries:
+        name, eq, plugin = entry.partition("=")
+        out[name.strip()] = parse_part(plugin if eq else name)
+    return out
+
+
+@dataclass
+class Settings:
+    """--task, --backbone and --scorer parsed, a preset's values applied."""
+
+    task: str | None
+    task_config: dict[str, Any]
+    backbone: str | None
+    backbone_config: dict[str, Any]
+    scorers: dict[str, tuple[str, dict[str, Any]]] | None
+    preset: dict[str, Any] | None  # what the preset set and what was overridden
+
+
+def settings(args: argparse.Namespace, defaults: dict[str, Any]) -> Settings:
+    """Parse --task, --backbone and --scorer; fill the flags from --preset, then from
+    `defaults`. An explicit flag or plugin option always wins over the preset's value."""
+    task, task_config = parse_part(args.task) if args.task else (None, {})
+    backbone, backbone_config = parse_part(args.backbone) if args.backbone else (None, {})
+    scorers = None if args.scorer is None else scorers_arg(args.scorer)
+    record = None
+    if args.preset:
+        if task is None or backbone is None:
+            raise UserError(
+                f"--preset {args.preset} needs --task and --backbone; e.g. "
+                f"--preset {args.preset} --task gsm8k --backbone dream"
+            )
+        resolved = presets.apply(
+            args.preset,
+            backbone=backbone,
+            task=task,
+            flags={key: getattr(args, key) for key in presets.FLAGS},
+            backbone_config=backbone_config,
+            task_config=task_config,
+            scorers=scorers,
+        )
+        for key, value in resolved.flags.items():
+            setattr(args, key, value)
+        task_config, backbone_config = resolved.task_config, resolved.backbone_config
+        scorers, record = resolved.scorers, resolved.record
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    return Settings(task, task_config, backbone, backbone_config, scorers, record)

@@ -1,0 +1,160 @@
+"""`dllmbench run`: run methods on a task and print the leaderboard; with neither --task nor
+--backbone, the shipped demo."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from rich.console import Console
+
+from dllmbench.argtypes import positive_int
+from dllmbench.cli.common import (
+    GENERAL,
+    Interrupted,
+    Reply,
+    Settings,
+    add_json,
+    add_limit,
+    add_methods,
+    add_preset,
+    add_sampling,
+    add_scorers,
+    methods_arg,
+    settings,
+)
+from dllmbench.engine import Capacity, Sampling
+from dllmbench.errors import UserError
+from dllmbench.leaderboard import rich_table
+from dllmbench.planner import check_scorers, scorer_users
+from dllmbench.progress import Progress
+from dllmbench.registry import Registry, registry
+
+# `dllmbench run` with neither --task nor --backbone: the shipped tiny model on arith, with
+# the PRM and ORM trained for it; every option can still be given.
+DEMO = {
+    "task": "arith",
+    "backbone": "tiny",
+    "steps": 24,
+    "gen_length": 24,
+    "prompt": "fewshot",
+    "limit": 100,
+}
+
+
+def add_parser(sub: Any) -> None:
+    run = sub.add_parser("run", help="run methods on a task and print the leaderboard")
+    run.add_argument("--task", help="task[:option=value,...], e.g. gsm8k or arith:test_size=50")
+    run.add_argument("--split", default="test")
+    run.add_argument("--backbone", help="backbone[:option=value,...], e.g. dream, llada or tiny")
+    add_scorers(
+        run,
+        "NAME[=PLUGIN[:k=v,...]]",
+        "a scorer under the name methods use, e.g. orm=orm:checkpoint=DIR; repeatable",
+    )
+    run.add_argument("--budget", type=positive_int, help="passes per problem each method may spend")
+    add_methods(run)
+    run.add_argument("--reference", help="method the Δ column is paired against (default Vanilla)")
+    add_preset(run)
+    add_sampling(run)
+    add_limit(run)
+    run.add_argument("--batch-rows", type=positive_int, default=64, help="rows per forward")
+    run.add_argument("--batch-tokens", type=positive_int, help="rows × canvas length per forward")
+    run.add_argument("--max-problems", type=positive_int, default=32, help="problems in flight")
+    run.add_argument("--resamples", type=positive_int, default=2000, help="bootstrap resamples")
+    run.add_argument("--out", help="run directory (default runs/TASK-BACKBONE-bBUDGET-seedSEED)")
+    run.add_argument(
+        "--resume", action="store_true", help="require an existing run directory and continue it"
+    )
+    add_json(run, "print results.json instead of a table")
+    run.add_argument(
+        "--allow-deterministic",
+        action="store_true",
+        help="run multi-candidate methods even if the backbone samples deterministically",
+    )
+    run.set_defaults(execute=execute)
+
+
+def _required(reg: Registry, s: Settings) -> None:
+    if not s.task:
+        raise UserError(f"--task is required; tasks: {', '.join(reg.names('task')) or 'none'}")
+    if not s.backbone:
+        raise UserError(
+            f"--backbone is required; backbones: {', '.join(reg.names('backbone')) or 'none'}"
+        )
+
+
+def _capacity(args: argparse.Namespace) -> Capacity:
+    try:
+        return Capacity(args.batch_rows, args.batch_tokens, args.max_problems)
+    except ValueError as exc:
+        raise UserError(f"{exc}; e.g. --batch-rows 64 --max-problems 32") from exc
+
+
+def run_config(args: argparse.Namespace) -> Any:
+    """The `RunConfig` these arguments ask for, checked as far as it can be without a model."""
+    from dllmbench.runner import RunConfig
+
+    reg = registry()
+    if not args.task and not args.backbone and not args.preset:  # the shipped demo
+        for key, value in DEMO.items():
+            if getattr(args, key) is None:
+                setattr(args, key, value)
+    s = settings(args, GENERAL)
+    _required(reg, s)
+    if s.scorers is not None:  # a typo in a scorer name costs no model load
+        users = scorer_users(reg, methods_arg(args), args.steps)
+        check_scorers(users, set(s.scorers), requested=methods_arg(args) is not None)
+    return RunConfig(
+        task=s.task,
+        task_config=s.task_config,
+        backbone=s.backbone,
+        backbone_config=s.backbone_config,
+        scorers=s.scorers,
+        split=args.split,
+        limit=args.limit,
+        budget=args.budget,
+        methods=methods_arg(args),
+        reference=args.reference,
+        sampling=Sampling(args.steps, args.gen_length, args.prompt, args.seed),
+        capacity=_capacity(args),
+        resamples=args.resamples,
+        out=args.out,
+        command=sys.argv,
+        allow_deterministic=args.allow_deterministic,
+        preset=s.preset,
+    )
+
+
+def execute(args: argparse.Namespace) -> Reply:
+    from dllmbench.runner import run
+
+    cfg = run_config(args)
+    if args.resume and not (cfg.run_dir() / "manifest.json").exists():
+        raise UserError(f"--resume: {cfg.run_dir()} holds no run to resume; drop --resume")
+    try:
+        with Progress() as progress:
+            outcome = run(
+                cfg,
+                on_record=lambda _r: progress.advance(),
+                on_start=lambda total, done: progress.start(f"{cfg.task} × methods", total, done),
+            )
+    except KeyboardInterrupt:
+        raise Interrupted(
+            f"interrupted; every finished record is kept in {cfg.run_dir()}; "
+            "run the same command again to resume"
+        ) from None
+
+    def show(console: Console) -> None:
+        title = (
+            f"{cfg.task} · {cfg.backbone} · budget {outcome.plan.budget} passes/problem · "
+            f"{outcome.results['task']['problems']} problems"
+        )
+        console.print(rich_table(outcome.results, title, width=console.width))
+        for x in outcome.plan.left_out:
+            console.print(f"left out: {x.family} — {x.reason}")
+        note = f", {outcome.resumed} resumed" if outcome.resumed else ""
+        console.print(f"run directory: {outcome.path} ({outcome.written} records written{note})")
+
+    return Reply(outcome.results, show)

@@ -1,0 +1,105 @@
+"""`dllmbench train-scorer`: train a PRM or ORM on a collection."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from dllmbench.argtypes import fraction, natural_int, positive_float, positive_int
+from dllmbench.cli.common import Reply, add_json
+from dllmbench.collect import load
+from dllmbench.errors import UserError
+from dllmbench.interfaces import TrainableScorer, missing_members
+from dllmbench.method import parse_part
+from dllmbench.progress import Progress
+from dllmbench.registry import registry
+from dllmbench.training import TrainConfig, train
+
+
+def add_parser(sub: Any) -> None:
+    t = sub.add_parser("train-scorer", help="train a PRM or ORM on a collection")
+    t.add_argument("--kind", required=True, choices=["prm", "orm"])
+    t.add_argument("--data", required=True, help="a directory made by dllmbench collect")
+    t.add_argument("--backbone", help="default: the collection's backbone")
+    t.add_argument("--options", default="", help="scorer options, e.g. attention=causal")
+    t.add_argument("--steps", type=positive_int, default=2000)
+    t.add_argument("--batch", type=positive_int, default=32)
+    t.add_argument("--accum", type=positive_int, default=1)
+    t.add_argument("--lr", type=positive_float, default=2e-5)
+    t.add_argument("--warmup", type=natural_int, default=0)
+    t.add_argument("--val-fraction", type=fraction, default=0.1)
+    t.add_argument("--val-every", type=positive_int, default=200)
+    t.add_argument(
+        "--groups",
+        choices=["all", "mixed", "balanced"],
+        default="all",
+        help="mixed: only problems with both correct and incorrect trajectories; balanced: "
+        "of those, as many correct as incorrect trajectories per problem",
+    )
+    t.add_argument("--seed", type=natural_int, default=0)
+    t.add_argument("--out", required=True, help="training directory (resumed if it exists)")
+    add_json(t)
+    t.set_defaults(execute=execute)
+
+
+def _config(args: argparse.Namespace) -> TrainConfig:
+    return TrainConfig(
+        kind=args.kind,
+        steps=args.steps,
+        batch=args.batch,
+        accum=args.accum,
+        lr=args.lr,
+        warmup=args.warmup,
+        val_fraction=args.val_fraction,
+        val_every=args.val_every,
+        groups=args.groups,
+        seed=args.seed,
+    )
+
+
+def execute(args: argparse.Namespace) -> Reply:
+    reg = registry()
+    meta, snapshots = load(Path(args.data))
+    if args.backbone:
+        backbone_name, backbone_config = parse_part(args.backbone)
+    else:
+        backbone_name = meta["backbone"]["name"]
+        backbone_config = dict(meta["backbone"]["config"])
+    _, options = parse_part(f"x:{args.options}")
+    reg.check("scorer", args.kind, seed=args.seed, **options)  # before the backbone loads
+    backbone = reg.backbone(backbone_name, **backbone_config)
+    scorer = reg.scorer(args.kind, shared={"backbone": backbone}, seed=args.seed, **options)
+    missing = missing_members(scorer, TrainableScorer)
+    if missing:
+        raise UserError(
+            f"scorer {args.kind!r} cannot be trained here: it lacks {', '.join(missing)} "
+            "(dllmbench.interfaces.TrainableScorer)"
+        )
+    cfg, out = _config(args), Path(args.out)
+    with Progress() as bar:
+        bar.start(f"train {args.kind}", cfg.steps)
+        record = train(
+            scorer, snapshots, cfg, out, backbone.mask_id, log=bar.log, advance=bar.advance
+        )
+    return Reply(json.loads(json.dumps(record)), lambda console: _show(console, record, out))
+
+
+def _show(console: Console, record: dict[str, Any], out: Path) -> None:
+    best = record["best"]
+    console.print(
+        f"best checkpoint: {out / 'best'} (step {best['step']}, validation BCE "
+        f"{best['bce']:.4f}, accuracy {best['accuracy']:.3f}, ROC-AUC "
+        f"{best['auc']})"
+    )
+    ranked = best["rerank"]
+    if ranked["problems"]:
+        console.print(
+            f"  best-of-N on {ranked['problems']} validation problems: "
+            f"{ranked['top1_accuracy']:.3f} (their mean accuracy {ranked['mean_accuracy']:.3f})"
+        )
+    for bucket, m in best["by_mask_ratio"].items():
+        console.print(f"  mask ratio {bucket}: n={m['n']} ROC-AUC {m['auc']}")

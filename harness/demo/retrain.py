@@ -1,0 +1,217 @@
+"""Rebuild the demo from a seed: the tiny dLLM, its trajectories, its PRM and ORM.
+
+    dllmbench demo retrain --out DIR [--seed 0] [--quick]
+
+Stages (each logged with its time): train the Dream-architecture model on the `arith` train
+stream with the masked-diffusion loss; collect on-policy trajectories on `arith` train problems
+through the engine; train the PRM on every snapshot and the ORM on final states, validating on
+held-out train problems. The task, the backbone and the scorers are all built through the
+registry. Everything is written under `out` (scratch state in `out/build/`, so every stage
+resumes); never into the installed package. `out` then runs as
+`--backbone tiny:model=OUT --scorer prm=prm:checkpoint=OUT/prm --scorer orm=orm:checkpoint=OUT/orm`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import dllmbench
+from dllmbench.collect import (
+    CollectConfig,
+    collection_manifest,
+    load,
+    run_collection,
+    snapshot_steps,
+)
+from dllmbench.demo import SCORER_KINDS, TINY_DIR
+from dllmbench.demo.pretrain import PretrainConfig, pretrain, word_tokenizer
+from dllmbench.engine import Capacity, Sampling
+from dllmbench.errors import UserError
+from dllmbench.registry import Registry, registry
+from dllmbench.training import TrainConfig, train
+from dllmbench.types import Problem
+
+TASK, BACKBONE = "arith", "tiny"
+STEPS, GEN_LENGTH = 24, 24  # the demo's sampling protocol (T and generated tokens)
+SNAPSHOTS = 6  # snapshot steps per collected trajectory
+TOKENIZER_EXAMPLES = 5000  # train examples (with every test example) the vocabulary is read from
+SCORER = {
+    "target_modules": "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
+    "lora_r": 32,
+    "lora_alpha": 64,
+    "head_width": 256,
+}
+
+Log = Callable[[str], None]
+
+
+@runtime_checkable
+class WorkedExamples(Protocol):
+    """A task whose train split is an endless stream of worked examples (`arith`): each item
+    has a `question` and a `solution` (the lines the model learns to write)."""
+
+    def examples(self, split: str, start: int = 0, count: int | None = None) -> Iterator[Any]: ...
+
+    def train_example(self, index: int) -> Any: ...
+
+
+@dataclass(frozen=True)
+class RetrainConfig:
+    out: Path
+    seed: int = 0
+    pretrain_steps: int = 2500
+    problems: int = 1000  # train problems to collect trajectories on
+    samples: int = 8  # trajectories per problem
+    scorer_steps: int = 600
+    # the ORM ranks one problem's answers: it learns from problems whose answers differ
+    orm_groups: Literal["all", "mixed", "balanced"] = "mixed"
+
+    @property
+    def work(self) -> Path:
+        """Scratch state of every stage (pretraining, trajectories, scorer training)."""
+        return self.out / "build"
+
+    def quick(self) -> RetrainConfig:
+        """A few steps of everything: checks the pipeline end to end in seconds on a CPU.
+        A 2-step model gets every answer wrong, so no problem is mixed: the ORM takes all."""
+        return replace(
+            self, pretrain_steps=2, problems=4, samples=4, scorer_steps=2, orm_groups="all"
+        )
+
+
+def check_out(out: Path) -> None:
+    """`out` must lie outside the installed package (the shipped demo is never overwritten)."""
+    package = Path(dllmbench.__file__).resolve().parent
+    target = out.resolve()
+    if target == package or package in target.parents or target == TINY_DIR.resolve():
+        raise UserError(
+            f"--out {out} lies inside the installed package ({package}); "
+            "write the demo elsewhere, e.g. --out demo-model"
+        )
+
+
+def retrain(cfg: RetrainConfig, log: Log = print) -> dict[str, Any]:
+    """Every stage in turn; returns where the model and its scorers were written."""
+    check_out(cfg.out)
+    reg = registry()
+    task = reg.task(TASK, seed=cfg.seed)
+    if not isinstance(task, WorkedExamples):
+        raise UserError(f"task {TASK!r} gives no worked train examples to pretrain on")
+    started = time.time()
+    seconds: dict[str, float] = {}
+
+    def stage(name: str, run: Callable[[], Any]) -> Any:
+        log(f"[{time.time() - started:6.0f}s] {name}")
+        begun = time.time()
+        result = run()
+        seconds[name] = round(time.time() - begun, 1)
+        return result
+
+    model_dir = stage("pretraining the tiny dLLM", lambda: pretrain_model(task, cfg, log))
+    backbone = reg.backbone(BACKBONE, model=str(model_dir))
+    stage("collecting trajectories", lambda: collect_trajectories(reg, task, backbone, cfg))
+    _, snapshots = load(cfg.work / "trajectories")
+    for kind in SCORER_KINDS:
+
+        def fit(kind: str = kind) -> None:
+            train_scorer(reg, kind, backbone, snapshots, cfg, log)
+
+        stage(f"training the {kind.upper()}", fit)
+    stage(f"writing {cfg.out}", lambda: publish(model_dir, cfg))
+    log(f"[{time.time() - started:6.0f}s] done")
+    return {
+        "out": str(cfg.out),
+        "backbone": f"{BACKBONE}:model={cfg.out}",
+        "scorers": {kind: f"{kind}={kind}:checkpoint={cfg.out / kind}" for kind in SCORER_KINDS},
+        "seconds": seconds,
+        "config": {**asdict(cfg), "out": str(cfg.out)},
+    }
+
+
+def _prompt(task: Any, question: str) -> str:
+    """The task's own `fewshot` prompt text for a question, as the engine will give it."""
+    return task.prompt(Problem("pretrain", question, None), "fewshot").text
+
+
+def pretrain_model(task: WorkedExamples, cfg: RetrainConfig, log: Log) -> Path:
+    """The Dream-format model in `work/model`; a finished identical pretraining is reused."""
+    model_dir = cfg.work / "model"
+    config = PretrainConfig(
+        seed=cfg.seed,
+        steps=cfg.pretrain_steps,
+        batch=64,
+        lr=2e-3,
+        intermediate=256,
+        gen_length=GEN_LENGTH,
+    )
+    if pretrained(model_dir) == asdict(config):
+        log(f"    {model_dir} holds this pretraining already")
+        return model_dir
+    seen = [*task.examples("train", 0, TOKENIZER_EXAMPLES), *task.examples("test")]
+    texts = [t for e in seen for t in (_prompt(task, e.question), " " + e.solution)]
+
+    def example(i: int) -> tuple[str, str]:
+        e = task.train_example(i)
+        return _prompt(task, e.question), " " + e.solution
+
+    return pretrain(example, word_tokenizer(texts), config, model_dir, log=_indented(log))
+
+
+def collect_trajectories(reg: Registry, task: Any, backbone: Any, cfg: RetrainConfig) -> None:
+    """On-policy trajectories of the first `problems` train problems into `work/trajectories`."""
+    sampling = Sampling(STEPS, GEN_LENGTH, "fewshot", cfg.seed)
+    steps = snapshot_steps(STEPS, SNAPSHOTS)
+    problems = task.problems("train")[: cfg.problems]
+    description = collection_manifest(
+        TASK, task, "train", BACKBONE, backbone, sampling, cfg.samples, steps, len(problems)
+    )
+    capacity = Capacity(batch_rows=128)
+    run = CollectConfig(
+        task, backbone, description, problems, cfg.samples, steps, sampling, capacity
+    )
+    run_collection(run, reg, cfg.work / "trajectories")
+
+
+def train_scorer(
+    reg: Registry, kind: str, backbone: Any, snapshots: list, cfg: RetrainConfig, log: Log
+) -> None:
+    """The PRM (every snapshot) or the ORM (final states) into `work/KIND`."""
+    scorer = reg.scorer(kind, shared={"backbone": backbone}, seed=cfg.seed, **SCORER)
+    settings = TrainConfig(
+        kind=kind,
+        steps=cfg.scorer_steps,
+        batch=32,
+        lr=1e-3,
+        warmup=min(50, cfg.scorer_steps // 2),
+        val_every=100,
+        groups=cfg.orm_groups if kind == "orm" else "all",
+        seed=cfg.seed,
+    )
+    train(scorer, snapshots, settings, cfg.work / kind, backbone.mask_id, log=_indented(log))
+
+
+def publish(model_dir: Path, cfg: RetrainConfig) -> None:
+    """The model's files and each scorer's best checkpoint, side by side in `out`."""
+    for item in model_dir.iterdir():
+        shutil.copy2(item, cfg.out / item.name)
+    for kind in SCORER_KINDS:
+        shutil.rmtree(cfg.out / kind, ignore_errors=True)
+        shutil.copytree(cfg.work / kind / "best", cfg.out / kind)
+
+
+def pretrained(model_dir: Path) -> dict | None:
+    """The pretraining configuration of a finished model in `model_dir`, if there is one."""
+    config = model_dir / "config.json"
+    if not (config.exists() and (model_dir / "model.safetensors").exists()):
+        return None
+    return json.loads(config.read_text()).get("pretrain")
+
+
+def _indented(log: Log) -> Log:
+    return lambda line: log(f"    {line}")

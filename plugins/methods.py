@@ -1,0 +1,47 @@
+"""The built-in method families: the paper's methods, each a spec with a free size and a label.
+
+They register through the same hook as a third-party package's families.
+"""
+
+from __future__ import annotations
+
+from dllmbench.hookspecs import RegisterFamily, hookimpl
+
+# name, leaderboard label (formatted with the strategy's configuration), spec ("{half}": T // 2)
+FAMILIES = (
+    ("vanilla", "Vanilla", "independent:n=1+first"),
+    ("majority", "Majority@{n}", "independent:n=*+majority"),
+    ("orm_rerank", "ORM Rerank@{n}", "independent:n=*+argmax:scorer=orm"),
+    ("weighted_majority", "Weighted Majority@{n}", "independent:n=*+weighted_majority:by=orm"),
+    ("prm_rerank", "PRM Rerank@{n}", "independent:n=*+argmax:scorer=prm"),
+    ("random_rerank", "Random Rerank@{n}", "independent:n=*+random"),
+    (
+        "prm_guided",
+        "PRM Guided K={k} b={every}",
+        "prm_guided:k=*,every={half},final=keep+argmax:scorer=prm",
+    ),
+    ("top_m", "Top-{keep} Retention K={k} b={every}", "prm_guided:k=*,every={half},keep=2+first"),
+    (
+        "prm_hybrid",
+        "PRM Hybrid K={k} b={every} + Majority",
+        "prm_guided:k=*,every={half},final=keep+majority",
+    ),
+    (
+        "smc_vote",
+        "SMC K={k} b={every} (weighted vote)",
+        "smc:k=*,every={half}+weighted_majority:by=weight",
+    ),
+    ("smc_top", "SMC K={k} b={every} (top particle)", "smc:k=*,every={half}+argmax:scorer=prm"),
+    ("oracle", "Oracle@{n}", "independent:n=*+oracle"),
+    (
+        "hybrid_oracle",
+        "Oracle of PRM Hybrid K={k} b={every}",
+        "prm_guided:k=*,every={half},final=keep+oracle",
+    ),
+)
+
+
+@hookimpl
+def dllmbench_register_methods(register: RegisterFamily) -> None:
+    for name, label, spec in FAMILIES:
+        register(name, spec=spec, label=label)

@@ -1,0 +1,308 @@
+"""The contract kit catches the bugs it exists for.
+
+This module is itself a plugin (registered through DLLMBENCH_PLUGIN_MODULES by the
+`kit_doubles` fixture): an honest pruning strategy and doubles that each break one contract
+only on their multi-segment path (`every` = 16 > 12 steps), plus selectors returning −1 or
+an index past the end. Each check of the kit must fail on its double with a short message
+that says what broke, and pass (or skip, saying why) on the honest one.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import pytest
+
+from dllmbench.hookspecs import hookimpl
+from dllmbench.registry import registry
+from dllmbench.testing import contracts
+from dllmbench.types import Pool, Problem
+
+pytest_plugins = ("pytester",)
+
+
+@dataclass(frozen=True)
+class PruneConfig:
+    k: int = 3  # children per segment
+    every: int = 16  # segment length: one segment at T <= 16
+
+
+class Prune:
+    """Each segment denoises k children and scores them; but the last, the best one survives
+    and spawns k again. Returns the k children of the last segment."""
+
+    Config = PruneConfig
+    prefix_field: ClassVar[str | None] = None
+    scorers = ("prm",)
+
+    def __init__(self, **config):
+        self.config = PruneConfig(**config)
+
+    def cost(self, total_steps: int) -> dict[str, int]:
+        k, every = self.config.k, self.config.every
+        return {"denoise": k * total_steps, "score:prm": k * math.ceil(total_steps / every)}
+
+    def pool_size(self) -> int:
+        return self.config.k
+
+    def pool_scores(self) -> frozenset[str]:
+        return frozenset()
+
+    def survivor(self, scores: np.ndarray, ops) -> int:
+        return int(np.argmax(scores))
+
+    def final(self, ops, rows, scores: np.ndarray, earlier: np.ndarray) -> Pool:
+        return ops.pool(rows)
+
+    async def search(self, problem: Problem, ops) -> Pool:
+        rows = ops.start(problem, copies=self.config.k)
+        segments = ops.segments(self.config.every)
+        scores = earlier = np.zeros(self.config.k)
+        for i, steps in enumerate(segments):
+            rows = await ops.denoise(rows, steps)
+            if self.skip_scoring(scores):
+                continue
+            earlier, scores = scores, np.asarray(await ops.score(rows, "prm"))
+            if i < len(segments) - 1:
+                rows = rows.take([self.survivor(scores, ops)]).repeat(self.config.k)
+        return self.final(ops, rows, scores, earlier)
+
+    def skip_scoring(self, scores: np.ndarray) -> bool:
+        return False
+
+
+class GlobalRandom(Prune):
+    def survivor(self, scores, ops):
+        return int(np.random.randint(len(scores)))  # global state: not keyed
+
+
+class DataCost(Prune):
+    def skip_scoring(self, scores):
+        return bool(scores.max() > 0.5)  # stops scoring once a child looks good
+
+
+class FalseNest(Prune):
+    prefix_field: ClassVar[str | None] = "k"  # but the survivor depends on how many children
+
+
+class FalsePoolScores(Prune):
+    def pool_scores(self):
+        return frozenset({"prm"})  # but the pool carries none
+
+
+class StalePoolScores(Prune):
+    def pool_scores(self):
+        return frozenset({"prm"})
+
+    def final(self, ops, rows, scores, earlier):
+        stale = earlier if len(ops.segments(self.config.every)) > 1 else scores
+        return ops.pool(rows, scores={"prm": stale})  # the previous checkpoint's scores
+
+
+class TooFew(Prune):
+    def final(self, ops, rows, scores, earlier):
+        return ops.pool(rows.take(range(len(rows) - 1)))
+
+
+class MinusOne:
+    needs: tuple[str, ...] = ()
+    ceiling = False
+    config = None
+
+    def select(self, candidates, *, rng, labels=None):
+        return -1  # meant "none", but −1 indexes the last candidate
+
+
+class PastTheEnd(MinusOne):
+    def select(self, candidates, *, rng, labels=None):
+        return len(candidates)
+
+
+STRATEGIES = {
+    "kit_honest": Prune,
+    "kit_global_rng": GlobalRandom,
+    "kit_data_cost": DataCost,
+    "kit_false_nest": FalseNest,
+    "kit_false_pool_scores": FalsePoolScores,
+    "kit_stale_pool_scores": StalePoolScores,
+    "kit_too_few": TooFew,
+}
+
+
+@hookimpl
+def dllmbench_register_strategies(register):
+    for name, factory in STRATEGIES.items():
+        register(name, factory)
+
+
+@hookimpl
+def dllmbench_register_selectors(register):
+    register("kit_minus_one", MinusOne)
+    register("kit_past_the_end", PastTheEnd)
+
+
+@pytest.fixture
+def kit_doubles(monkeypatch):
+    """The registry with this module's doubles in it, for one test."""
+    monkeypatch.setenv("DLLMBENCH_PLUGIN_MODULES", f"dllmbench.testing.doubles,{__name__}")
+    registry.cache_clear()
+    yield
+    registry.cache_clear()
+
+
+def assert_readable(message: str) -> None:
+    """A few short lines: no tensor or Pool dumps, no StopIteration."""
+    lines = message.splitlines()
+    assert 1 <= len(lines) <= 10, message
+    assert all(len(line) <= 400 for line in lines), message
+    for dump in ("tensor(", "Pool(", "Rows(", "StopIteration", "array("):
+        assert dump not in message, message
+
+
+FAILS = [
+    (
+        "test_strategy_same_seed_same_result",
+        "kit_global_rng",
+        r"'kit_global_rng': the same seed gave different records; does it read global random "
+        r"state\?.*\n  T=40 problem 'test-\d' method 'kit_global_rng\+first': ",
+    ),
+    (
+        "test_strategy_independent_of_batch_size",
+        "kit_global_rng",
+        r"records at 64 and 7 rows per forward differ",
+    ),
+    (
+        "test_strategy_spends_what_it_declares",
+        "kit_data_cost",
+        r"kit_data_cost\+first at T=40: CostMismatch: method 'kit_data_cost\+first' spent "
+        r"\{'denoise': 120, 'score:prm': \d\} passes on problem 'test-\d' but declared "
+        r"\{'denoise': 120, 'score:prm': 9\}.*cost\(T\) must equal what search charges",
+    ),
+    (
+        "test_strategy_prefix_pools_nest",
+        "kit_false_nest",
+        r"sets prefix_field = 'k', but its pools at k=3 are not the first 3 candidates of its "
+        r"pools at k=5.*\n  T=40 problem",
+    ),
+    (
+        "test_strategy_pool_scores_are_true",
+        "kit_false_pool_scores",
+        r"claims pool_scores\(\) \['prm'\], but its pool on problem 'test-\d' at T=3 carries no "
+        r"'prm' scores \(it carries: none\)",
+    ),
+    (
+        "test_strategy_pool_scores_are_true",
+        "kit_stale_pool_scores",
+        r"the pool's 'prm' score of candidate \d on problem 'test-\d' at T=40 is \S+, but the "
+        r"scorer gives \S+ on that final candidate",
+    ),
+    (
+        "test_strategy_returns_its_pool_size",
+        "kit_too_few",
+        r"'kit_too_few' returned 2 candidates on problem 'test-\d' at T=3, but its pool_size\(\) "
+        r"is 3",
+    ),
+    (
+        "test_selector_returns_an_index_in_range",
+        "kit_minus_one",
+        r"selector 'kit_minus_one' chose -1 of 5 candidates .*return an index in 0\.\.4, or None",
+    ),
+    (
+        "test_selector_returns_an_index_in_range",
+        "kit_past_the_end",
+        r"selector 'kit_past_the_end' chose 5 of 5 candidates",
+    ),
+    (
+        "test_selector_deterministic_and_costed",
+        "kit_minus_one",
+        r"at T=12: .*-1",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("check", "name", "pattern"), FAILS, ids=[f"{c[5:]}-{n}" for c, n, _ in FAILS]
+)
+def test_kit_fails_the_double_readably(kit_doubles, check, name, pattern):
+    with pytest.raises(AssertionError) as info:
+        getattr(contracts, check)((name, {}))
+    message = str(info.value)
+    assert re.search(pattern, message), message
+    assert_readable(message)
+
+
+STRATEGY_CHECKS = [n for n in dir(contracts) if n.startswith("test_strategy_")]
+
+
+@pytest.mark.parametrize("check", STRATEGY_CHECKS)
+def test_kit_passes_the_honest_strategy(kit_doubles, check):
+    """The doubles differ from this one in one place each, so each failure above is theirs."""
+    try:
+        getattr(contracts, check)(("kit_honest", {}))
+    except pytest.skip.Exception as skipped:
+        assert check in ("test_strategy_prefix_pools_nest", "test_strategy_pool_scores_are_true")
+        assert "claims no" in str(skipped)
+
+
+def test_kit_runs_the_multi_segment_path(kit_doubles):
+    """At T = 12 the doubles have one segment, and there the bugs do not show: the kit also
+    runs them at a T where they prune."""
+    assert contracts.steps_for("kit_global_rng", {}) == (3, 12, 40)
+    assert contracts.steps_for("independent", {"n": 2}) == (3, 12, 40)  # never multi-segment
+    assert contracts.steps_for("prm_guided", {"k": 2, "every": 64}) == (3, 12, 130)
+    method = contracts.kit_method("kit_global_rng", {})
+    with contracts.global_seed(1):
+        one = contracts.run_kit([method], (12,))
+    with contracts.global_seed(2):
+        two = contracts.run_kit([contracts.kit_method("kit_global_rng", {})], (12,))
+    assert one == two
+    assert {s.denoise_calls for s in contracts.seen(method)} == {1}
+
+
+def test_diff_records_is_short_and_names_the_place():
+    first = {(12, "p", "m"): {"selected": 0, "candidates": [{"text": "1"}, {"text": "2"}]}}
+    second = {(12, "p", "m"): {"selected": 1, "candidates": [{"text": "1"}, {"text": "3"}]}}
+    assert contracts.diff_records(first, second).splitlines() == [
+        "  T=12 problem 'p' method 'm': selected: 0 != 1",
+        "  T=12 problem 'p' method 'm': candidates[1].text: '2' != '3'",
+    ]
+    many = {(12, "p", "m"): {"x": list(range(20))}}
+    other = {(12, "p", "m"): {"x": list(range(1, 21))}}
+    lines = contracts.diff_records(many, other, limit=3, per_record=20).splitlines()
+    assert lines[-1] == "  ... 17 more lines" and len(lines) == 4
+    lines = contracts.diff_records(many, other, per_record=2).splitlines()
+    assert lines[1:] == [
+        "  T=12 problem 'p' method 'm': x[1]: 1 != 2",
+        "  T=12 problem 'p' method 'm': ... 18 more here",
+    ]
+
+
+def test_kit_under_pytest_reports_failed_and_skipped(kit_doubles, pytester):
+    """Through pytest, as a plugin author runs it: failures are one readable line in the
+    summary, and checks that do not apply are SKIPPED with the reason."""
+    pytester.makepyfile(test_kit="from dllmbench.testing.contracts import *  # noqa: F403\n")
+    result = pytester.runpytest(
+        "-p", "no:cacheprovider", "-rfs", "-k", "kit_false_pool_scores or kit_minus_one"
+    )
+    out = result.stdout.str()
+    result.stdout.fnmatch_lines(
+        [
+            "E * AssertionError: strategy 'kit_false_pool_scores' claims pool_scores() [[]'prm'[]],"
+            " but its pool on problem 'test-?' at T=3 carries no 'prm' scores*",
+            "E * AssertionError: selector 'kit_minus_one' chose -1 of 5 candidates*",
+            "FAILED *test_strategy_pool_scores_are_true[[]kit_false_pool_scores[]]*",
+            "FAILED *test_selector_returns_an_index_in_range[[]kit_minus_one[]]*",
+        ],
+        consecutive=False,
+    )
+    result.stdout.fnmatch_lines(
+        ["SKIPPED * strategy kit_false_pool_scores sets prefix_field = None*"]
+    )
+    result.stdout.fnmatch_lines(["SKIPPED * selector kit_minus_one is not a ceiling*"])
+    assert "StopIteration" not in out and "tensor(" not in out
+    outcomes = result.parseoutcomes()
+    assert outcomes["failed"] >= 3 and outcomes["skipped"] == 2 and outcomes["passed"] >= 5
