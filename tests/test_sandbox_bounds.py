@@ -7,10 +7,12 @@ from __future__ import annotations
 import os
 import re
 import socket
+import struct
 from pathlib import Path
 
 import pytest
 
+from dllmbench.tasks import _sandbox_boot as boot
 from dllmbench.tasks import cgroups
 from dllmbench.tasks.sandbox import Limits, Sandbox
 
@@ -311,3 +313,56 @@ def test_process_isolation_confines_files_network_and_descendants(tmp_path):
         listener.accept()
     listener.close()
     assert sandbox.run([("program", "open('here.txt', 'w').write('ok')")]).passed
+
+
+def _filter_verdict(program, arch: int, nr: int, args: tuple[int, ...] = ()) -> int:
+    """Run a classic-BPF seccomp program on one synthetic call (struct seccomp_data)."""
+    data = struct.pack("<iIQ6Q", nr, arch, 0, *(list(args) + [0] * (6 - len(args))))
+    acc, pc = 0, 0
+    while True:
+        code, jt, jf, k = program[pc]
+        if code == boot.LD_W_ABS:
+            acc = struct.unpack_from("<I", data, k)[0]
+        elif code == boot.RET_K:
+            return k
+        else:
+            taken = {
+                boot.JEQ_K: acc == k,
+                boot.JGE_K: acc >= k,
+                boot.JSET_K: bool(acc & k),
+            }[code]
+            pc += jt if taken else jf
+        pc += 1
+
+
+@pytest.mark.parametrize("machine", sorted(boot.SYSCALLS))
+def test_the_seccomp_program_of_each_architecture(machine):
+    """The filter built for each architecture (aarch64 included, which this suite cannot run
+    natively), checked call by call in a small BPF interpreter."""
+    arch, table = boot.SYSCALLS[machine]
+    me = 2
+    program = boot.seccomp_program(machine, me, unix_sockets=True)
+    allow, eperm = boot.SECCOMP_RET_ALLOW, boot.SECCOMP_RET_ERRNO | boot.EPERM
+
+    def verdict(name_or_nr, *args, arch=arch):
+        nr = table[name_or_nr] if isinstance(name_or_nr, str) else name_or_nr
+        return _filter_verdict(program, arch, nr, args)
+
+    for name in table:
+        if name not in ("clone", "clone3", "socket", *boot.SIGNALS_TO_SELF):
+            assert verdict(name) == eperm, name
+    assert verdict("clone3") == boot.SECCOMP_RET_ERRNO | boot.ENOSYS
+    assert verdict("clone", 0x3D0F00) == allow  # the flags of a thread (glibc's pthread_create)
+    assert verdict("clone", 0x01200011) == eperm  # fork's flags
+    assert verdict("socket", 1, 1) == allow and verdict("socket", 2, 1) == eperm
+    for name in boot.SIGNALS_TO_SELF:
+        assert verdict(name, me, 10) == allow and verdict(name, 1, 9) == eperm, name
+    assert verdict("kill", 0, 9) == eperm and verdict("kill", 2**32 - 1, 9) == eperm
+    read = {"x86_64": 0, "aarch64": 63}[machine]
+    assert verdict(read) == allow
+    assert verdict(read, arch=0x40000003) == boot.SECCOMP_RET_KILL_PROCESS  # i386 table
+    if machine == "x86_64":  # the x32 table
+        assert verdict(boot.X32_SYSCALL_BIT + read) == eperm
+    no_unix = boot.seccomp_program(machine, me, unix_sockets=False)
+    assert _filter_verdict(no_unix, arch, table["socket"], (1, 1)) == eperm
+    assert len(program) < 4096  # the kernel's limit on a filter's length
