@@ -120,6 +120,8 @@ def quota(n_masked: torch.Tensor, steps: torch.Tensor, total: int, eps: float) -
 
 
 class Dream(DiffusionBackbone):
+    """Dream-7B (Dream-org/Dream-v0-Instruct-7B): its own sampler, maskgit_plus by default."""
+
     Config = DreamConfig
     arch = "dream"
     shift = True

@@ -91,6 +91,8 @@ def low_confidence(logits: torch.Tensor, x0: torch.Tensor, zeroed: list[int]) ->
 
 
 class LLaDA(DiffusionBackbone):
+    """LLaDA-8B (GSAI-ML/LLaDA-8B-Instruct): Gumbel argmax, low-confidence remasking."""
+
     Config = LLaDAConfig
     arch = "llada"
     shift = False
