@@ -294,6 +294,15 @@ class Mbpp:
                 self._outcomes[(p.id, a)] = _slim(self.judge(p, outcome))
         return [a is not None and self._outcomes[(p.id, a)].passed for p, a, _ in items]
 
+    def grade_note(self, problem: Problem, answer: str) -> str | None:
+        """Kept in the record when the grade came from a second run, alone, of a program that
+        timed out beside others (`Outcome.reran`)."""
+        with self._lock:
+            outcome = self._outcomes.get((problem.id, answer))
+        if outcome is None or not outcome.reran:
+            return None
+        return f"timed out beside other programs; run again alone: {outcome.status}"
+
     def data_files(self) -> dict[str, str]:
         return self._data.data_files()
 

@@ -366,3 +366,28 @@ def test_the_seccomp_program_of_each_architecture(machine):
     no_unix = boot.seccomp_program(machine, me, unix_sockets=False)
     assert _filter_verdict(no_unix, arch, table["socket"], (1, 1)) == eperm
     assert len(program) < 4096  # the kernel's limit on a filter's length
+
+
+def test_a_rerun_is_said_in_the_grade_note(monkeypatch):
+    """MBPP says in the record's grade note that a grade came from a lone second run."""
+    from dllmbench.registry import registry
+
+    task = registry().task("mbpp", workers=2)
+    problem = task.problems("test")[0]
+    real = Sandbox.run
+    first = []
+
+    def run(self, steps):
+        if not first:  # the first program's first run "times out"
+            first.append(steps)
+            return real(self, [("program", "import time\ntime.sleep(60)")])
+        return real(self, steps)
+
+    monkeypatch.setattr(Sandbox, "run", run)
+    monkeypatch.setattr(task.sandbox, "limits", Limits(timeout=3))
+    answers = [problem.gold.reference, "def nothing(): pass"]
+    assert task.grade_many([(problem, a, a) for a in answers]) == [True, False]
+    assert task.grade_note(problem, answers[0]) == (
+        "timed out beside other programs; run again alone: passed"
+    )
+    assert task.grade_note(problem, answers[1]) is None
