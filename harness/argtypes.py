@@ -70,3 +70,19 @@ def scorer_entry(text: str) -> str:
             f"{text!r} wants NAME or NAME=PLUGIN[:k=v,...], e.g. prm or orm=orm:checkpoint=DIR"
         )
     return text
+
+
+def budgets(text: str) -> int | list[int]:
+    """One budget (`1040`, an int) or several (`1040,4160`, a list, ascending): positive
+    integers, each given once."""
+    parts = text.split(",")
+    try:
+        items = [positive_int(item.strip()) for item in parts]
+    except argparse.ArgumentTypeError as exc:
+        if len(parts) == 1:
+            raise
+        raise argparse.ArgumentTypeError(f"{exc} in {text!r}; e.g. 1040,4160") from None
+    twice = sorted({b for b in items if items.count(b) > 1})
+    if twice:
+        raise argparse.ArgumentTypeError(f"lists {twice[0]} twice in {text!r}; give each once")
+    return items[0] if len(items) == 1 else sorted(items)

@@ -12,6 +12,7 @@ generated once at the largest size; each row is charged to every method whose pr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
@@ -19,15 +20,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from dllmbench.interfaces import (
     Backbone,
     GradesMany,
+    NotesGrades,
     ScoreBatch,
     Scorer,
     SearchStrategy,
     StepBatch,
     Task,
+    TransformerBackbone,
     passes_per_step,
 )
 from dllmbench.keys import numpy_rng
@@ -39,7 +43,28 @@ from dllmbench.scheduler import Capacity, DenoiseWait, Scheduler, StrategyRun, W
 from dllmbench.schema import CandidateRecord, Record
 from dllmbench.types import Candidate, Owners, Pool, Problem
 
-__all__ = ["Capacity", "Engine", "Sampling", "Unit", "plan_units"]
+__all__ = ["Capacity", "Engine", "Sampling", "Unit", "plan_units", "sized_to_memory"]
+
+MEMORY_SHARE = 0.6  # of the GPU memory free after loading, for one forward's activations
+
+
+def sized_to_memory(capacity: Capacity, backbone: Backbone) -> Capacity:
+    """`batch_tokens` from the free memory of the backbone's GPU when it is unset: about the
+    activations of one layer of a no-grad forward per token (6 × hidden + 3 × MLP width
+    values), twice over for safety, within `MEMORY_SHARE` of what is free. Unchanged on a
+    CPU, for a backbone that is not a transformer, or when `batch_tokens` is given."""
+    if capacity.batch_tokens is not None or not isinstance(backbone, TransformerBackbone):
+        return capacity
+    device = torch.device(backbone.device)
+    if device.type != "cuda":
+        return capacity
+    free, _ = torch.cuda.mem_get_info(device)
+    config = backbone.transformer.config
+    hidden = int(config.hidden_size)
+    width = int(getattr(config, "intermediate_size", 4 * hidden))
+    itemsize = next(backbone.transformer.parameters()).element_size()
+    per_token = 2 * (6 * hidden + 3 * width) * itemsize
+    return dataclasses.replace(capacity, batch_tokens=max(1, int(free * MEMORY_SHARE) // per_token))
 
 
 @dataclass(frozen=True)
@@ -108,6 +133,7 @@ class _Judged:
     answers: list[str | None]
     answer_keys: list[Any]  # task.answer_key per candidate; None when invalid
     labels: list[bool]
+    notes: list[str | None]  # what the task said of each grade (`NotesGrades`), if anything
 
 
 class Engine:
@@ -235,7 +261,13 @@ class Engine:
             for j, output in zip(batch, outputs, strict=True):
                 for wait, i in (flat[n] for n in same[j]):
                     wait.put(i, output)
-            self.ledger.record_forward(kind, [_charged(owners, same[j]) for j in batch], seconds)
+            widths = [lengths[j] for j in batch]
+            self.ledger.record_forward(
+                kind,
+                [_charged(owners, same[j]) for j in batch],
+                seconds,
+                tokens=(len(batch) * max(widths), sum(widths)),
+            )
 
     def _forward(self, like: Wait, items: list[tuple[Any, int]]) -> Sequence[Any]:
         """One physical call over the rows `items` (wait, row): the backbone's denoising step
@@ -283,7 +315,10 @@ class Engine:
         answers = [self.task.extract(text) for text in texts]
         answer_keys = [None if a is None else self.task.answer_key(a) for a in answers]
         labels = self._grade([(problem, a, t) for a, t in zip(answers, texts, strict=True)])
-        return _Judged(texts, answers, answer_keys, labels)
+        notes: list[str | None] = [None] * len(answers)
+        if isinstance(self.task, NotesGrades):
+            notes = [None if a is None else self.task.grade_note(problem, a) for a in answers]
+        return _Judged(texts, answers, answer_keys, labels, notes)
 
     def _grade(self, items: list[tuple[Problem, str | None, str]]) -> list[bool]:
         """A pool's grades: all at once through the task's optional `grade_many` (MBPP's
@@ -353,18 +388,22 @@ class Engine:
         return Record(
             problem=problem.id,
             method=method.id,
+            budgets=list(method.budgets),
             selected=chosen,
             answer=None if chosen is None else judged.answers[chosen],
             correct=False if chosen is None else judged.labels[chosen],
             ceiling=method.ceiling,
-            candidates=[_candidate_record(c, judged.labels[c.index]) for c in candidates],
+            candidates=[
+                _candidate_record(c, judged.labels[c.index], judged.notes[c.index])
+                for c in candidates
+            ],
             ledger=self.ledger.entry(problem.id, method.id),
             info=pool.info,
         )
 
 
-def _candidate_record(candidate: Candidate, correct: bool) -> CandidateRecord:
-    return CandidateRecord(
+def _candidate_record(candidate: Candidate, correct: bool, note: str | None) -> CandidateRecord:
+    record = CandidateRecord(
         text=candidate.text,
         answer=candidate.answer,
         valid=candidate.answer_key is not None,
@@ -374,6 +413,9 @@ def _candidate_record(candidate: Candidate, correct: bool) -> CandidateRecord:
         weight=candidate.weight,
         lineage=list(candidate.lineage),
     )
+    if note is not None:
+        record["grade_note"] = note
+    return record
 
 
 def _identical(rows: Iterable[tuple[Any, ...]]) -> list[list[int]]:

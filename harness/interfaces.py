@@ -221,6 +221,15 @@ class GradesMany(Protocol):
 
 
 @runtime_checkable
+class NotesGrades(Protocol):
+    """A task that can say more about a grade than true or false: a line kept in the record
+    (`candidates[i].grade_note`), e.g. that a program timed out beside others and was graded
+    on a second run alone. None when there is nothing to say."""
+
+    def grade_note(self, problem: Problem, answer: str) -> str | None: ...
+
+
+@runtime_checkable
 class Configured(Protocol):
     """A built plugin that keeps its configuration (a dataclass) as `config`."""
 

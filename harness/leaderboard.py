@@ -1,4 +1,5 @@
-"""The leaderboard: contenders ranked by accuracy, ceilings shown apart."""
+"""The leaderboard: contenders ranked by accuracy, ceilings shown apart; a run at several
+budgets has one such table per budget."""
 
 from __future__ import annotations
 
@@ -23,9 +24,15 @@ def _pct(x: float) -> str:
     return f"{100 * x:.2f}"
 
 
-def rows(results: Results) -> list[tuple[bool, list[str]]]:
-    """(is_ceiling, cells) per method: contenders by accuracy, then ceilings."""
-    methods = results["methods"]
+def budgets(results: Results) -> list[int]:
+    """The run's budgets, ascending."""
+    return list(results.get("budgets") or [results["budget"]])
+
+
+def rows(results: Results, budget: int | None = None) -> list[tuple[bool, list[str]]]:
+    """(is_ceiling, cells) per method (at `budget`; None: every entry): contenders by
+    accuracy, then ceilings."""
+    methods = [m for m in results["methods"] if budget is None or m.get("budget") == budget]
     ranked = sorted(
         (m for m in methods if not m["ceiling"]),
         key=lambda m: -(m["accuracy"]["value"] if m["accuracy"] else -1),
@@ -67,11 +74,11 @@ CONFIG_WIDTH = (16, 40)  # the configuration column folds within these widths
 CEILINGS = "ceilings (not ranked):"
 
 
-def _fit(results: Results, width: int | None) -> list[int]:
+def _fit(results: Results, width: int | None, budget: int | None = None) -> list[int]:
     """Indices of the columns that fit in `width` characters (all when `width` is None)."""
     if width is None:
         return list(range(len(COLUMNS)))
-    cells = [cells for _, cells in rows(results)]
+    cells = [cells for _, cells in rows(results, budget)]
     natural = [max([len(h)] + [len(c[i]) for c in cells]) for i, h in enumerate(headers(results))]
     natural[0] = max(natural[0], len(CEILINGS))
     natural[1] = min(max(natural[1], CONFIG_WIDTH[0]), CONFIG_WIDTH[1])
@@ -84,13 +91,16 @@ def _fit(results: Results, width: int | None) -> list[int]:
     return sorted(chosen)
 
 
-def rich_table(results: Results, title: str = "", width: int | None = None) -> Table:
-    """The leaderboard for a terminal `width` columns wide (None: every column).
+def rich_table(
+    results: Results, title: str = "", width: int | None = None, budget: int | None = None
+) -> Table:
+    """The leaderboard (at `budget`; None: every entry) for a terminal `width` columns wide
+    (None: every column).
 
     When narrow, the least wanted columns go first (configuration, unique, share, ...);
     every method's label stays whole. Ceilings sit below a line, in a section of their own.
     """
-    keep = _fit(results, width)
+    keep = _fit(results, width, budget)
     table = Table(title=title or None)
     names = headers(results)
     for i in keep:
@@ -101,7 +111,7 @@ def rich_table(results: Results, title: str = "", width: int | None = None) -> T
         else:
             table.add_column(names[i], justify="left" if i == 0 else "right", no_wrap=True)
     previous_ceiling = False
-    for ceiling, cells in rows(results):
+    for ceiling, cells in rows(results, budget):
         if ceiling and not previous_ceiling:
             table.add_section()
             table.add_row(CEILINGS, *[""] * (len(keep) - 1), style="italic")
@@ -111,11 +121,21 @@ def rich_table(results: Results, title: str = "", width: int | None = None) -> T
 
 
 def markdown(results: Results, title: str = "") -> str:
-    head = headers(results)
+    """The leaderboard as Markdown; at several budgets, a section `## Budget B` per budget."""
     lines = [f"# {title}", ""] if title else []
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    several = budgets(results)
+    if len(several) == 1:
+        return "\n".join(lines + _markdown_table(results, None)) + "\n"
+    for budget in several:
+        lines += [f"## Budget {budget}", "", *_markdown_table(results, budget), ""]
+    return "\n".join(lines[:-1]) + "\n"
+
+
+def _markdown_table(results: Results, budget: int | None) -> list[str]:
+    head = headers(results)
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     ceilings_started = False
-    for ceiling, cells in rows(results):
+    for ceiling, cells in rows(results, budget):
         if ceiling and not ceilings_started:
             lines += [
                 "",
@@ -126,4 +146,4 @@ def markdown(results: Results, title: str = "") -> str:
             ]
             ceilings_started = True
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    return "\n".join(lines) + "\n"
+    return lines

@@ -23,16 +23,30 @@ class Ledger:
         self.physical_forwards: Counter[str] = Counter()
         self.physical_seconds: Counter[str] = Counter()
         self.physical_rows: Counter[str] = Counter()
+        # tokens the batches computed (rows × the widest row) and the rows' own tokens
+        self.physical_tokens: Counter[str] = Counter()
+        self.real_tokens: Counter[str] = Counter()
+        self.charged: Counter[str] = Counter()  # passes charged to every method, by kind
 
     def charge(self, problem_id: str, owners: Iterable[Owners], kind: str, passes: int) -> None:
         """Charge `passes` passes of `kind` per row to every owner of that row."""
         for row_owners in owners:
             for method in row_owners:
                 self._passes[problem_id, method][kind] += passes
+            self.charged[kind] += passes * len(row_owners)
 
-    def record_forward(self, kind: str, rows: list[tuple[str, Owners]], seconds: float) -> None:
-        """One batched physical forward over `rows` (problem id, owners) that took `seconds`."""
+    def record_forward(
+        self,
+        kind: str,
+        rows: list[tuple[str, Owners]],
+        seconds: float,
+        tokens: tuple[int, int] = (0, 0),
+    ) -> None:
+        """One batched physical forward over `rows` (problem id, owners) that took `seconds`;
+        `tokens`: the tokens it computed (rows × the widest row) and the rows' own."""
         self.physical_forwards[kind] += 1
+        self.physical_tokens[kind] += tokens[0]
+        self.real_tokens[kind] += tokens[1]
         self.physical_seconds[kind] += seconds
         self.physical_rows[kind] += len(rows)
         share = seconds / max(len(rows), 1)
@@ -71,11 +85,21 @@ class Ledger:
             table.pop((problem_id, method), None)
 
     def physical(self) -> dict[str, dict[str, float]]:
-        return {
-            kind: {
+        """Per kind: forwards, rows, seconds, tokens computed and real, and their ratio
+        (`padding`: 1.0 is no padding)."""
+        out = {}
+        for kind in sorted(self.physical_forwards):
+            out[kind] = {
                 "forwards": self.physical_forwards[kind],
                 "rows": self.physical_rows[kind],
                 "seconds": round(self.physical_seconds[kind], 6),
+                "tokens": self.physical_tokens[kind],
+                "real_tokens": self.real_tokens[kind],
             }
-            for kind in sorted(self.physical_forwards)
-        }
+            if self.real_tokens[kind]:
+                out[kind]["padding"] = round(self.physical_tokens[kind] / self.real_tokens[kind], 6)
+        return out
+
+    def passes(self) -> dict[str, int]:
+        """Passes charged by kind, summed over every (problem, method) of the ledger's life."""
+        return dict(sorted(self.charged.items()))

@@ -108,6 +108,7 @@ class Method:
     strategy: SearchStrategy
     selector: Selector
     family: str | None = None
+    budgets: tuple[int, ...] = ()  # the budgets the planner planned it at, ascending
 
     @classmethod
     def build(

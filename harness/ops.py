@@ -131,6 +131,12 @@ class Ops:
             raise ValueError("a pool holds final states only; some rows are not at step T")
         return Pool(rows, dict(scores or {}), weights, dict(info or {}))
 
+    def mask_ratio(self, rows: Rows) -> np.ndarray:
+        """The fraction of each row's generated positions still masked (free: no pass)."""
+        mask_id = int(self._canvas[self._prompt_len])  # a canvas's generated positions are masks
+        masked = rows.tokens[:, rows.prompt_len :] == mask_id
+        return masked.double().mean(dim=1).cpu().numpy()
+
     def rng(self, label: str) -> np.random.Generator:
         """A generator keyed by (seed, problem, label): resampling, tie-breaking, ..."""
         return numpy_rng(self.seed, self.problem.id, label)

@@ -2,7 +2,8 @@
 
 Method families (built-in and third-party alike) come from the registry, registered through
 the `dllmbench_register_methods` hook. `all` (and no entry at all) means every family whose
-strategy and selector are available.
+strategy and selector are available. Several budgets plan every entry at each budget; a method
+planned identically at two budgets is one method carrying both (`Method.budgets`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,11 @@ class Planned:
     def passes(self) -> int:
         return sum(self.cost.values())
 
+    @property
+    def budgets(self) -> list[int]:
+        """The budgets the method is planned at, ascending."""
+        return list(self.method.budgets)
+
 
 @dataclass
 class LeftOut:
@@ -43,26 +49,38 @@ class LeftOut:
     reason: str
     min_budget: int | None = None
     missing: tuple[str, ...] = ()  # scorers the run lacks, when that is the reason
+    budget: int | None = None  # the budget it does not fit; None when that is not the reason
 
 
 @dataclass
 class Plan:
-    budget: int
+    budget: int  # the largest budget
     total_steps: int
     methods: list[Planned] = field(default_factory=list)
     left_out: list[LeftOut] = field(default_factory=list)
+    budgets: list[int] = field(default_factory=list)  # ascending; [budget] for one budget
+
+    def __post_init__(self) -> None:
+        self.budgets = self.budgets or [self.budget]
+
+    def at(self, budget: int) -> list[Planned]:
+        """The methods planned at `budget`, in plan order."""
+        return [p for p in self.methods if budget in p.method.budgets]
 
     def as_dict(self) -> dict[str, object]:
         return {
             "budget": self.budget,
+            "budgets": self.budgets,
             "steps": self.total_steps,
             "methods": [
                 {
                     "id": p.method.id,
                     "family": p.method.family,
                     "spec": p.method.spec.text(),
+                    "budgets": p.budgets,
                     "passes": p.passes,
-                    "share": round(p.passes / self.budget, 4),
+                    # of the smallest budget the method is planned at
+                    "share": round(p.passes / p.budgets[0], 4),
                     "cost": p.cost,
                     "ceiling": p.method.ceiling,
                 }
@@ -235,37 +253,82 @@ def check_scorers(users: dict[str, list[Use]], scorers: set[str], requested: boo
             )
 
 
+def check_budgets(budgets: list[int]) -> list[int]:
+    """Budgets ascending; a budget below 1 or given twice is an error."""
+    for budget in budgets:
+        if budget < 1:
+            raise UserError(f"--budget must be a positive number of passes, got {budget}")
+    twice = sorted({b for b in budgets if budgets.count(b) > 1})
+    if twice:
+        raise UserError(
+            f"--budget lists {twice[0]} twice; give each budget once, e.g. --budget 1040,4160"
+        )
+    if not budgets:
+        raise UserError("--budget needs at least one budget, e.g. --budget 1040")
+    return sorted(budgets)
+
+
+def _place(
+    registry: Registry,
+    entry: str,
+    named: bool,
+    budget: int,
+    total_steps: int,
+    scorers: set[str] | None,
+    passes_per_step: int,
+) -> Method | LeftOut:
+    """The method `entry` takes at `budget`, or why it is left out."""
+    spec, family = _spec(registry, entry, total_steps)
+    label, name = (family.label, family.name) if family else (None, None)
+    method, smallest = fit(registry, spec, label, name, budget, total_steps, passes_per_step)
+    if method is None:
+        at_least = f"; needs a budget of at least {smallest}" if smallest else ""
+        return LeftOut(entry, f"does not fit {budget} passes{at_least}", smallest, budget=budget)
+    missing = tuple(sorted(method.scorers() - scorers)) if scorers is not None else ()
+    if missing:
+        reason = f"needs scorer {', '.join(missing)}"
+        return LeftOut(entry, reason, missing=missing if named else ())
+    return method
+
+
+def _add(result: Plan, method: Method, budget: int, cost: dict[str, int]) -> None:
+    """Plan `method` at `budget`: a method already planned under its id carries one more
+    budget (the same method, run once); another method under the same id is an error."""
+    same = next((p for p in result.methods if p.method.id == method.id), None)
+    if same is None:
+        method.budgets = (budget,)
+        result.methods.append(Planned(method, cost))
+    elif same.method.spec.text() != method.spec.text():
+        raise UserError(
+            f"two methods are labelled {method.id!r} ({same.method.spec.text()} and "
+            f"{method.spec.text()}); give the family a label that names its size, e.g. Name@{{n}}"
+        )
+    elif budget not in same.method.budgets:
+        same.method.budgets += (budget,)
+
+
 def plan(
     registry: Registry,
-    budget: int,
+    budget: int | list[int],
     total_steps: int,
     entries: list[str] | None = None,
     scorers: set[str] | None = None,
     passes_per_step: int = 1,
 ) -> Plan:
-    """Choose every method for `budget`. `entries` are family names, `all` or method specs.
+    """Choose every method for `budget`, or for each of several budgets. `entries` are family
+    names, `all` or method specs.
 
-    With `scorers` given, families that need a scorer outside it are left out.
+    With `scorers` given, families that need a scorer outside it are left out. Methods are in
+    entry order (an entry's sizes by budget); each carries the budgets it is planned at.
     """
-    if budget < 1:
-        raise UserError(f"--budget must be a positive number of passes, got {budget}")
-    result = Plan(budget, total_steps)
-    named = expand(registry, entries, total_steps)
-    for entry, spec, family in [(e, *_spec(registry, e, total_steps)) for e in named]:
-        label, name = (family.label, family.name) if family else (None, None)
-        method, smallest = fit(registry, spec, label, name, budget, total_steps, passes_per_step)
-        if method is None:
-            at_least = f"; needs a budget of at least {smallest}" if smallest else ""
-            result.left_out.append(
-                LeftOut(entry, f"does not fit {budget} passes{at_least}", smallest)
-            )
-            continue
-        missing = tuple(sorted(method.scorers() - scorers)) if scorers is not None else ()
-        if missing:
-            reason = f"needs scorer {', '.join(missing)}"
-            result.left_out.append(LeftOut(entry, reason, missing=missing if named[entry] else ()))
-            continue
-        if any(p.method.id == method.id for p in result.methods):
-            continue
-        result.methods.append(Planned(method, method.cost(total_steps, passes_per_step)))
+    budgets = check_budgets([budget] if isinstance(budget, int) else list(budget))
+    result = Plan(budgets[-1], total_steps, budgets=budgets)
+    for entry, named in expand(registry, entries, total_steps).items():
+        for at in budgets:
+            placed = _place(registry, entry, named, at, total_steps, scorers, passes_per_step)
+            if isinstance(placed, LeftOut):
+                if placed not in result.left_out:
+                    result.left_out.append(placed)
+                continue
+            _add(result, placed, at, placed.cost(total_steps, passes_per_step))
     return result

@@ -41,7 +41,8 @@ PAPER = Preset(
         "gen_length": 512,  # a fully masked canvas of 512 generated tokens after the prompt
         # the headline budget: PRM Guided K=8, b=64 spends 8·128 + 8·2 = 1040 passes against
         # ORM Rerank@8's 1032; the paper's second budget is K=32: `--budget 4160` (4128 for
-        # ORM Rerank@32). PRM Guided was averaged over several runs: `--seed 0`, 1, 2
+        # ORM Rerank@32), or both in one run directory: `--budget 1040,4160`. PRM Guided was
+        # averaged over several runs: `--seed 0`, 1, 2
         "budget": 1040,
     },
     backbones={

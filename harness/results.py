@@ -48,6 +48,7 @@ def summarize(
     problem_ids: Sequence[str],
     *,
     budget: int,
+    budgets: Sequence[int] | None = None,
     reference: str | None = None,
     resamples: int = 2000,
     level: float = 0.95,
@@ -55,7 +56,10 @@ def summarize(
 ) -> Results:
     """The content of results.json. Deterministic: no timings, records in problem order.
 
-    `methods` are the method entries of the manifest (id, family, spec, ceiling, cost).
+    `methods` are the method entries of the manifest (id, family, spec, ceiling, cost,
+    budgets). `budgets` are the run's budgets (default `[budget]`); a method planned at several
+    appears once per budget, budget by budget, with the same numbers but its share of that
+    budget. A method entry without `budgets` is planned at `budget`.
     """
     order = {pid: i for i, pid in enumerate(problem_ids)}
     by_method: dict[str, dict[str, Record]] = {m["id"]: {} for m in methods}
@@ -67,10 +71,11 @@ def summarize(
         reference = "Vanilla" if "Vanilla" in ids else (ids[0] if ids else None)
     ref_records = by_method.get(reference, {}) if reference is not None else {}
     boot = _Bootstrap(resamples, level, seed)
-    out = []
+    planned_at = {m["id"]: m.get("budgets") or [budget] for m in methods}
+    entries: dict[str, MethodResult] = {}
     for m in methods:
         recs = sorted(by_method[m["id"]].values(), key=lambda r: order[r["problem"]])
-        entry = _method_result(m, recs, budget, boot)
+        entry = _method_result(m, recs, min(planned_at[m["id"]]), boot)
         pools = [r["candidates"] for r in recs]
         if pools and max(len(p) for p in pools) > 1:
             entry["pool"] = _pool_entry(pools, boot)
@@ -78,10 +83,18 @@ def summarize(
             delta = _delta(recs, ref_records, boot)
             if delta is not None:
                 entry["delta_vs_reference"] = delta
-        out.append(entry)
+        entries[m["id"]] = entry
+    run_budgets = sorted(budgets or [budget])
+    out = [
+        _at_budget(entries[m["id"]], b)
+        for b in run_budgets
+        for m in methods
+        if b in planned_at[m["id"]]
+    ]
     return Results(
         schema_version=SCHEMA_VERSION,
         budget=budget,
+        budgets=run_budgets,
         reference=reference,
         resamples=resamples,
         level=level,
@@ -101,12 +114,21 @@ def _method_result(
         family=m.get("family"),
         spec=m["spec"],
         ceiling=m["ceiling"],
+        budget=budget,
         problems=len(recs),
         accuracy=boot.interval(correct) if recs else None,
         passes_per_problem=float(np.mean(passes)) if recs else None,
         planned_passes=planned,
         share_of_budget=round(planned / budget, 6),
     )
+
+
+def _at_budget(entry: MethodResult, budget: int) -> MethodResult:
+    """A method's entry at one of its budgets: the same numbers, its share of that budget."""
+    out = MethodResult(**entry)  # a copy, keys in the same order
+    out["budget"] = budget
+    out["share_of_budget"] = round(entry["planned_passes"] / budget, 6)
+    return out
 
 
 def _pool_entry(pools: list[list[CandidateRecord]], boot: _Bootstrap) -> PoolEntry:

@@ -1,5 +1,8 @@
 """The run directory: manifest.json, append-only samples.jsonl, results.json, leaderboard.md,
-compute.json, and `.lock` while a run holds it.
+compute.json, and `.lock` while a run holds it. A share of a sharded run (`shards.Shard`)
+appends to its own `samples.shard-I-of-N.jsonl`, counts its compute in
+`compute.shard-I-of-N.json` and holds `.lock.shard-I-of-N` (and `.lock` shared with the other
+shares); resume and the summary read every samples file.
 
 `acquire()` is the cheap pre-flight a run does before any heavy work: it checks that the
 directory can hold a run, takes its lock, and reads every file a resume will read, so a bad
@@ -15,10 +18,20 @@ import fcntl
 import json
 import os
 import socket
+import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, NoReturn
 
 from dllmbench.errors import UserError
+from dllmbench.shards import (
+    Shard,
+    compute_name,
+    lock_name,
+    running_shares,
+    samples_name,
+    shards_in,
+)
 
 # Manifest keys that may change between an interrupted run and its resumption: provenance
 # (when, how and with which code and libraries it was started), batch limits (results do not
@@ -44,6 +57,7 @@ RECORD_KEYS: dict[str, type] = {
 }
 
 LOCK = ".lock"
+LOCK_RETRIES = 20  # a share's lock, tried for a second: another process may be probing it
 
 
 def record_problem(value: Any) -> str | None:
@@ -102,14 +116,35 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
+def _temporary(path: Path, text: str) -> Path:
+    """`text` in a fsynced temporary file beside `path`, named for this process."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
         fh.write(text)
         fh.flush()
         os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    return tmp
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    os.replace(_temporary(path, text), path)
     _fsync_dir(path.parent)
+
+
+def _create_atomic(path: Path, text: str) -> bool:
+    """Write `path` whole unless it exists (two shares starting at once: one writes it)."""
+    tmp = _temporary(path, text)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        os.unlink(tmp)
+        return False
+    except OSError:  # a filesystem without hard links: replace, as before shares
+        os.replace(tmp, path)
+    else:
+        os.unlink(tmp)
+    _fsync_dir(path.parent)
+    return True
 
 
 def _read_json(path: Path, fix: str = "choose another --out") -> Any:
@@ -119,16 +154,50 @@ def _read_json(path: Path, fix: str = "choose another --out") -> Any:
         raise UserError(f"{path} is not valid JSON ({exc}); {fix}") from exc
 
 
+def compute_document(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """compute.json: every invocation's entry (every process of a sharded run) and their
+    total: passes, physical forwards, rows, seconds and tokens per kind, with the padding
+    ratio (tokens computed over real tokens)."""
+    passes: Counter[str] = Counter()
+    physical: dict[str, Counter[str]] = {}
+    for entry in entries:
+        passes.update(entry.get("passes", {}))
+        for kind, numbers in entry.get("physical", {}).items():
+            physical.setdefault(kind, Counter()).update(
+                {k: v for k, v in numbers.items() if k != "padding"}
+            )
+    total = {
+        "processes": len(entries),
+        "records_written": sum(e.get("records_written", 0) for e in entries),
+        "wall_seconds": round(sum(e.get("wall_seconds", 0.0) for e in entries), 6),
+        "passes": dict(sorted(passes.items())),
+        "physical": {kind: _physical(physical[kind]) for kind in sorted(physical)},
+    }
+    return {"invocations": entries, "total": total}
+
+
+def _physical(numbers: Counter[str]) -> dict[str, Any]:
+    out: dict[str, Any] = dict(numbers)
+    out["seconds"] = round(numbers["seconds"], 6)
+    if numbers.get("real_tokens"):
+        out["padding"] = round(numbers["tokens"] / numbers["real_tokens"], 6)
+    return out
+
+
 class RunDir:
-    def __init__(self, path: str | os.PathLike[str]):
+    def __init__(self, path: str | os.PathLike[str], shard: Shard | None = None):
         self.path = Path(path)
+        self.shard = shard
         self.manifest_path = self.path / "manifest.json"
-        self.samples_path = self.path / "samples.jsonl"
+        # this invocation's samples and compute files (a share's own, else the run's)
+        self.samples_path = self.path / (samples_name(shard) if shard else "samples.jsonl")
         self.results_path = self.path / "results.json"
         self.leaderboard_path = self.path / "leaderboard.md"
-        self.compute_path = self.path / "compute.json"
+        self.compute_path = self.path / (compute_name(shard) if shard else "compute.json")
+        self.total_compute_path = self.path / "compute.json"
         self.lock_path = self.path / LOCK
         self._lock_fd: int | None = None
+        self._share_fd: int | None = None  # a share's own lock
         self._made: list[Path] = []  # directories acquire() created, deepest first
         self._compute: dict[str, Any] = {"invocations": []}
         self._slot: int | None = None  # this invocation's index in compute.json
@@ -148,15 +217,20 @@ class RunDir:
 
     def release(self) -> None:
         """Give the lock back, removing the lock file and any directory acquire() made that
-        is still empty."""
+        is still empty. A share removes `.lock` only when no other share holds it."""
+        if self._share_fd is not None:
+            _unlock(self.path / lock_name(self.shard), self._share_fd)  # type: ignore[arg-type]
+            self._share_fd = None
         if self._lock_fd is None:
             return
         try:
+            if self.shard is not None:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the last share?
             os.unlink(self.lock_path)  # while held: a waiting opener sees it gone and retries
             for folder in self._made:
                 os.rmdir(folder)
         except OSError:
-            pass  # a folder that holds something stays
+            pass  # a folder that holds something stays; a lock other shares hold stays
         finally:
             os.close(self._lock_fd)  # closing releases the lock
             self._lock_fd = None
@@ -187,37 +261,44 @@ class RunDir:
             )
 
     def _lock(self) -> None:
+        """`.lock`: exclusive for a whole run, shared by the shares of a sharded run, each of
+        which also holds its own `.lock.shard-I-of-N` exclusively."""
         self._made = [p for p in (self.path, *self.path.parents) if not p.exists()]
-        while True:
-            try:
-                self.path.mkdir(parents=True, exist_ok=True)
-                fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-            except OSError as exc:
-                self._made = []
-                raise UserError(
-                    f"cannot write to run directory {self.path} ({exc.strerror}); "
-                    "choose another --out"
-                ) from exc
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.read(fd, 200).decode(errors="replace").strip() or "unknown"
-                os.close(fd)
-                self._made = []
-                raise UserError(
-                    f"run directory {self.path} is in use by another dllmbench run "
-                    f"({holder}); wait for it to finish or choose another --out"
-                ) from None
-            try:
-                same = os.fstat(fd).st_ino == os.stat(self.lock_path).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                break
-            os.close(fd)  # its last holder removed that file as we locked it: open it anew
+        mode = fcntl.LOCK_EX if self.shard is None else fcntl.LOCK_SH
+        try:
+            fd = _take(self.path, self.lock_path, mode)
+        except BlockingIOError as busy:
+            self._made = []
+            shares = ", ".join(s.label for s in running_shares(self.path))
+            raise UserError(
+                f"run directory {self.path} is in use by another dllmbench run "
+                f"({busy.args[0] or f'share {shares} of a sharded run'}); wait for it to "
+                "finish or choose another --out"
+            ) from None
         self._lock_fd = fd
         os.ftruncate(fd, 0)
+        if self.shard is None:
+            os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+            return
+        self._share_fd = self._lock_share(self.shard)
+
+    def _lock_share(self, shard: Shard) -> int:
+        path = self.path / lock_name(shard)
+        for _ in range(LOCK_RETRIES):
+            try:
+                fd = _take(self.path, path, fcntl.LOCK_EX)
+                break
+            except BlockingIOError as busy:
+                holder = busy.args[0]
+                time.sleep(0.05)
+        else:
+            raise UserError(
+                f"share {shard.label} of run directory {self.path} is already running "
+                f"({holder or 'unknown'}); wait for it to finish or run another share"
+            )
+        os.ftruncate(fd, 0)
         os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+        return fd
 
     def _check_contents(self) -> None:
         try:
@@ -229,7 +310,7 @@ class RunDir:
 
     def _read_contents(self) -> None:
         if not self.manifest_path.exists():
-            if any(p.name != LOCK for p in self.path.iterdir()):
+            if any(not _ours(p.name) for p in self.path.iterdir()):
                 raise UserError(
                     f"{self.path} exists and is not a run directory; choose another --out"
                 )
@@ -240,7 +321,7 @@ class RunDir:
                 f"{self.manifest_path} holds a JSON {type(manifest).__name__}, not a "
                 "manifest object; choose another --out"
             )
-        self._scanned = self._scan()  # open() resumes from this read: big files are read once
+        self._scanned = self._scan_all()  # open() resumes from this read: read once
         if self.compute_path.exists():
             fix = "move it away (it only counts compute) or choose another --out"
             data = _read_json(self.compute_path, fix)
@@ -248,14 +329,19 @@ class RunDir:
                 raise UserError(
                     f"{self.compute_path} is not an object with an 'invocations' list; {fix}"
                 )
-            self._compute = data
+            # compute.json lists the shares' entries too; their own files keep them
+            own = [e for e in data["invocations"] if not (isinstance(e, dict) and e.get("shard"))]
+            self._compute = {"invocations": own}
 
     # -- manifest and records ---------------------------------------------------------------
     def open(self, manifest: dict[str, Any]) -> list[dict[str, Any]]:
-        """Start the run directory, or resume it; return the records already written."""
+        """Start the run directory, or resume it; return the records already written (in
+        every samples file)."""
         # normalise through JSON so tuples and the like compare as they will be read back
         manifest = json.loads(json.dumps(manifest))
-        if self.manifest_path.exists():
+        self.path.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(manifest, indent=2) + "\n"
+        if self.manifest_path.exists() or not _create_atomic(self.manifest_path, text):
             old = _read_json(self.manifest_path)
             diffs = manifest_differences(old, manifest)
             if diffs:
@@ -263,26 +349,50 @@ class RunDir:
                     f"{self.path} holds a different run; choose another --out. "
                     f"Differences: {'; '.join(diffs)}"
                 )
-            records, good, size = self._scanned or self._scan()
+            records, good, size = self._scanned or self._scan_all()
             if good < size:  # a torn last line: cut off, and its record is redone
                 with open(self.samples_path, "r+b") as fh:
                     fh.truncate(good)
             return records
-        self.path.mkdir(parents=True, exist_ok=True)
-        _write_atomic(self.manifest_path, json.dumps(manifest, indent=2) + "\n")
         self._made = []  # a run directory now: it stays
         return []
 
-    def read_records(self) -> list[dict[str, Any]]:
-        """Records in samples.jsonl (a torn last line left out)."""
-        return self._scan()[0]
+    def samples_files(self) -> list[Path]:
+        """Every samples file of the run: samples.jsonl, then the shares' in (N, I) order."""
+        files = [self.path / "samples.jsonl"]
+        files += [self.path / samples_name(s) for s in shards_in(self.path)]
+        if self.samples_path not in files:
+            files.append(self.samples_path)
+        return [f for f in files if f.exists()]
 
-    def _scan(self) -> tuple[list[dict[str, Any]], int, int]:
+    def read_records(self) -> list[dict[str, Any]]:
+        """Records of every samples file (torn last lines left out); a (problem, method)
+        written twice (two runs of different share counts at once) is taken once."""
+        return self._scan_all()[0]
+
+    def _scan_all(self) -> tuple[list[dict[str, Any]], int, int]:
+        """The records of every samples file, and the bytes the records of this invocation's
+        own file fill and its size (a torn last line is the difference)."""
+        records: list[dict[str, Any]] = []
+        seen: set[tuple[str, str]] = set()
+        good = size = 0
+        for path in self.samples_files():
+            found, filled, length = self._scan(path)
+            if path == self.samples_path:
+                good, size = filled, length
+            for record in found:
+                if (record["problem"], record["method"]) not in seen:
+                    seen.add((record["problem"], record["method"]))
+                    records.append(record)
+        return records, good, size
+
+    def _scan(self, path: Path) -> tuple[list[dict[str, Any]], int, int]:
         """The records, the bytes they fill and the file's size: a torn last line (a crash
-        mid-write) is the difference; damage before it is an error naming the line."""
-        if not self.samples_path.exists():
+        mid-write, or a share writing now) is the difference; damage before it is an error
+        naming the line."""
+        if not path.exists():
             return [], 0, 0
-        data = self.samples_path.read_bytes()
+        data = path.read_bytes()
         lines = data.splitlines(keepends=True)
         records, good = [], 0
         for number, line in enumerate(lines, start=1):
@@ -293,17 +403,17 @@ class RunDir:
             except ValueError as exc:
                 if number == len(lines):
                     break  # torn by a crash mid-write: dropped, and redone on resume
-                self._damaged(number, f"not JSON: {exc}")
+                self._damaged(path, number, f"not JSON: {exc}")
             problem = record_problem(record)
             if problem is not None:
-                self._damaged(number, problem)
+                self._damaged(path, number, problem)
             records.append(record)
             good += len(line)
         return records, good, len(data)
 
-    def _damaged(self, number: int, problem: str) -> NoReturn:
+    def _damaged(self, path: Path, number: int, problem: str) -> NoReturn:
         raise UserError(
-            f"{self.samples_path} line {number} is damaged ({problem}); delete that line "
+            f"{path} line {number} is damaged ({problem}); delete that line "
             "(its problem and method run again) or choose another --out"
         )
 
@@ -322,12 +432,84 @@ class RunDir:
         _write_atomic(self.leaderboard_path, leaderboard)
 
     def save_invocation(self, entry: dict[str, Any]) -> None:
-        """Write this invocation's entry of compute.json: appended the first time, replaced
-        after (the run saves it as it goes, so an interrupted invocation counts too)."""
+        """Write this invocation's entry of compute.json (a share's: of its own compute file):
+        appended the first time, replaced after (the run saves it as it goes, so an
+        interrupted invocation counts too)."""
         invocations = self._compute.setdefault("invocations", [])
         if self._slot is None:
             self._slot = len(invocations)
             invocations.append(entry)
         else:
             invocations[self._slot] = entry
-        _write_atomic(self.compute_path, json.dumps(self._compute, indent=2) + "\n")
+        if self.shard is not None:
+            _write_atomic(self.compute_path, json.dumps(self._compute, indent=2) + "\n")
+        else:
+            self.write_compute(invocations)
+
+    def write_compute(self, own: list[dict[str, Any]] | None = None) -> None:
+        """compute.json: the whole-run invocations (`own`, else those it holds) and every
+        share's, with their total."""
+        if own is None:
+            own = self._whole_run_invocations()
+        entries = list(own)
+        for shard in shards_in(self.path):
+            entries += _invocations(self.path / compute_name(shard))
+        document = compute_document(entries)
+        _write_atomic(self.total_compute_path, json.dumps(document, indent=2) + "\n")
+
+    def _whole_run_invocations(self) -> list[dict[str, Any]]:
+        if self.shard is None:
+            return self._compute.get("invocations", [])
+        entries = _invocations(self.total_compute_path)
+        return [e for e in entries if not e.get("shard")]
+
+
+def _ours(name: str) -> bool:
+    """A lock file, or another process's temporary file while it writes the manifest."""
+    return name.startswith(LOCK) or (name.startswith(".") and name.endswith(".tmp"))
+
+
+def _invocations(path: Path) -> list[dict[str, Any]]:
+    """The entries of a compute file; none when it is missing or not one."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    entries = data.get("invocations") if isinstance(data, dict) else None
+    return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+
+
+def _take(folder: Path, path: Path, mode: int) -> int:
+    """Open `path` (made if missing) and lock it without blocking; BlockingIOError, with the
+    holder's line, when another process holds it. A file its holder removed as we locked
+    it is opened anew."""
+    while True:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise UserError(
+                f"cannot write to run directory {folder} ({exc.strerror}); choose another --out"
+            ) from exc
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 200).decode(errors="replace").strip()
+            os.close(fd)
+            raise BlockingIOError(holder) from None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd
+        os.close(fd)
+
+
+def _unlock(path: Path, fd: int) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

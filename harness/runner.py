@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
 import os
 import platform
 import subprocess
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dllmbench import __version__
+from dllmbench.allocator import keep_freed_memory
 from dllmbench.checksums import sha256
-from dllmbench.engine import Capacity, Engine, Sampling
+from dllmbench.engine import Capacity, Engine, Sampling, sized_to_memory
 from dllmbench.errors import UserError
 from dllmbench.interfaces import (
     MultiPass,
@@ -25,13 +26,15 @@ from dllmbench.interfaces import (
     shipped_scorers,
     weight_files,
 )
+from dllmbench.invocation import Invocation
 from dllmbench.leaderboard import markdown
 from dllmbench.method import Method
-from dllmbench.planner import Plan, Planned, default_budget, plan
+from dllmbench.planner import Plan, Planned, check_budgets, default_budget, plan
 from dllmbench.provenance import Origins, config_data
 from dllmbench.registry import Registry, registry
 from dllmbench.results import summarize
 from dllmbench.rundir import RunDir
+from dllmbench.shards import Shard, claim_device, resolve, stop_children
 
 
 @dataclass
@@ -44,7 +47,10 @@ class RunConfig:
     scorers: dict[str, tuple[str, dict[str, Any]]] | None = None
     split: str = "test"
     limit: int | None = None
-    budget: int | None = None
+    # passes per problem: one budget or several (each family planned at each); None: the
+    # run's own on resume, else `budget_factors` times `default_budget(T)`
+    budget: int | list[int] | None = None
+    budget_factors: tuple[int, ...] = (1,)
     methods: list[str] | None = None
     reference: str | None = None
     sampling: Sampling = field(default_factory=Sampling)
@@ -56,21 +62,30 @@ class RunConfig:
     allow_deterministic: bool = False
     # `--preset`: {"name", "set", "overridden"} as presets.apply records it; None without one
     preset: dict[str, Any] | None = None
+    # `--shard I/N`: run one share of the problems (a launcher's environment gives one too)
+    shard: Shard | None = None
+
+    def budgets(self) -> list[int]:
+        """The budgets asked for, ascending (the default when none was given)."""
+        if self.budget is None:
+            return [f * default_budget(self.sampling.total_steps) for f in self.budget_factors]
+        return check_budgets([self.budget] if isinstance(self.budget, int) else self.budget)
 
     def run_dir(self) -> Path:
         if self.out:
             return Path(self.out)
-        budget = self.budget or default_budget(self.sampling.total_steps)
-        return Path("runs") / f"{self.task}-{self.backbone}-b{budget}-seed{self.sampling.seed}"
+        budgets = "+".join(map(str, self.budgets()))
+        return Path("runs") / f"{self.task}-{self.backbone}-b{budgets}-seed{self.sampling.seed}"
 
 
 @dataclass
 class Outcome:
-    results: dict[str, Any]
+    results: dict[str, Any] | None
     path: Path
     resumed: int  # records found already written
     written: int  # records written by this call
     plan: Plan
+    shard: Shard | None = None  # the share this call ran; results None when it did not merge
 
 
 def _git_revision() -> str | None:
@@ -149,6 +164,7 @@ def build_manifest(
         m: Method = planned.method
         entry = m.manifest_entry()
         entry["cost"] = planned.cost
+        entry["budgets"] = planned.budgets
         entry["strategy"].update(
             distribution=reg.info("strategy", m.spec.strategy).distribution,
             version=reg.info("strategy", m.spec.strategy).version,
@@ -170,6 +186,7 @@ def build_manifest(
             "split": cfg.split,
             "limit": cfg.limit,
             "problems": len(problem_ids),
+            "problem_ids": problem_ids,
             "data_files": task.data_files(),
         },
         "backbone": _plugin_entry(reg, "backbone", cfg.backbone, backbone),
@@ -178,6 +195,7 @@ def build_manifest(
             for name, (plugin, _) in sorted(cfg.scorers.items())
         },
         "budget": budget,
+        "budgets": chosen.budgets,
         "methods": methods,
         "reference": cfg.reference,
         "statistics": {"resamples": cfg.resamples, "level": 0.95},
@@ -185,12 +203,13 @@ def build_manifest(
     }
 
 
-def prepare(cfg: RunConfig, reg: Registry | None = None):
+def prepare(cfg: RunConfig, reg: Registry | None = None, resumed: list[int] | None = None):
     """Build every plugin and choose the methods; nothing is run or written yet.
 
     Everything that needs no model is checked before the backbone loads: plugin options,
-    scorer checkpoints (their `Config` checks), the plan and `--reference`, and that a
-    backbone sampling deterministically is not asked for several candidates per problem.
+    scorer checkpoints (their `Config` checks), the plan and `--reference`, the budgets of a
+    resumed run (`resumed`), and that a backbone sampling deterministically is not asked for
+    several candidates per problem.
     """
     reg = reg or registry()
     if cfg.resamples < 1:
@@ -213,13 +232,14 @@ def prepare(cfg: RunConfig, reg: Registry | None = None):
     for name, (plugin, config) in cfg.scorers.items():
         _need_trained(name, reg.check("scorer", plugin, **config))
     passes = passes_per_step(backbone_config)
-    budget = cfg.budget if cfg.budget is not None else default_budget(cfg.sampling.total_steps)
-    chosen = _choose(cfg, reg, budget, passes)
+    budgets = cfg.budgets()
+    chosen = _choose(cfg, reg, budgets, passes)
+    _refuse_budgets(cfg, chosen, resumed)
     if is_deterministic(backbone_config) and not cfg.allow_deterministic:
         _refuse_deterministic(cfg, backbone_config, chosen, passes)
     backbone = reg.backbone(cfg.backbone, **cfg.backbone_config)
     if isinstance(backbone, MultiPass) and backbone.passes_per_step != passes:
-        chosen = _choose(cfg, reg, budget, passes_per_step(backbone))  # not known from config
+        chosen = _choose(cfg, reg, budgets, passes_per_step(backbone))  # not known from config
     # a scorer that asks for `backbone` shares the frozen weights instead of loading twice
     scorers = {
         name: reg.scorer(plugin, shared={"backbone": backbone}, **config)
@@ -227,7 +247,7 @@ def prepare(cfg: RunConfig, reg: Registry | None = None):
     }
     for name, scorer in scorers.items():
         _need_trained(name, scorer)  # a scorer whose options alone cannot tell
-    return reg, task, problems, backbone, scorers, chosen, budget
+    return reg, task, problems, backbone, scorers, chosen, chosen.budget
 
 
 def _need_trained(name: str, scorer_or_config: Any) -> None:
@@ -275,12 +295,12 @@ def _refuse_deterministic(cfg: RunConfig, backbone_config: Any, chosen: Plan, pa
     )
 
 
-def _choose(cfg: RunConfig, reg: Registry, budget: int, passes_per_step: int) -> Plan:
-    """The plan; a requested method left out for a missing scorer, no method fitting or an
-    unknown `--reference` is an error."""
+def _choose(cfg: RunConfig, reg: Registry, budgets: list[int], passes_per_step: int) -> Plan:
+    """The plan; a requested method left out for a missing scorer, a budget no method fits or
+    an unknown `--reference` is an error."""
     chosen = plan(
         reg,
-        budget,
+        budgets,
         cfg.sampling.total_steps,
         cfg.methods,
         set(cfg.scorers or {}),
@@ -292,9 +312,12 @@ def _choose(cfg: RunConfig, reg: Registry, budget: int, passes_per_step: int) ->
                 f"method {x.family!r} needs scorer {', '.join(x.missing)}, which the run does "
                 f"not have; give --scorer {x.missing[0]}=PLUGIN[:checkpoint=DIR] or drop it"
             )
-    if not chosen.methods:
-        reasons = "; ".join(f"{x.family}: {x.reason}" for x in chosen.left_out)
-        raise UserError(f"no method fits: {reasons}")
+    for budget in chosen.budgets:
+        if not chosen.at(budget):
+            fit = [x for x in chosen.left_out if x.budget in (None, budget)]
+            reasons = "; ".join(f"{x.family}: {x.reason}" for x in fit)
+            at = f" budget {budget}" if len(chosen.budgets) > 1 else ""
+            raise UserError(f"no method fits{at}: {reasons}")
     ids = [p.method.id for p in chosen.methods]
     if cfg.reference is not None and cfg.reference not in ids:
         raise UserError(f"--reference {cfg.reference!r} is not among the methods: {', '.join(ids)}")
@@ -316,6 +339,30 @@ def _origins(cfg: RunConfig, reg: Registry, methods: list[Method]) -> Origins:
     )
 
 
+def _resumed_budgets(cfg: RunConfig, rundir: RunDir) -> list[int] | None:
+    """The budgets of the run in `rundir`, if it holds one; with no budget given, the run
+    resumes at them (`prepare` refuses other budgets)."""
+    if not rundir.manifest_path.exists():
+        return None
+    old = json.loads(rundir.manifest_path.read_text())  # acquire() checked it is an object
+    ran = old.get("budgets", [old.get("budget")])
+    if not (isinstance(ran, list) and ran and all(isinstance(b, int) for b in ran)):
+        return None  # not a manifest of budgets: the manifest comparison names what differs
+    if cfg.budget is None:
+        cfg.budget = list(ran)
+    return sorted(ran)
+
+
+def _refuse_budgets(cfg: RunConfig, chosen: Plan, resumed: list[int] | None) -> None:
+    """A run directory keeps its budgets: another list is an error naming both."""
+    if resumed is not None and chosen.budgets != resumed:
+        given, there = ",".join(map(str, chosen.budgets)), ",".join(map(str, resumed))
+        raise UserError(
+            f"{cfg.run_dir()} was run at --budget {there}, not --budget {given}; resume it "
+            f"with --budget {there} (or no --budget), or choose another --out"
+        )
+
+
 SAVE_EVERY = 5.0  # seconds between saves of this invocation's compute.json entry
 
 
@@ -324,56 +371,52 @@ def run(
     on_record: Callable[[dict[str, Any]], None] | None = None,
     on_start: Callable[[int, int], None] | None = None,
 ) -> Outcome:
-    """Run (or resume) a benchmark; `on_start(total, done)` and `on_record` report progress."""
-    # the pre-flight: a bad or busy run directory is an error before any model is built
-    with RunDir(cfg.run_dir()) as rundir:
-        reg, task, problems, backbone, scorers, chosen, budget = prepare(cfg)
-        problem_ids = [p.id for p in problems]
-        methods = [p.method for p in chosen.methods]
-        manifest = build_manifest(cfg, reg, task, backbone, scorers, chosen, problem_ids, budget)
-        previous = rundir.open(manifest)
-        done = {(r["problem"], r["method"]) for r in previous}
-        if on_start is not None:
-            on_start(len(problems) * len(methods), len(done))
-        engine = Engine(
-            backbone=backbone,
-            scorers=scorers,
-            task=task,
-            methods=methods,
-            sampling=cfg.sampling,
-            capacity=cfg.capacity,
-            origins=_origins(cfg, reg, methods),
+    """Run (or resume) a benchmark, or one share of it; `on_start(total, done)` and
+    `on_record` report progress."""
+    keep_freed_memory()  # a forward reuses the last one's memory instead of faulting it in
+    shard = resolve(cfg.shard)
+    try:
+        claim_device(shard)
+        # the pre-flight: a bad or busy run directory is an error before any model is built
+        with RunDir(cfg.run_dir(), shard) as rundir:
+            return _run_in(cfg, rundir, on_record, on_start)
+    finally:
+        stop_children(shard)  # the shares this process started, if it ends first
+
+
+def _run_in(
+    cfg: RunConfig,
+    rundir: RunDir,
+    on_record: Callable[[dict[str, Any]], None] | None,
+    on_start: Callable[[int, int], None] | None,
+) -> Outcome:
+    resumed = _resumed_budgets(cfg, rundir)
+    reg, task, problems, backbone, scorers, chosen, budget = prepare(cfg, resumed=resumed)
+    problem_ids = [p.id for p in problems]
+    methods = [p.method for p in chosen.methods]
+    manifest = build_manifest(cfg, reg, task, backbone, scorers, chosen, problem_ids, budget)
+    previous = rundir.open(manifest)
+    mine = rundir.shard.share(problems) if rundir.shard else problems
+    done = {(r["problem"], r["method"]) for r in previous}
+    ids = {p.id for p in mine}
+    found = sum(p in ids for p, _ in done)  # this share's records already written
+    if on_start is not None:
+        on_start(len(mine) * len(methods), found)
+    engine = Engine(
+        backbone=backbone,
+        scorers=scorers,
+        task=task,
+        methods=methods,
+        sampling=cfg.sampling,
+        capacity=sized_to_memory(cfg.capacity, backbone),
+        origins=_origins(cfg, reg, methods),
+    )
+    with Invocation(rundir, engine.ledger, manifest, on_record, SAVE_EVERY) as invocation:
+        engine.run(mine, skip=done, on_record=invocation.keep)
+        results = invocation.conclude(
+            lambda: _summarize(cfg, rundir, manifest, problem_ids, budget), problem_ids
         )
-        written, saved = 0, -SAVE_EVERY
-
-        def save(finished: bool) -> None:
-            rundir.save_invocation(
-                {
-                    "created": manifest["created"],
-                    "finished": finished,
-                    "records_written": written,
-                    "physical": engine.ledger.physical(),
-                }
-            )
-
-        def keep(record: dict[str, Any]) -> None:
-            nonlocal written, saved
-            rundir.append(record)
-            written += 1
-            if time.monotonic() - saved >= SAVE_EVERY:
-                save(finished=False)
-                saved = time.monotonic()
-            if on_record is not None:
-                on_record(record)
-
-        finished = False
-        try:
-            engine.run(problems, skip=done, on_record=keep)
-            results = _summarize(cfg, rundir, manifest, problem_ids, budget)
-            finished = True
-        finally:  # an interrupted or failed invocation is counted too
-            save(finished)
-        return Outcome(results, rundir.path, len(previous), written, chosen)
+    return Outcome(results, rundir.path, found, invocation.written, chosen, rundir.shard)
 
 
 def _summarize(
@@ -385,14 +428,15 @@ def _summarize(
         manifest["methods"],
         problem_ids,
         budget=budget,
+        budgets=manifest.get("budgets", [budget]),
         reference=cfg.reference,
         resamples=cfg.resamples,
         seed=cfg.sampling.seed,
     )
     results["task"] = {"name": cfg.task, "split": cfg.split, "problems": len(problem_ids)}
     results["steps"] = cfg.sampling.total_steps
-    title = (
-        f"{cfg.task} ({cfg.split}, {len(problem_ids)} problems) · {cfg.backbone} · budget {budget}"
-    )
+    several = results["budgets"]
+    at = f"budgets {', '.join(map(str, several))}" if len(several) > 1 else f"budget {budget}"
+    title = f"{cfg.task} ({cfg.split}, {len(problem_ids)} problems) · {cfg.backbone} · {at}"
     rundir.write_results(results, markdown(results, title))
     return results

@@ -39,15 +39,29 @@ class Capacity:
             raise ValueError("batch_rows and problems must be >= 1")
 
     def batches(self, lengths: Sequence[int]) -> list[list[int]]:
-        """Indices sorted by canvas length, cut into batches within the row and token caps."""
+        """Indices sorted by canvas length, cut into batches within the row and token caps.
+
+        As many batches as filling each to the row cap takes, cut where they compute the
+        fewest tokens (rows × the widest row of each batch: `_least_padding`); filled in
+        order when that cut would break the token cap."""
         order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+        if not order:
+            return []
+        cut = _least_padding([lengths[i] for i in order], self.batch_rows)
+        if self.batch_tokens is None or all(
+            len(b) * lengths[order[b[-1]]] <= self.batch_tokens for b in cut
+        ):
+            return [[order[k] for k in b] for b in cut]
+        return self._filled(order, lengths)
+
+    def _filled(self, order: list[int], lengths: Sequence[int]) -> list[list[int]]:
         batches: list[list[int]] = []
         current: list[int] = []
         for i in order:
-            widest = max([lengths[j] for j in current] + [lengths[i]])
             too_many = len(current) >= self.batch_rows
             too_wide = (
-                self.batch_tokens is not None and (len(current) + 1) * widest > self.batch_tokens
+                self.batch_tokens is not None
+                and (len(current) + 1) * lengths[i] > self.batch_tokens
             )
             if current and (too_many or too_wide):
                 batches.append(current)
@@ -56,6 +70,34 @@ class Capacity:
         if current:
             batches.append(current)
         return batches
+
+
+def _least_padding(ascending: Sequence[int], rows: int) -> list[list[int]]:
+    """Positions 0..n−1 of ascending lengths cut into the fewest batches of at most `rows`
+    (⌈n / rows⌉), contiguous, so that Σ batch size × its last (widest) length is least: a
+    dynamic programme over (batches, rows covered), one vector step per batch size."""
+    n = len(ascending)
+    widths = np.asarray(ascending, dtype=np.int64)
+    never = np.iinfo(np.int64).max // 4
+    best = np.full(n + 1, never, dtype=np.int64)
+    best[0] = 0
+    choices = []
+    for _ in range(-(-n // rows)):
+        step = np.full(n + 1, never, dtype=np.int64)
+        size = np.zeros(n + 1, dtype=np.int64)
+        for d in range(1, min(rows, n) + 1):
+            cost = best[:-d] + d * widths[d - 1 :]  # the batch ending at j = d..n holds d rows
+            better = cost < step[d:]
+            step[d:][better] = cost[better]
+            size[d:][better] = d
+        best = np.minimum(step, never)
+        choices.append(size)
+    batches, end = [], n
+    for size in reversed(choices):
+        d = int(size[end])
+        batches.append(list(range(end - d, end)))
+        end -= d
+    return batches[::-1]
 
 
 @dataclass

@@ -23,6 +23,7 @@ class CandidateRecord(TypedDict):
     scores: dict[str, float]  # scorer run name → logit; only the scorers the method paid for
     weight: float | None
     lineage: list[int]
+    grade_note: NotRequired[str]  # what the task said of this grade (`NotesGrades`), if anything
 
 
 class LedgerEntry(TypedDict):
@@ -39,6 +40,7 @@ class Record(TypedDict):
 
     problem: str
     method: str
+    budgets: list[int]  # the budgets the method is planned at (its manifest entry's)
     selected: int | None
     answer: str | None
     correct: bool
@@ -59,7 +61,7 @@ class PluginEntry(TypedDict):
 
 class MethodEntry(TypedDict):
     """One entry of the manifest's `methods` (the summary reads `id`, `family`, `spec`,
-    `ceiling` and `cost`)."""
+    `ceiling`, `cost` and `budgets`)."""
 
     id: str
     family: str | None
@@ -68,6 +70,7 @@ class MethodEntry(TypedDict):
     selector: PluginEntry
     ceiling: bool
     cost: NotRequired[dict[str, int]]
+    budgets: NotRequired[list[int]]  # the budgets it is planned at, ascending
 
 
 class IntervalEntry(TypedDict):
@@ -94,6 +97,7 @@ class MethodResult(TypedDict):
     family: str | None
     spec: str
     ceiling: bool
+    budget: int  # the budget this entry ranks the method at (one entry per budget)
     problems: int
     accuracy: IntervalEntry | None
     passes_per_problem: float | None
@@ -113,7 +117,8 @@ class Results(TypedDict):
     """`results.json`; the runner adds `task` and `steps` to what the summary returns."""
 
     schema_version: int
-    budget: int
+    budget: int  # the largest budget
+    budgets: list[int]  # every budget of the run, ascending
     reference: str | None
     resamples: int
     level: float
@@ -134,3 +139,146 @@ class TrajectoryLine(TypedDict):
     shard: int
     row: int  # the trajectory's first snapshot row in its shard
     snapshots: int  # consecutive rows, in step order
+
+
+REPORT_SCHEMA_VERSION = 1  # `schema_version` of report.json
+
+
+class ReportMethod(MethodResult):
+    """One entry of report.json's `methods`: a results.json method entry (its `budget` is
+    the run's budget when results.json has none) and the index of its run in `runs`."""
+
+    run: int
+
+
+class PooledPointEntry(TypedDict):
+    k: int
+    passes: int  # passes per problem of the same selector run on k independent candidates
+    accuracy: IntervalEntry  # the pooled estimate with its bootstrap interval over problems
+    exact: bool  # false when some problem's estimate is a Monte-Carlo mean
+    stderr: float  # Monte-Carlo standard error of the mean (0 when exact)
+
+
+class PooledCurve(TypedDict):
+    selector: str  # oracle, random, majority, argmax:<scorer>, weighted_majority:<scorer>
+    pool_size: int  # n: the candidates per problem the curve is estimated from
+    points: list[PooledPointEntry]  # k = 1..pool_size
+
+
+class PooledAgreement(TypedDict):
+    """A planned method of the pool at k = n against its pooled estimate."""
+
+    method: str
+    selector: str
+    k: int
+    pooled: float
+    run: float
+    equal: bool  # equal problem by problem
+
+
+class PooledSection(TypedDict):
+    pool: str  # pool key of the independent pool (evidence.pool_key)
+    run: int
+    size: int
+    problems: int
+    samples: int
+    exact_limit: int
+    count_limit: int
+    curves: list[PooledCurve]
+    agreement: list[PooledAgreement]
+
+
+class BucketEntry(TypedDict):
+    low: float
+    high: float
+    n: int
+    positives: int
+    auc: float | None
+    interval: IntervalEntry | None
+
+
+class KendallEntry(TypedDict):
+    mean: float | None
+    problems: int
+    undefined: int
+
+
+class DiscriminationEntry(TypedDict):
+    scorer: str
+    states: str  # "guided" (partial states of guided runs) or "final" (final candidates)
+    count: int
+    positives: int
+    roc_auc_by_mask: list[BucketEntry]
+    kendall_tau: KendallEntry
+
+
+class PoolDiversityEntry(TypedDict):
+    pool: str  # the strategy spec
+    kind: str  # "independent" or "guided"
+    methods: list[str]
+    size: int
+    problems: int
+    oracle: IntervalEntry
+    unique_answers: IntervalEntry
+    entropy_bits: IntervalEntry
+
+
+class RemovalRiskEntry(TypedDict):
+    pool: str
+    methods: list[str]
+    events: int
+    at_risk: int
+    lost: int
+    rate: float | None
+
+
+class SMCEntry(TypedDict):
+    pool: str
+    methods: list[str]
+    checkpoints: int
+    ess_before: float
+    ess_after: float
+    resample_rate: float
+    beta: dict[str, float]  # mean, min, max
+    distinct_ancestors: float | None
+    ancestor_perplexity: float | None
+    by_checkpoint: list[dict[str, float]]  # index, ess_before, ess_after (means over problems)
+
+
+class ScorerSwapEntry(TypedDict):
+    pool: str
+    size: int
+    accuracy: dict[str, IntervalEntry]
+    differences: list[dict[str, Any]]  # a, b, value, low, high
+
+
+class DiagnosticsSection(TypedDict):
+    discrimination: list[DiscriminationEntry]
+    pools: list[PoolDiversityEntry]
+    removal_risk: list[RemovalRiskEntry]
+    smc: list[SMCEntry]
+    scorer_swap: ScorerSwapEntry | None
+
+
+class RunEntry(TypedDict):
+    path: str
+    budgets: list[int]
+
+
+class Report(TypedDict):
+    """report.json, written by `dllmbench report` (`report.build_report`)."""
+
+    schema_version: int
+    task: TaskEntry
+    backbone: str
+    steps: int
+    seed: int
+    level: float
+    resamples: int
+    reference: str | None
+    runs: list[RunEntry]
+    budgets: list[int]
+    methods: list[ReportMethod]
+    pooled: PooledSection | None
+    diagnostics: DiagnosticsSection
+    figures: dict[str, str]

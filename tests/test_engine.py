@@ -627,3 +627,30 @@ def test_scoring_waits_are_served_before_any_denoising_step_and_resume_in_order(
         assert [w.run for w in group] == ["d1"]
         queue.served([group])
     assert [run for run, _ in queue.ready] == ["d1"] and queue.waiting == []
+
+
+def test_a_tasks_grade_note_lands_in_the_candidate_record(cli, tmp_path, monkeypatch):
+    """A task with `grade_note` (NotesGrades) has its note kept per candidate; without a note
+    the key is absent, so records of other tasks keep their shape."""
+    from conftest import TOY_RUN
+
+    from dllmbench.testing.doubles import ToySum
+
+    def grade_note(self, problem, answer):
+        return f"noted {answer}" if int(answer) % 2 else None
+
+    monkeypatch.setattr(ToySum, "grade_note", grade_note, raising=False)
+    out = tmp_path / "run"
+    assert cli(*TOY_RUN, "--out", str(out)).code == 0
+    candidates = [
+        c
+        for line in (out / "samples.jsonl").read_text().splitlines()
+        for c in json.loads(line)["candidates"]
+    ]
+    noted = [c for c in candidates if "grade_note" in c]
+    assert noted and all(c["grade_note"] == f"noted {c['answer']}" for c in noted)
+    assert all(
+        c["answer"] is None or int(c["answer"]) % 2 == 0
+        for c in candidates
+        if "grade_note" not in c
+    )

@@ -299,6 +299,16 @@ def test_records_shape_info_and_ledger(smc_run):
         assert len(info["beta"]) == 2 and info["beta"][-1] == 1.0
         assert info["beta"][0] in GRID
         assert len(info["ess"]) == 2 and len(info["resampled"]) == 1
+        assert info["step"] == [STEP1, T] and len(info["weights"]) == 2
+        assert info["mask"][-1] == [0.0] * K  # every position committed at T
+        for w in info["weights"]:
+            assert len(w) == K and sum(w) == pytest.approx(1.0, abs=1e-5)
+        final = [c["weight"] for c in rec["candidates"]]
+        assert info["weights"][-1] == pytest.approx(final, abs=1e-6)
+        # particle j's lineage is (its ancestor after resampling, j)
+        assert info["ancestors"] == [[c["lineage"][0] for c in rec["candidates"]]]
+        if not info["resampled"][0]:
+            assert info["ancestors"][0] == list(range(K))
         assert rec["ledger"]["passes"] == {"denoise": K * T, "score:prm": K * 2}
         for c in rec["candidates"]:
             assert set(c["scores"]) == {"prm"}

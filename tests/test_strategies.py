@@ -147,3 +147,37 @@ def test_guided_prune_returns_the_argmax_of_the_last_segment():
     last_maxima = sorted(max(v for s, v in calls if s == 12) for calls in scorer.calls.values())
     chosen = sorted(r["candidates"][0]["scores"]["prm"] for r in records)
     assert np.allclose(chosen, last_maxima)
+
+
+@pytest.mark.parametrize("keep,final", [(1, "keep"), (2, "prune")])
+def test_guided_info_records_each_segment(keep, final):
+    """info: per segment the step, each child's mask ratio, score and parent, and the kept."""
+    k, b, T = 8, 6, 12
+    scorer = Recording()
+    _, records, _ = run(
+        f"prm_guided:k={k},every={b},keep={keep},final={final}+first",
+        T,
+        problems=2,
+        scorer=scorer,
+        gen=12,
+    )
+    for record in records:
+        info = record["info"]
+        assert info["step"] == [b, T]
+        # the toy commits ⌈masked / steps left⌉ per step: one of 12 per step, 6 left at step 6
+        assert info["mask"] == [[0.5] * k, [0.0] * k]
+        calls = next(
+            c
+            for c in scorer.calls.values()
+            if sorted(round(float(v), 6) for s, v in c if s == b) == sorted(info["scores"][0])
+        )
+        first = np.array([v for step, v in calls if step == b])
+        assert info["scores"][0] == [round(float(v), 6) for v in first]
+        assert info["kept"][0] == top(first, keep).tolist()
+        assert info["parent"] == [[-1] * k, np.repeat(info["kept"][0], k // keep).tolist()]
+        last = np.array(info["scores"][1])
+        kept = list(range(k)) if final == "keep" else [int(np.argmax(last))]
+        assert info["kept"][1] == kept
+        assert [c["scores"]["prm"] for c in record["candidates"]] == pytest.approx(
+            last[kept].tolist(), abs=1e-6
+        )

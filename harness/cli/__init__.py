@@ -1,4 +1,5 @@
-"""The command line: `dllmbench run | plan | plugins | tasks | collect | train-scorer | demo`.
+"""The command line: `dllmbench run | merge | report | plan | plugins | tasks | collect |
+train-scorer | demo`.
 
 One module per command, each with its own parser (`add_parser`) and an `execute(args)` that
 returns a `Reply`: the data `--json` prints, and how to show it to a person. `main` parses,
@@ -15,11 +16,11 @@ import sys
 from rich.console import Console
 
 from dllmbench import __version__
-from dllmbench.cli import collect, demo, plan, plugins, run, tasks, train_scorer
+from dllmbench.cli import collect, demo, merge, plan, plugins, report, run, tasks, train_scorer
 from dllmbench.cli.common import Interrupted, Parser, Reply
 from dllmbench.errors import CostMismatch, PluginViolation, UserError
 
-COMMANDS = (run, plan, plugins, tasks, collect, train_scorer, demo)
+COMMANDS = (run, merge, report, plan, plugins, tasks, collect, train_scorer, demo)
 
 # exit statuses (docs/user-guide.md)
 OK, USER_ERROR, INTERRUPTED, BROKEN_PIPE = 0, 2, 130, 141

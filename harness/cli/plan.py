@@ -9,7 +9,7 @@ from typing import Any
 
 from rich.console import Console
 
-from dllmbench.argtypes import positive_int
+from dllmbench.argtypes import budgets
 from dllmbench.cli.common import (
     GENERAL,
     Reply,
@@ -33,7 +33,9 @@ from dllmbench.registry import Registry, registry
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("plan", help="show the configuration each method family takes")
     p.add_argument(
-        "--budget", type=positive_int, help="passes per problem (required without --preset)"
+        "--budget",
+        type=budgets,
+        help="passes per problem, or several: 1040,4160 (required without --preset)",
     )
     p.add_argument("--task", help="with --backbone or --preset: the task's resolved options")
     p.add_argument("--backbone", help="the backbone's resolved options; no weights are loaded")
@@ -67,7 +69,7 @@ def execute(args: argparse.Namespace) -> Reply:
     def show(console: Console) -> None:
         if resolved is not None:
             _print_dry_run(console, resolved)
-        _print_plan(console, result, args.budget, args.steps)
+        _print_plan(console, result, args.steps)
 
     return Reply({**(resolved or {}), **result.as_dict()}, show)
 
@@ -128,18 +130,20 @@ def _print_dry_run(console: Console, dry: dict[str, Any]) -> None:
         console.print(f"scorer {name}={entry['plugin']}: {_options_text(entry['config'])}{how}")
 
 
-def _print_plan(console: Console, result: Plan, budget: int, steps: int) -> None:
-    rows = [
-        (
-            p.method.id,
-            p.method.spec.text(),
-            str(p.passes),
-            f"{100 * p.passes / budget:.1f}%",
-            "ceiling" if p.method.ceiling else "",
-        )
-        for p in result.methods
-    ]
-    title = f"Plan for a budget of {budget} passes per problem (T={steps})"
-    console.print(table(title, ("method", "configuration", "passes", "share", ""), rows))
+def _print_plan(console: Console, result: Plan, steps: int) -> None:
+    """A table per budget, then what was left out."""
+    for budget in result.budgets:
+        rows = [
+            (
+                p.method.id,
+                p.method.spec.text(),
+                str(p.passes),
+                f"{100 * p.passes / budget:.1f}%",
+                "ceiling" if p.method.ceiling else "",
+            )
+            for p in result.at(budget)
+        ]
+        title = f"Plan for a budget of {budget} passes per problem (T={steps})"
+        console.print(table(title, ("method", "configuration", "passes", "share", ""), rows))
     for x in result.left_out:
         console.print(f"left out: {x.family} — {x.reason}")

@@ -9,7 +9,7 @@ from typing import Any
 
 from rich.console import Console
 
-from dllmbench.argtypes import positive_int
+from dllmbench.argtypes import budgets, positive_int
 from dllmbench.cli.common import (
     GENERAL,
     Interrupted,
@@ -30,6 +30,7 @@ from dllmbench.leaderboard import rich_table
 from dllmbench.planner import check_scorers, scorer_users
 from dllmbench.progress import Progress
 from dllmbench.registry import Registry, registry
+from dllmbench.shards import parse_shard
 
 # `dllmbench run` with neither --task nor --backbone: the shipped tiny model on arith, with
 # the PRM and ORM trained for it; every option can still be given.
@@ -43,6 +44,11 @@ DEMO = {
 }
 
 
+# the demo's budgets without --budget: its matched budget (PRM Guided K=8 with two segments)
+# and four times it (K=32), as the paper's two budgets
+DEMO_BUDGET_FACTORS = (1, 4)
+
+
 def add_parser(sub: Any) -> None:
     run = sub.add_parser("run", help="run methods on a task and print the leaderboard")
     run.add_argument("--task", help="task[:option=value,...], e.g. gsm8k or arith:test_size=50")
@@ -53,7 +59,12 @@ def add_parser(sub: Any) -> None:
         "NAME[=PLUGIN[:k=v,...]]",
         "a scorer under the name methods use, e.g. orm=orm:checkpoint=DIR; repeatable",
     )
-    run.add_argument("--budget", type=positive_int, help="passes per problem each method may spend")
+    run.add_argument(
+        "--budget",
+        type=budgets,
+        help="passes per problem each method may spend; several, e.g. 1040,4160, plan every "
+        "family at each in one run",
+    )
     add_methods(run)
     run.add_argument("--reference", help="method the Δ column is paired against (default Vanilla)")
     add_preset(run)
@@ -62,8 +73,16 @@ def add_parser(sub: Any) -> None:
     run.add_argument("--batch-rows", type=positive_int, default=64, help="rows per forward")
     run.add_argument("--batch-tokens", type=positive_int, help="rows × canvas length per forward")
     run.add_argument("--max-problems", type=positive_int, default=32, help="problems in flight")
+    run.add_argument(
+        "--shard",
+        type=parse_shard,
+        metavar="I/N",
+        help="run share I of N of the problems into --out (then: dllmbench merge --out)",
+    )
     run.add_argument("--resamples", type=positive_int, default=2000, help="bootstrap resamples")
-    run.add_argument("--out", help="run directory (default runs/TASK-BACKBONE-bBUDGET-seedSEED)")
+    run.add_argument(
+        "--out", help="run directory (default runs/TASK-BACKBONE-bBUDGETS-seedSEED, e.g. b1040)"
+    )
     run.add_argument(
         "--resume", action="store_true", help="require an existing run directory and continue it"
     )
@@ -97,7 +116,8 @@ def run_config(args: argparse.Namespace) -> Any:
     from dllmbench.runner import RunConfig
 
     reg = registry()
-    if not args.task and not args.backbone and not args.preset:  # the shipped demo
+    demo = not args.task and not args.backbone and not args.preset
+    if demo:  # the shipped demo
         for key, value in DEMO.items():
             if getattr(args, key) is None:
                 setattr(args, key, value)
@@ -115,6 +135,7 @@ def run_config(args: argparse.Namespace) -> Any:
         split=args.split,
         limit=args.limit,
         budget=args.budget,
+        budget_factors=DEMO_BUDGET_FACTORS if demo else (1,),
         methods=methods_arg(args),
         reference=args.reference,
         sampling=Sampling(args.steps, args.gen_length, args.prompt, args.seed),
@@ -124,6 +145,7 @@ def run_config(args: argparse.Namespace) -> Any:
         command=sys.argv,
         allow_deterministic=args.allow_deterministic,
         preset=s.preset,
+        shard=args.shard,
     )
 
 
@@ -145,16 +167,41 @@ def execute(args: argparse.Namespace) -> Reply:
             f"interrupted; every finished record is kept in {cfg.run_dir()}; "
             "run the same command again to resume"
         ) from None
+    if outcome.results is None:  # a share that does not merge
+        return _share_reply(outcome)
 
     def show(console: Console) -> None:
-        title = (
-            f"{cfg.task} · {cfg.backbone} · budget {outcome.plan.budget} passes/problem · "
-            f"{outcome.results['task']['problems']} problems"
-        )
-        console.print(rich_table(outcome.results, title, width=console.width))
+        several = len(outcome.plan.budgets) > 1
+        for budget in outcome.plan.budgets:
+            title = (
+                f"{cfg.task} · {cfg.backbone} · budget {budget} passes/problem · "
+                f"{outcome.results['task']['problems']} problems"
+            )
+            at = budget if several else None
+            console.print(rich_table(outcome.results, title, width=console.width, budget=at))
         for x in outcome.plan.left_out:
             console.print(f"left out: {x.family} — {x.reason}")
         note = f", {outcome.resumed} resumed" if outcome.resumed else ""
         console.print(f"run directory: {outcome.path} ({outcome.written} records written{note})")
 
     return Reply(outcome.results, show)
+
+
+def _share_reply(outcome: Any) -> Reply:
+    """What a share that does not write the results says: what it wrote, what comes next."""
+    data = {
+        "shard": outcome.shard.label,
+        "path": str(outcome.path),
+        "written": outcome.written,
+        "resumed": outcome.resumed,
+    }
+    merge = f"; when every share is done: dllmbench merge {outcome.path}"
+    nxt = "" if outcome.shard.launched else merge
+
+    def show(console: Console) -> None:
+        console.print(
+            f"share {outcome.shard.label} done: {outcome.path} ({outcome.written} records "
+            f"written, {outcome.resumed} found){nxt}"
+        )
+
+    return Reply(data, show)

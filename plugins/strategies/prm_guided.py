@@ -5,19 +5,22 @@ starts K independent samples (the same rows as independent sampling's first `eve
 in each later one the kept states spawn K children in all. All K are denoised with independent
 noise and scored by the PRM, and the best `keep` survive. The final segment either prunes to the
 argmax (`final="prune"`) or keeps all K for a selector (`final="keep"`, PRM Hybrid).
+Each segment's step, mask ratios, scores, parents and kept children go to the pool's `info`.
 Cost: K·T denoising passes plus K scoring passes per segment.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
+
+import numpy as np
 
 from dllmbench.hookspecs import hookimpl
 from dllmbench.ops import Ops
 from dllmbench.plugins.strategies.ranking import top
-from dllmbench.types import Pool, Problem
+from dllmbench.types import Pool, Problem, Rows
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,31 @@ class PRMGuidedConfig:
             raise ValueError(f"keep={self.keep} must divide k={self.k}")
         if self.final not in ("prune", "keep"):
             raise ValueError(f"final must be 'prune' or 'keep', got {self.final!r}")
+
+
+INFO_KEYS = ("step", "mask", "scores", "parent", "kept")
+
+
+@dataclass
+class SegmentLog:
+    """What each segment leaves for diagnostics, in `Pool.info`: the step reached, each
+    child's mask ratio and score, its parent and the children kept."""
+
+    ops: Ops
+    info: dict[str, list] = field(default_factory=lambda: {key: [] for key in INFO_KEYS})
+
+    def segment(
+        self, children: Rows, scores: np.ndarray, parents: np.ndarray, kept: np.ndarray
+    ) -> None:
+        self.info["step"].append(int(children.steps[0]))
+        self.info["mask"].append(_rounded(self.ops.mask_ratio(children)))
+        self.info["scores"].append(_rounded(scores))
+        self.info["parent"].append([int(i) for i in parents])
+        self.info["kept"].append([int(i) for i in kept])
+
+
+def _rounded(values) -> list[float]:
+    return [round(float(v), 6) for v in values]
 
 
 class PRMGuided:
@@ -70,17 +98,20 @@ class PRMGuided:
     async def search(self, problem: Problem, ops: Ops) -> Pool:
         c = self.config
         segments = ops.segments(c.every)
+        log = SegmentLog(ops)
         children = ops.start(problem, copies=c.k)  # the first segment: K independent samples
+        parents = np.full(c.k, -1)  # each child's parent in the previous segment (-1: none)
         for i, steps in enumerate(segments):
             children = await ops.denoise(children, steps)
             scores = await ops.score(children, c.scorer)
             if i == len(segments) - 1:
-                if c.final == "keep":
-                    return ops.pool(children, scores={c.scorer: scores})
-                best = top(scores, 1)
-                return ops.pool(children.take(best), scores={c.scorer: scores[best]})
-            kept = children.take(top(scores, c.keep))
-            children = kept.repeat(c.k // c.keep)
+                kept = np.arange(c.k) if c.final == "keep" else top(scores, 1)
+                log.segment(children, scores, parents, kept)
+                return ops.pool(children.take(kept), scores={c.scorer: scores[kept]}, info=log.info)
+            kept = top(scores, c.keep)
+            log.segment(children, scores, parents, kept)
+            children = children.take(kept).repeat(c.k // c.keep)
+            parents = np.repeat(kept, c.k // c.keep)
         raise AssertionError("unreachable: T >= 1 gives at least one segment")
 
 

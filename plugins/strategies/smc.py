@@ -9,12 +9,13 @@ resampled systematically and weights reset to uniform. Both thresholds scale wit
 SMC tempers and resamples at K=32 as it does at K=8.
 The final checkpoint is untempered: w ∝ w_prev · h_final / h_prev[ancestor]^β_prev.
 Cost: K·T denoising passes plus K scoring passes per checkpoint.
+Each checkpoint's step, mask ratios, β, ESS, weights and resampling go to the pool's `info`.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
@@ -22,7 +23,7 @@ from scipy.special import expit, logsumexp
 
 from dllmbench.hookspecs import hookimpl
 from dllmbench.ops import Ops
-from dllmbench.types import Pool, Problem
+from dllmbench.types import Pool, Problem, Rows
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,36 @@ def systematic(weights: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return np.searchsorted(cumulative, positions)
 
 
+INFO_KEYS = ("beta", "ess", "resampled", "step", "mask", "weights", "ancestors")
+
+
+@dataclass
+class CheckpointLog:
+    """What each checkpoint leaves for diagnostics, in `Pool.info`: the step, each particle's
+    mask ratio, β, ESS and normalized weights before resampling; then (except at the last)
+    whether it resampled and each particle's ancestor (itself when it did not)."""
+
+    ops: Ops
+    info: dict[str, list] = field(default_factory=lambda: {key: [] for key in INFO_KEYS})
+
+    def checkpoint(self, particles: Rows, beta: float, log_w: np.ndarray) -> float:
+        """Record one checkpoint; returns its ESS as recorded (rounded to 6 digits)."""
+        self.info["step"].append(int(particles.steps[0]))
+        self.info["mask"].append(_rounded(self.ops.mask_ratio(particles)))
+        self.info["beta"].append(beta)
+        self.info["ess"].append(round(ess(log_w), 6))
+        self.info["weights"].append(_rounded(np.exp(log_w)))
+        return self.info["ess"][-1]
+
+    def resampling(self, resampled: bool, ancestors: np.ndarray) -> None:
+        self.info["resampled"].append(bool(resampled))
+        self.info["ancestors"].append([int(a) for a in ancestors])
+
+
+def _rounded(values: np.ndarray) -> list[float]:
+    return [round(float(v), 6) for v in values]
+
+
 class SMC:
     """K particles reweighted by a tempered PRM every `every` steps, resampled on low ESS."""
 
@@ -113,7 +144,7 @@ class SMC:
         particles = ops.start(problem, copies=c.k)  # K independent samples
         log_w = np.full(c.k, -math.log(c.k))
         prev = np.zeros(c.k)  # log h_prev^β_prev of each particle's ancestor
-        info = {"beta": [], "ess": [], "resampled": []}
+        log = CheckpointLog(ops)
         segments = ops.segments(c.every)
         for i, steps in enumerate(segments):
             particles = await ops.denoise(particles, steps)
@@ -125,22 +156,22 @@ class SMC:
             beta = 1.0 if last else choose_beta(log_w, log_h, prev, self._grid, ess_target)
             log_w = log_w + beta * log_h - prev
             log_w -= logsumexp(log_w)
-            info["beta"].append(beta)
-            info["ess"].append(round(ess(log_w), 6))
+            ess_now = log.checkpoint(particles, beta, log_w)  # as recorded: rounded
             if last:
                 return ops.pool(
                     particles,
                     scores={c.scorer: np.asarray(logits)},
                     weights=np.exp(log_w),
-                    info=info,
+                    info=log.info,
                 )
             prev = beta * log_h
-            resample = info["ess"][-1] < resample_below
-            info["resampled"].append(resample)
+            resample = ess_now < resample_below
+            ancestors = np.arange(c.k)  # each particle is its own ancestor unless resampled
             if resample:
                 ancestors = systematic(np.exp(log_w), ops.rng(f"smc-resample-{i}"))
                 particles, prev = particles.take(ancestors), prev[ancestors]
                 log_w = np.full(c.k, -math.log(c.k))
+            log.resampling(resample, ancestors)
             particles = particles.fork()
         raise AssertionError("unreachable: T >= 1 gives at least one checkpoint")
 

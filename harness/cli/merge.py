@@ -1,0 +1,41 @@
+"""`dllmbench merge RUN_DIR`: results.json, leaderboard.md and compute.json of a sharded run
+once every share (`dllmbench run --shard I/N`) is done; one line naming what is missing when
+one is not."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from dllmbench.cli.common import Reply, add_json
+from dllmbench.leaderboard import rich_table
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("merge", help="write the results of a sharded run once every share is done")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the run directory the shares ran into")
+    add_json(p, "print results.json instead of a table")
+    p.set_defaults(execute=execute)
+
+
+def execute(args: argparse.Namespace) -> Reply:
+    from dllmbench.merge import merge
+
+    path = Path(args.run_dir)
+    results, manifest = merge(path)
+
+    def show(console: Console) -> None:
+        budgets = results.get("budgets") or [results["budget"]]
+        for budget in budgets:
+            title = (
+                f"{manifest['task']['name']} · {manifest['backbone']['name']} · budget {budget} "
+                f"passes/problem · {results['task']['problems']} problems"
+            )
+            at = budget if len(budgets) > 1 else None
+            console.print(rich_table(results, title, width=console.width, budget=at))
+        console.print(f"merged: {path} (results.json, leaderboard.md, compute.json)")
+
+    return Reply(results, show)

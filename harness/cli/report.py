@@ -1,0 +1,50 @@
+"""`dllmbench report`: report.md, report.json and figures from finished run directories."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from rich.console import Console
+
+from dllmbench.cli.common import Reply, add_json
+
+
+def add_parser(sub: Any) -> None:
+    r = sub.add_parser(
+        "report",
+        help="tables, pooled curves, diagnostics and figures from finished run directories",
+        description=(
+            "Write report.md, report.json and PNG figures from one or more finished run "
+            "directories of one protocol (same task and problems, sampling, seed, backbone "
+            "and scorers); their methods and budgets are combined."
+        ),
+    )
+    r.add_argument("runs", nargs="+", metavar="RUN_DIR", help="finished run directories")
+    r.add_argument("--out", help="folder to write the report into (default: RUN_DIR/report)")
+    add_json(r, "print what was written as JSON")
+    r.set_defaults(execute=execute)
+
+
+def execute(args: argparse.Namespace) -> Reply:
+    from dllmbench.report import write_report  # numpy, scipy and matplotlib: only when asked
+
+    start = time.perf_counter()
+    written = write_report(args.runs, args.out)
+    seconds = round(time.perf_counter() - start, 2)
+    data = {
+        "out": str(written.out),
+        "files": list(written.files),
+        "methods": len(written.report["methods"]),
+        "budgets": written.report["budgets"],
+        "seconds": seconds,
+    }
+
+    def show(console: Console) -> None:
+        console.print(
+            f"report of {len(args.runs)} run director{'y' if len(args.runs) == 1 else 'ies'} "
+            f"written to {written.out} in {seconds:.1f} s: {', '.join(written.files)}"
+        )
+
+    return Reply(data, show)

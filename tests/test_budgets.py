@@ -1,0 +1,226 @@
+"""Several budgets in one run: every family planned at each budget, shared methods run once,
+each budget's results those of a run at that budget alone, the leaderboard grouped by budget."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import TOY_RUN, assert_user_error, snapshot
+
+from dllmbench.cli import build_parser
+from dllmbench.cli.run import DEMO, run_config
+from dllmbench.planner import default_budget, plan
+from dllmbench.registry import registry
+
+SMALL, LARGE = 72, 288  # the toy run's budget and four times it (T = 8)
+
+
+def toy(*budget: str) -> list[str]:
+    """TOY_RUN with its `--budget` replaced (or dropped, with no argument)."""
+    argv = list(TOY_RUN)
+    at = argv.index("--budget")
+    del argv[at : at + 2]
+    return argv + (["--budget", ",".join(budget)] if budget else [])
+
+
+def read(run: Path) -> tuple[dict, list[dict], dict]:
+    manifest = json.loads((run / "manifest.json").read_text())
+    records = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
+    return manifest, records, json.loads((run / "results.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """The toy run at both budgets in one directory, and at each budget alone."""
+    from dllmbench.cli import main
+
+    base = tmp_path_factory.mktemp("budgets")
+    out = {}
+    for name, budget in [
+        ("both", f"{LARGE},{SMALL}"),
+        ("small", str(SMALL)),
+        ("large", str(LARGE)),
+    ]:
+        out[name] = base / name
+        assert main([*toy(budget), "--out", str(out[name])]) == 0
+    return out
+
+
+def test_a_method_planned_at_both_budgets_runs_once_and_carries_both(runs):
+    manifest, records, _ = read(runs["both"])
+    assert manifest["budget"] == LARGE and manifest["budgets"] == [SMALL, LARGE]
+    planned = {m["id"]: m["budgets"] for m in manifest["methods"]}
+    assert planned == {
+        "Vanilla": [SMALL, LARGE],
+        "Majority@9": [SMALL],
+        "Majority@36": [LARGE],
+        "ORM Rerank@8": [SMALL],
+        "ORM Rerank@32": [LARGE],
+        "Oracle@9": [SMALL],
+        "Oracle@36": [LARGE],
+    }
+    pairs = [(r["problem"], r["method"]) for r in records]
+    assert len(pairs) == len(set(pairs)) == 4 * len(planned)  # one record per (problem, method)
+    for r in records:
+        assert r["budgets"] == planned[r["method"]]
+
+
+def test_the_independent_pool_is_generated_once_at_its_largest_size(runs):
+    """Vanilla, @8, @9, @32 and @36 share one pool of 36 rows per problem: 4 problems × 36
+    rows × T = 8 steps, not one pool per budget."""
+    compute = json.loads((runs["both"] / "compute.json").read_text())
+    [invocation] = compute["invocations"]
+    assert invocation["physical"]["denoise"]["rows"] == 4 * 36 * 8
+    alone = json.loads((runs["small"] / "compute.json").read_text())["invocations"][0]
+    assert alone["physical"]["denoise"]["rows"] == 4 * 9 * 8
+
+
+def _decisions(records: list[dict]) -> dict[tuple[str, str], tuple]:
+    return {
+        (r["problem"], r["method"]): (
+            r["selected"],
+            r["correct"],
+            [(c["text"], c["key"], c["correct"], c["lineage"]) for c in r["candidates"]],
+            r["ledger"]["passes"],
+        )
+        for r in records
+    }
+
+
+@pytest.mark.parametrize("alone,budget", [("small", SMALL), ("large", LARGE)])
+def test_each_budget_has_the_results_of_a_run_at_that_budget_alone(runs, alone, budget):
+    _, records, results = read(runs["both"])
+    _, single_records, single = read(runs[alone])
+    assert results["budgets"] == [SMALL, LARGE] and single["budgets"] == [budget]
+    at = [m for m in results["methods"] if m["budget"] == budget]
+    assert [m["id"] for m in at] == [m["id"] for m in single["methods"]]
+    assert at == single["methods"]  # accuracy, intervals, pool, paired differences, share
+    both = _decisions(records)
+    for key, decision in _decisions(single_records).items():
+        assert both[key] == decision
+
+
+def test_a_shared_method_has_its_share_of_each_budget(runs):
+    _, _, results = read(runs["both"])
+    vanilla = [m for m in results["methods"] if m["id"] == "Vanilla"]
+    assert [m["budget"] for m in vanilla] == [SMALL, LARGE]
+    assert [m["share_of_budget"] for m in vanilla] == [round(8 / SMALL, 6), round(8 / LARGE, 6)]
+    assert vanilla[0]["accuracy"] == vanilla[1]["accuracy"]
+
+
+def test_the_leaderboard_has_a_section_per_budget_each_with_the_reference(runs):
+    text = (runs["both"] / "leaderboard.md").read_text()
+    assert text.startswith("# toy_sum (test, 4 problems) · toy · budgets 72, 288\n")
+    small, large = text.split("## Budget 72\n", 1)[1].split("## Budget 288\n")
+    assert "| Vanilla |" in small and "| Vanilla |" in large
+    assert "Majority@9 " in small and "Majority@36" not in small
+    assert "Majority@36 " in large and "Majority@9 " not in large
+    assert "Ceilings" in small and "Ceilings" in large
+    # a run at one budget keeps its single table
+    single = (runs["small"] / "leaderboard.md").read_text()
+    assert "## Budget" not in single and "· budget 72\n" in single
+
+
+def test_the_run_prints_a_table_per_budget(cli, tmp_path):
+    result = cli(*toy(f"{SMALL},{LARGE}"), "--out", tmp_path / "r")
+    assert result.code == 0, result.err
+    assert "budget 72 passes/problem" in result.out and "budget 288 passes/problem" in result.out
+    assert result.out.index("Majority@9") < result.out.index("Majority@36")
+
+
+def test_a_resume_keeps_the_runs_budgets(cli, tmp_path):
+    out = tmp_path / "r"
+    assert cli(*toy(f"{SMALL},{LARGE}"), "--out", out).code == 0
+    before = snapshot(out)
+    refused = cli(*toy(str(SMALL)), "--out", out)
+    assert_user_error(refused, "--budget 72,288", "not --budget 72")
+    refused = cli(*toy(f"{SMALL},{LARGE},1000"), "--out", out)
+    assert_user_error(refused, "--budget 72,288", "not --budget 72,288,1000")
+    assert snapshot(out) == before
+    for argv in (toy(), toy(f"{LARGE},{SMALL}")):  # no --budget, or the same list in any order
+        resumed = cli(*argv, "--out", out)
+        assert resumed.code == 0, resumed.err
+        assert "0 records written, 28 resumed" in resumed.out.replace("\n", " ")
+    assert json.loads((out / "results.json").read_text())["budgets"] == [SMALL, LARGE]
+
+
+@pytest.mark.parametrize(
+    "value,needle",
+    [
+        ("0", "must be a positive integer, got 0"),
+        ("10,abc", "must be an integer, got 'abc' in '10,abc'"),
+        ("72,,288", "got '' in '72,,288'"),
+        ("72,0", "must be a positive integer, got 0 in '72,0'"),
+        ("72,288,72", "lists 72 twice"),
+    ],
+)
+@pytest.mark.parametrize("command", ["run", "plan"])
+def test_a_bad_budget_list_is_one_line(cli, tmp_path, value, needle, command):
+    argv = toy(value) if command == "run" else ["plan", "--steps", "8", "--budget", value]
+    result = cli(*argv, "--out", tmp_path / "r") if command == "run" else cli(*argv)
+    assert_user_error(result, "argument --budget", needle)
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_budget_no_method_fits_is_named(cli, tmp_path):
+    result = cli(*toy(f"3,{SMALL}"), "--out", tmp_path / "r")
+    assert_user_error(result, "no method fits budget 3", "vanilla: does not fit 3 passes")
+
+
+def test_plan_lists_each_budget(cli):
+    result = cli("plan", "--steps", "8", "--budget", "288,72", "--methods", "vanilla,majority")
+    assert result.code == 0, result.err
+    assert "budget of 72 passes" in result.out and "budget of 288 passes" in result.out
+    data = json.loads(
+        cli(
+            "plan", "--steps", "8", "--budget", "72,288", "--methods", "vanilla,majority", "--json"
+        ).out
+    )
+    assert data["budget"] == LARGE and data["budgets"] == [SMALL, LARGE]
+    assert [(m["id"], m["budgets"], m["share"]) for m in data["methods"]] == [
+        ("Vanilla", [SMALL, LARGE], round(8 / SMALL, 4)),
+        ("Majority@9", [SMALL], 1.0),
+        ("Majority@36", [LARGE], 1.0),
+    ]
+
+
+def test_the_planner_merges_identical_methods_and_keeps_entry_order():
+    chosen = plan(registry(), [SMALL, LARGE], 8, ["majority", "vanilla"])
+    assert [(p.method.id, p.budgets) for p in chosen.methods] == [
+        ("Majority@9", [SMALL]),
+        ("Majority@36", [LARGE]),
+        ("Vanilla", [SMALL, LARGE]),
+    ]
+    assert [p.method.id for p in chosen.at(LARGE)] == ["Majority@36", "Vanilla"]
+    one = plan(registry(), SMALL, 8, ["majority", "vanilla"])
+    assert one.budgets == [SMALL] and [p.budgets for p in one.methods] == [[SMALL], [SMALL]]
+
+
+def test_the_demo_runs_at_its_budget_and_four_times_it():
+    args = build_parser().parse_args(["run"])
+    cfg = run_config(args)
+    budget = default_budget(DEMO["steps"])
+    assert cfg.budgets() == [budget, 4 * budget]
+    assert cfg.run_dir().name == f"arith-tiny-b{budget}+{4 * budget}-seed0"
+    explicit = run_config(build_parser().parse_args(["run", "--budget", str(budget)]))
+    assert explicit.budgets() == [budget]
+
+
+def test_freed_memory_is_kept_for_the_next_forward():
+    """On Linux with glibc the thresholds are raised: a freed 8 MiB block is reused, so
+    allocating it again faults no new pages in."""
+    import resource
+
+    from dllmbench.allocator import keep_freed_memory
+
+    assert keep_freed_memory()
+    import torch
+
+    torch.empty(8 << 18).fill_(1.0)  # 8 MiB, freed at once
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(20):
+        torch.empty(8 << 18).fill_(1.0)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    assert faults < 20 * (8 << 20) // 4096 // 4  # far fewer than 20 blocks' worth of pages
