@@ -33,22 +33,7 @@ class FillRows(Capacity):
     """The cut before: sorted by length, every batch filled to the row cap."""
 
     def batches(self, lengths: Sequence[int]) -> list[list[int]]:
-        order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-        batches: list[list[int]] = []
-        current: list[int] = []
-        for i in order:
-            too_many = len(current) >= self.batch_rows
-            too_wide = (
-                self.batch_tokens is not None
-                and (len(current) + 1) * lengths[i] > self.batch_tokens
-            )
-            if current and (too_many or too_wide):
-                batches.append(current)
-                current = []
-            current.append(i)
-        if current:
-            batches.append(current)
-        return batches
+        return self._filled(sorted(range(len(lengths)), key=lambda i: lengths[i]), lengths)
 
 
 def measure(prepared, cfg, capacity: Capacity) -> dict:
