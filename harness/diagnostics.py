@@ -24,8 +24,8 @@ from dllmbench.pooled import (
     argmax_order,
     bootstrap_interval,
     paired_difference,
-    resample_indices,
 )
+from dllmbench.stats import entropy_bits, resample_indices
 
 BUCKETS = 10
 
@@ -219,11 +219,7 @@ class DiversitySummary:
 
 def answer_entropy_bits(keys: Sequence[Hashable | None]) -> float:
     """H = −Σ p_a log2 p_a over the valid answers' frequencies p_a; 0 with no valid answer."""
-    counts = np.array(list(Counter(k for k in keys if k is not None).values()), np.float64)
-    if counts.size == 0:
-        return 0.0
-    p = counts / counts.sum()
-    return float(-(p * np.log2(p)).sum() + 0.0)
+    return entropy_bits(keys)
 
 
 def pool_diversity(pools: Sequence[Sequence[PooledCandidate]]) -> DiversitySummary:

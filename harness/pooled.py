@@ -42,6 +42,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.special import expit
 
+from dllmbench import stats
+from dllmbench.stats import Interval, bootstrap_ci
+
 EXACT_LIMIT = 20_000
 COUNT_LIMIT = 20_000
 SAMPLES = 10_000
@@ -92,15 +95,6 @@ class PooledPoint:
     per_problem_stderr: tuple[float, ...]
     exact: bool
     stderr: float
-
-
-@dataclass(frozen=True)
-class Interval:
-    """A mean with a percentile bootstrap interval."""
-
-    value: float
-    low: float
-    high: float
 
 
 def keyed_rng(*parts: object) -> np.random.Generator:
@@ -423,12 +417,6 @@ def pooled_curves(
     }
 
 
-def resample_indices(n: int, resamples: int, seed: int) -> np.ndarray:
-    """A [resamples, n] matrix of problem indices drawn with replacement, keyed by
-    (seed, n, resamples): the same matrix for every curve, so comparisons are paired."""
-    return keyed_rng("bootstrap", int(seed), n, resamples).integers(0, n, size=(resamples, n))
-
-
 def bootstrap_interval(
     values: Sequence[float] | np.ndarray,
     *,
@@ -436,14 +424,9 @@ def bootstrap_interval(
     level: float = 0.95,
     seed: int = 0,
 ) -> Interval:
-    """Mean of per-problem values with a percentile bootstrap interval over problems."""
-    x = np.asarray(values, np.float64)
-    if x.size == 0:
-        raise ValueError("bootstrap_interval needs at least one value")
-    draws = x[resample_indices(x.size, resamples, seed)].mean(axis=1)
-    tail = (1.0 - level) / 2.0
-    low, high = np.quantile(draws, [tail, 1.0 - tail])
-    return Interval(float(x.mean()), float(low), float(high))
+    """Mean of per-problem values with a percentile bootstrap interval over problems
+    (`stats.bootstrap_ci`, with this module's number of resamples)."""
+    return bootstrap_ci(values, resamples=resamples, level=level, seed=seed)
 
 
 def paired_difference(
@@ -455,10 +438,7 @@ def paired_difference(
     seed: int = 0,
 ) -> Interval:
     """mean(a − b) over the same problems, with a paired percentile bootstrap interval."""
-    x, y = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    if x.shape != y.shape:
-        raise ValueError("paired_difference needs values on the same problems")
-    return bootstrap_interval(x - y, resamples=resamples, level=level, seed=seed)
+    return stats.paired_difference(a, b, resamples=resamples, level=level, seed=seed)
 
 
 def curve_intervals(

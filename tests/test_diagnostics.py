@@ -23,7 +23,8 @@ from dllmbench.diagnostics import (
     weighted_auc,
     within_problem_kendall,
 )
-from dllmbench.pooled import PooledCandidate, resample_indices
+from dllmbench.pooled import PooledCandidate
+from dllmbench.stats import resample_indices
 
 
 def test_mask_buckets_edges():
