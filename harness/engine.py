@@ -24,6 +24,7 @@ import torch
 
 from dllmbench.interfaces import (
     Backbone,
+    CountsTokens,
     GradesMany,
     NotesGrades,
     ScoreBatch,
@@ -266,8 +267,15 @@ class Engine:
                 kind,
                 [_charged(owners, same[j]) for j in batch],
                 seconds,
-                tokens=(len(batch) * max(widths), sum(widths)),
+                tokens=(self._computed_tokens(kind, widths), sum(widths)),
             )
+
+    def _computed_tokens(self, kind: str, widths: list[int]) -> int:
+        """Tokens one forward over rows of these widths computed: the backbone's own count
+        when it packs rows (`CountsTokens`), else rows × the widest row."""
+        if kind == "denoise" and isinstance(self.backbone, CountsTokens):
+            return self.backbone.computed_tokens(widths)
+        return len(widths) * max(widths)
 
     def _forward(self, like: Wait, items: list[tuple[Any, int]]) -> Sequence[Any]:
         """One physical call over the rows `items` (wait, row): the backbone's denoising step

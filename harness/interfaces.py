@@ -192,6 +192,15 @@ class ShipsScorers(Protocol):
 
 
 @runtime_checkable
+class CountsTokens(Protocol):
+    """A backbone that says how many tokens its denoising forward computes over rows of these
+    widths (a packing backbone computes the rows' own, not rows × the widest); compute.json's
+    padding ratio reads it. Without it a forward computes rows × the widest row."""
+
+    def computed_tokens(self, widths: Sequence[int]) -> int: ...
+
+
+@runtime_checkable
 class MaybeDeterministic(Protocol):
     """A backbone Config that can say its samples do not depend on the key."""
 

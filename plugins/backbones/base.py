@@ -2,7 +2,9 @@
 
 A batch may mix rows of different problems and lengths. Rows are left-padded to the longest,
 with a key-padding attention mask and positions re-based so every row's first real token is
-at position 0: each row then sees exactly what it would see alone. Every random draw of a row
+at position 0: each row then sees exactly what it would see alone. With `attention=packed` the
+denoising forward lays the rows end to end instead, under a FlexAttention document mask
+(packing.py): the same tokens, no padding computed. Every random draw of a row
 comes from a generator seeded by (row key, step) and salted by the draw's purpose (token draw,
 commit order, position draw, tie-break), drawn at the row's own length: a row's noise depends
 only on its key and step, never on the batch, and no two purposes share uniforms.
@@ -30,6 +32,7 @@ from dllmbench.plugins.backbones.loading import (
     random_model,
     resolve,
 )
+from dllmbench.plugins.backbones.packing import flex_available, packed_hidden, packed_length
 from dllmbench.types import Prompt
 
 # tokens that end an answer besides the tokenizer's EOS: chat turn ends of each family
@@ -37,6 +40,9 @@ TURN_ENDS = ("<|im_end|>", "<|eot_id|>")
 
 # what a row's uniforms are for; each purpose has its own generator
 PURPOSES = ("token", "order", "position", "tie")
+
+# how a batch's rows meet attention: left-padded to the widest (SDPA), or end to end (packing.py)
+ATTENTIONS = ("sdpa", "packed")
 
 
 def _salt(purpose: str) -> int:
@@ -104,6 +110,11 @@ class DiffusionBackbone(abc.ABC):
             self.pad_id = self.tokenizer.eos_token_id
         if self.pad_id == self.mask_id or self.pad_id is None:
             raise UserError(f"{c.model}: no pad token distinct from the mask token")
+        if c.attention == "packed" and not flex_available():
+            raise UserError(
+                f"attention=packed needs FlexAttention (torch >= 2.5; this is {torch.__version__})"
+                "; use attention=sdpa"
+            )
         vocab = self.tokenizer.get_vocab()
         self.eos_id: int | None = self.tokenizer.eos_token_id
         self.stop_ids = {
@@ -165,13 +176,23 @@ class DiffusionBackbone(abc.ABC):
         """Last hidden states [B, L, H] of the bidirectional forward, aligned with the logits
         the sampler reads: shifted one position right for Dream."""
         ids, attn = ids.to(self.device), attn.to(self.device)
-        positions = (attn.cumsum(-1) - 1).clamp(min=0)
-        out = self.transformer.model(
-            input_ids=ids, attention_mask=attn, position_ids=positions
-        ).last_hidden_state
+        if self.config.attention == "packed":
+            out = packed_hidden(self.transformer, ids, attn, self.pad_id)
+        else:
+            positions = (attn.cumsum(-1) - 1).clamp(min=0)
+            out = self.transformer.model(
+                input_ids=ids, attention_mask=attn, position_ids=positions
+            ).last_hidden_state
         if self.shift:
             out = torch.cat([out[:, :1], out[:, :-1]], dim=1)
         return out
+
+    def computed_tokens(self, widths: Sequence[int]) -> int:
+        """Tokens the denoising forward computes over rows of these widths: rows × the widest
+        padded, the rows' own (to a whole block) packed."""
+        if self.config.attention == "packed":
+            return packed_length(widths)
+        return len(widths) * max(widths, default=0)
 
     @torch.no_grad()
     def head(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,7 @@ import torch
 
 from dllmbench.hookspecs import hookimpl
 from dllmbench.interfaces import StepBatch
-from dllmbench.plugins.backbones.base import DiffusionBackbone, top_ranked
+from dllmbench.plugins.backbones.base import ATTENTIONS, DiffusionBackbone, top_ranked
 from dllmbench.plugins.backbones.loading import DType
 
 ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
@@ -41,9 +41,14 @@ class DreamConfig:
     alg_temp: float | None = 0.5
     eps: float = 1e-3
     suppress_mask: bool = False  # never sample the mask token (the reference can)
+    # "sdpa": rows left-padded to the widest; "packed": rows end to end, no padding
+    # (FlexAttention document mask, packing.py)
+    attention: str = "sdpa"
     seed: int = 0  # initialisation of model="random"
 
     def __post_init__(self) -> None:
+        if self.attention not in ATTENTIONS:
+            raise ValueError(f"attention must be sdpa or packed, got {self.attention!r}")
         if self.alg not in ALGS:
             raise ValueError(f"alg must be one of {', '.join(ALGS)}, got {self.alg!r}")
         if self.temperature < 0 or not 0 < self.top_p <= 1 or not 0 < self.eps < 1:

@@ -24,7 +24,12 @@ import torch
 from dllmbench.errors import UserError
 from dllmbench.hookspecs import hookimpl
 from dllmbench.interfaces import StepBatch
-from dllmbench.plugins.backbones.base import DiffusionBackbone, purpose_generator, top_ranked
+from dllmbench.plugins.backbones.base import (
+    ATTENTIONS,
+    DiffusionBackbone,
+    purpose_generator,
+    top_ranked,
+)
 from dllmbench.plugins.backbones.loading import DType
 
 
@@ -42,9 +47,14 @@ class LLaDAConfig:
     logits_eos_inf: bool = False  # EOS logit −inf before sampling: EOS is never drawn
     confidence_eos_eot_inf: bool = False  # EOS and EoT confidence 0: committed last
     suppress_mask: bool = False  # never sample the mask token (the reference can)
+    # "sdpa": rows left-padded to the widest; "packed": rows end to end, no padding
+    # (FlexAttention document mask, packing.py)
+    attention: str = "sdpa"
     seed: int = 0  # initialisation of model="random"
 
     def __post_init__(self) -> None:
+        if self.attention not in ATTENTIONS:
+            raise ValueError(f"attention must be sdpa or packed, got {self.attention!r}")
         if self.remasking not in ("low_confidence", "random"):
             raise ValueError(f"remasking must be low_confidence or random, got {self.remasking!r}")
         if self.temperature < 0 or self.cfg_scale < 0:
