@@ -37,15 +37,17 @@ class Interrupt(KeyboardInterrupt):
     pass
 
 
-def floats_close(a, b) -> bool:
-    """Equal, floats to 1e-6 relative (batch composition changes reductions' last bits)."""
+def floats_close(a, b, abs_tol: float = 1e-9) -> bool:
+    """Equal, floats to 1e-6 relative or `abs_tol` (batch composition changes reductions'
+    last bits)."""
     if isinstance(a, float) or isinstance(b, float):
         numbers = isinstance(a, int | float) and isinstance(b, int | float)
-        return numbers and math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
+        return numbers and math.isclose(a, b, rel_tol=1e-6, abs_tol=abs_tol)
     if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(floats_close(a[k], b[k]) for k in a)
+        return a.keys() == b.keys() and all(floats_close(a[k], b[k], abs_tol) for k in a)
     if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(floats_close(x, y) for x, y in zip(a, b, strict=True))
+        pairs = zip(a, b, strict=True)
+        return len(a) == len(b) and all(floats_close(x, y, abs_tol) for x, y in pairs)
     return a == b
 
 
@@ -53,9 +55,9 @@ DECISIONS = ("selected", "answer", "correct", "ceiling")
 CANDIDATE = ("text", "answer", "valid", "key", "correct", "lineage")
 
 
-def assert_same_records(a: RunDir, b: RunDir) -> None:
+def assert_same_records(a: RunDir, b: RunDir, abs_tol: float = 1e-9) -> None:
     """What results-schema.md promises of a resumed run: decisions, candidates and passes
-    exactly; scores, weights and strategy info to a tight relative tolerance."""
+    exactly; scores, weights and strategy info to a tight relative tolerance (or `abs_tol`)."""
     left = {(r["problem"], r["method"]): r for r in a.read_records()}
     right = {(r["problem"], r["method"]): r for r in b.read_records()}
     assert left.keys() == right.keys()
@@ -67,9 +69,10 @@ def assert_same_records(a: RunDir, b: RunDir) -> None:
         for cx, cy in zip(x["candidates"], y["candidates"], strict=True):
             assert {k: cx[k] for k in CANDIDATE} == {k: cy[k] for k in CANDIDATE}, key
             assert cx["scores"].keys() == cy["scores"].keys(), key
-            assert floats_close(cx["scores"], cy["scores"]), (key, cx["scores"], cy["scores"])
-            assert floats_close(cx["weight"], cy["weight"]), key
-        assert floats_close(x["info"], y["info"]), key
+            close = floats_close(cx["scores"], cy["scores"], abs_tol)
+            assert close, (key, cx["scores"], cy["scores"])
+            assert floats_close(cx["weight"], cy["weight"], abs_tol), key
+        assert floats_close(x["info"], y["info"], abs_tol), key
 
 
 def test_same_records_tolerates_last_bits_of_scores_but_not_decisions(tmp_path):

@@ -243,3 +243,43 @@ def test_a_killed_share_is_resumed_by_launching_again(tmp_path):
     assert len(keys) == len(set(keys)) == RECORDS  # no duplicate, none missing
     results = json.loads((out / "results.json").read_text())
     assert all(m["problems"] == SIZE for m in results["methods"])
+
+
+def test_the_demo_launched_on_two_processes_equals_one_process(tmp_path):
+    """`accelerate launch --cpu --num_processes 2 -m dllmbench run --limit 20` against
+    `dllmbench run --limit 20`: the shipped model, every family at both demo budgets."""
+    env = child_env()
+    env.pop("DLLMBENCH_PLUGIN_MODULES")
+    single = cli_subprocess("run", "--limit", "20", "--out", tmp_path / "B", env=env, timeout=900)
+    assert single.code == 0, single.err
+    proc = accelerate("run", "--limit", "20", "--out", tmp_path / "A", env=env, cwd=tmp_path)
+    _, stderr = proc.communicate(timeout=900)
+    assert proc.returncode == 0, stderr
+    a, b = RunDir(tmp_path / "A"), RunDir(tmp_path / "B")
+    # float32 scores of one row in batches of other shapes differ in their last bits: up to
+    # 1.3e-6 on the demo's logits of about 0.5, where 1e-6 relative is 5e-7
+    assert_same_records(a, b, abs_tol=2e-6)
+    accuracies = [
+        {(m["id"], m["budget"]): (m["accuracy"], m["problems"]) for m in run["methods"]}
+        for run in (json.loads((d / "results.json").read_text()) for d in (a.path, b.path))
+    ]
+    assert accuracies[0] == accuracies[1] and len(accuracies[0]) >= 10
+
+
+def test_a_packed_run_makes_the_same_records_and_counts_what_it_computed(tmp_path, cli):
+    """`--backbone tiny:attention=packed` against the padded forward: identical records, and
+    compute.json counts the packed tokens (whole 128-token blocks of the rows' own)."""
+    runs = {}
+    for attention in ("sdpa", "packed"):
+        out = tmp_path / attention
+        argv = ["run", "--task", "arith", "--backbone", f"tiny:attention={attention}"]
+        argv += ["--steps", "24", "--gen-length", "24", "--prompt", "fewshot", "--limit", "2"]
+        result = cli(*argv, "--methods", "vanilla,majority", "--budget", "208", "--out", out)
+        assert result.code == 0, result.err
+        runs[attention] = json.loads((out / "compute.json").read_text())["total"]["physical"]
+    assert_same_records(RunDir(tmp_path / "sdpa"), RunDir(tmp_path / "packed"))
+    padded, packed = runs["sdpa"]["denoise"], runs["packed"]["denoise"]
+    assert packed["real_tokens"] == padded["real_tokens"]
+    assert packed["forwards"] == padded["forwards"]
+    assert packed["tokens"] % 128 == 0
+    assert 0 <= packed["tokens"] - packed["real_tokens"] < 128 * packed["forwards"]
