@@ -1,6 +1,7 @@
 """arith: synthetic GSM-style word problems, small enough for a tiny model to learn.
 
-Each problem has one to three arithmetic steps over small integers, in a small vocabulary:
+Each problem has one to three arithmetic steps (`min_steps` to `max_steps`) over small integers,
+in a small vocabulary:
 
     Tom has 3 apples. He buys 4 more. How many apples does he have now?
     3+4=7
@@ -46,9 +47,14 @@ def format_example(question: str, solution: str | None = None) -> str:
 
 
 def generate(
-    rng: random.Random, max_steps: int, max_start: int = 10, max_operand: int = 5
+    rng: random.Random,
+    max_steps: int,
+    max_start: int = 10,
+    max_operand: int = 5,
+    min_steps: int = 1,
 ) -> Example:
-    """A problem of 1..max_steps steps; every intermediate value is a nonnegative integer.
+    """A problem of min_steps..max_steps steps; every intermediate value is a nonnegative
+    integer.
 
     The first value is at most `max_start`; a term added or taken away is at most
     `max_operand`; multiplying is by 2 or 3 (up to 50 before it), dividing by 2 to 5 exactly.
@@ -59,7 +65,7 @@ def generate(
     value = rng.randint(1, max_start)
     sentences = [f"{name} has {value} {items}."]
     lines = []
-    for _ in range(rng.randint(1, max_steps)):
+    for _ in range(rng.randint(min_steps, max_steps)):
         ops = ["+"] + (["-"] if value >= 1 else []) + (["*"] if 1 <= value <= 50 else [])
         divisors = [d for d in (2, 3, 4, 5) if value % d == 0 and value > d]
         if divisors:
@@ -96,7 +102,8 @@ class ArithConfig:
     seed: int = 0  # generator seed: the test set and the train stream both follow from it
     test_size: int = 500  # problems in the fixed test split (distinct questions)
     train_size: int = 20000  # size splits() reports for train; examples() reaches any index
-    max_steps: int = 2  # arithmetic steps per problem, 1 to this (at most 3)
+    max_steps: int = 2  # arithmetic steps per problem, min_steps to this (at most 3)
+    min_steps: int = 1  # the fewest steps a problem has
     max_start: int = 10  # the first number is 1 to this
     max_operand: int = 5  # a number added or taken away is 1 to this
     shots: int = 0  # exemplars (the first train problems) before the question in `fewshot`
@@ -106,6 +113,10 @@ class ArithConfig:
             raise ValueError("test_size and train_size must be >= 1")
         if not 1 <= self.max_steps <= 3:
             raise ValueError(f"max_steps must be 1, 2 or 3, got {self.max_steps}")
+        if not 1 <= self.min_steps <= self.max_steps:
+            raise ValueError(
+                f"min_steps must be 1 to max_steps ({self.max_steps}), got {self.min_steps}"
+            )
         if self.max_start < 1 or self.max_operand < 1:
             raise ValueError("max_start and max_operand must be >= 1")
         if self.shots < 0:
@@ -129,7 +140,7 @@ class Arith:
 
     def _generate(self, rng: random.Random) -> Example:
         c = self.config
-        return generate(rng, c.max_steps, c.max_start, c.max_operand)
+        return generate(rng, c.max_steps, c.max_start, c.max_operand, c.min_steps)
 
     @cached_property
     def _test(self) -> list[Example]:

@@ -40,14 +40,18 @@ def test_train_stream_never_repeats_a_test_question(task):
 
 
 @pytest.mark.parametrize(
-    "config", [{}, {"max_steps": 3, "max_start": 20, "max_operand": 10}], ids=["default", "wide"]
+    "config",
+    [{}, {"max_steps": 3, "max_start": 20, "max_operand": 10}, {"min_steps": 2, "max_steps": 3}],
+    ids=["default", "wide", "demo"],
 )
 def test_solutions_are_short_correct_and_extract_strictly(config):
     task = Arith(**config)
     c = task.config
+    counts = set()
     for example in task.examples("train", 0, 3000):
         lines = example.solution.split("\n")
-        assert 2 <= len(lines) <= c.max_steps + 1 and lines[-1] == f"#### {example.answer}"
+        counts.add(len(lines) - 1)
+        assert lines[-1] == f"#### {example.answer}"
         value = None
         for line in lines[:-1]:
             a, op, b, result = re.fullmatch(r"(\d+)([-+*/])(\d+)=(\d+)", line).groups()
@@ -60,6 +64,7 @@ def test_solutions_are_short_correct_and_extract_strictly(config):
         assert value == example.answer >= 0
         assert task.extract(example.solution) == str(example.answer)
         assert len(example.question.split()) <= 40
+    assert counts == set(range(c.min_steps, c.max_steps + 1))  # every count of steps, no other
 
 
 def test_small_vocabulary(task):
@@ -91,6 +96,8 @@ def test_prompts(task):
 def test_config_errors():
     with pytest.raises(ValueError):
         Arith(max_steps=4)
+    with pytest.raises(ValueError, match="min_steps must be 1 to max_steps"):
+        Arith(min_steps=3, max_steps=2)
     with pytest.raises(ValueError):
         Arith(test_size=0)
     with pytest.raises(ValueError):
