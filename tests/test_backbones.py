@@ -290,9 +290,8 @@ def test_packed_rows_give_the_tokens_of_padded_rows(cls, config):
         assert same >= 0.99 * total, (same, total)
     widths = [len(r) for r in rows]
     assert packed.computed_tokens(widths) < padded.computed_tokens(widths)
-    assert packed.computed_tokens(widths) % 128 == 0 <= packed.computed_tokens(widths) - sum(
-        widths
-    ) < 128
+    computed = packed.computed_tokens(widths)
+    assert computed % 128 == 0 and 0 <= computed - sum(widths) < 128
 
 
 def test_an_unknown_attention_is_refused():
