@@ -11,7 +11,8 @@ import dllmbench
 import dllmbench.demo
 import dllmbench.plugins
 from dllmbench.cli import main
-from dllmbench.demo import TINY_DIR
+from dllmbench.cli.run import DEMO
+from dllmbench.demo import DEMO_TASK, TASK_CONFIG, TINY_DIR
 from dllmbench.plugins.backbones import tiny
 
 FAMILIES = (
@@ -108,7 +109,7 @@ def test_demo_retrain_quick_runs_end_to_end_and_writes_only_into_out(tmp_path, c
     result = cli(
         "run",
         "--task",
-        "arith:max_steps=2",
+        DEMO_TASK,
         "--backbone",
         done["backbone"],
         "--scorer",
@@ -116,7 +117,7 @@ def test_demo_retrain_quick_runs_end_to_end_and_writes_only_into_out(tmp_path, c
         "--steps",
         "24",
         "--gen-length",
-        "24",
+        "32",
         "--prompt",
         "fewshot",
         "--limit",
@@ -144,3 +145,34 @@ def test_demo_retrain_refuses_to_write_into_the_package(cli):
 def test_demo_needs_an_action_and_retrain_needs_out(cli):
     assert_user_error(cli("demo"), "retrain")
     assert_user_error(cli("demo", "retrain", "--quick"), "--out")
+
+
+def test_the_demo_samples_with_the_papers_dream_settings():
+    """Dream's sampler at the paper's settings, on the problems the shipped model learned."""
+    from dllmbench.plugins.backbones.dream import DreamConfig
+
+    config, paper = tiny.TinyConfig(), DreamConfig()
+    assert (config.temperature, config.alg, config.alg_temp) == (0.5, "maskgit_plus", 0.5)
+    assert (config.temperature, config.alg, config.alg_temp) == (
+        paper.temperature,
+        paper.alg,
+        paper.alg_temp,
+    )
+    assert DEMO["task"] == DEMO_TASK == "arith:min_steps=2,max_steps=3"
+    written = json.loads((TINY_DIR / "config.json").read_text())
+    assert written["data"] == TASK_CONFIG  # the model learned the demo's problems
+
+
+def test_the_demo_gates_hold(tmp_path, cli):
+    """On the demo's problems at its first budget: Vanilla 20–70%, Oracle@8 at least 15 points
+    above it, and ORM Rerank@8 above it with a paired 95% interval that excludes zero."""
+    argv = ("run", "--methods", "vanilla,orm_rerank,oracle", "--budget", "208")
+    result = cli(*argv, "--out", tmp_path / "run", "--json")
+    assert result.code == 0, result.err
+    methods = {m["id"]: m for m in json.loads(result.out)["methods"]}
+    vanilla = methods["Vanilla"]["accuracy"]["value"]
+    assert methods["Vanilla"]["problems"] == DEMO["limit"]
+    assert 0.2 <= vanilla <= 0.7, vanilla
+    assert methods["Oracle@8"]["accuracy"]["value"] >= vanilla + 0.15
+    delta = methods["ORM Rerank@8"]["delta_vs_reference"]
+    assert delta["value"] > 0 and delta["low"] > 0, delta

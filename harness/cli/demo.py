@@ -22,22 +22,30 @@ def add_parser(sub: Any) -> None:
     r = actions.add_parser(
         "retrain",
         help="pretrain the tiny model, collect its trajectories, train its PRM and ORM",
-        description="Rebuild the demo from a seed into --out (about 35 minutes on two CPU "
+        description="Rebuild the demo from a seed into --out (about 45 minutes on two CPU "
         "cores; each stage resumes from --out/build). Run the result with "
         "--backbone tiny:model=OUT --scorer prm=prm:checkpoint=OUT/prm "
         "--scorer orm=orm:checkpoint=OUT/orm.",
     )
     r.add_argument("--out", type=Path, required=True, help="where the model and scorers go")
     r.add_argument("--seed", type=natural_int, default=0)
-    r.add_argument("--pretrain-steps", type=positive_int, default=2500)
-    r.add_argument("--problems", type=positive_int, default=1000, help="train problems to collect")
+    r.add_argument("--pretrain-steps", type=positive_int, default=3000)
+    r.add_argument("--problems", type=positive_int, default=600, help="train problems to collect")
     r.add_argument("--samples", type=positive_int, default=8, help="trajectories per problem")
-    r.add_argument("--scorer-steps", type=positive_int, default=600)
+    r.add_argument("--scorer-steps", type=positive_int, default=600, help="PRM training steps")
+    r.add_argument("--orm-steps", type=positive_int, default=2500, help="ORM training steps")
+    r.add_argument(
+        "--negatives",
+        type=natural_int,
+        default=4000,
+        help="train problems the ORM also learns from, written out right and with one slip",
+    )
     r.add_argument(
         "--orm-groups",
         choices=["all", "mixed", "balanced"],
-        default="mixed",
-        help="the ORM learns from problems whose answers differ (mixed) or from all",
+        default="all",
+        help="the ORM learns from the final states of all problems, or of those whose answers "
+        "differ (mixed)",
     )
     r.add_argument(
         "--quick",
@@ -62,6 +70,8 @@ def retrain(args: argparse.Namespace) -> Reply:
         problems=args.problems,
         samples=args.samples,
         scorer_steps=args.scorer_steps,
+        orm_steps=args.orm_steps,
+        negatives=args.negatives,
         orm_groups=args.orm_groups,
     )
     if args.quick:
@@ -72,8 +82,8 @@ def retrain(args: argparse.Namespace) -> Reply:
         console.print(f"demo written to {done['out']}; run it with")
         scorers = " ".join(f"--scorer {entry}" for entry in done["scorers"].values())
         console.print(
-            f"  dllmbench run --task arith --backbone {done['backbone']} {scorers} "
-            "--steps 24 --gen-length 24 --prompt fewshot",
+            f"  dllmbench run --task {done['task']} --backbone {done['backbone']} {scorers} "
+            f"--steps {done['steps']} --gen-length {done['gen_length']} --prompt fewshot",
             soft_wrap=True,
         )
 

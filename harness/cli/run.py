@@ -24,6 +24,7 @@ from dllmbench.cli.common import (
     methods_arg,
     settings,
 )
+from dllmbench.demo import DEMO_TASK
 from dllmbench.engine import Capacity, Sampling
 from dllmbench.errors import UserError
 from dllmbench.leaderboard import rich_table
@@ -35,10 +36,10 @@ from dllmbench.shards import parse_shard
 # `dllmbench run` with neither --task nor --backbone: the shipped tiny model on arith, with
 # the PRM and ORM trained for it; every option can still be given.
 DEMO = {
-    "task": "arith",
+    "task": DEMO_TASK,
     "backbone": "tiny",
     "steps": 24,
-    "gen_length": 24,
+    "gen_length": 32,
     "prompt": "fewshot",
     "limit": 100,
 }

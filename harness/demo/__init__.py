@@ -12,5 +12,10 @@ from pathlib import Path
 
 TINY_DIR = Path(__file__).parent / "tiny_model"
 SCORER_KINDS = ("prm", "orm")
+# The demo's problems, options of `arith`: two or three steps, the first number up to 10, terms
+# added or taken away up to 5. The model learns them, its scorers learn from its samples of
+# them, and `dllmbench run` asks them.
+TASK_CONFIG: dict[str, int] = {"min_steps": 2, "max_steps": 3}
+DEMO_TASK = "arith:" + ",".join(f"{key}={value}" for key, value in TASK_CONFIG.items())
 
-__all__ = ["SCORER_KINDS", "TINY_DIR"]
+__all__ = ["DEMO_TASK", "SCORER_KINDS", "TASK_CONFIG", "TINY_DIR"]

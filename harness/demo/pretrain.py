@@ -112,10 +112,12 @@ def pretrain(
     cfg: PretrainConfig,
     out: Path,
     log: Callable[[str], None] = print,
+    data: dict | None = None,
 ) -> Path:
     """Train and save a Dream-format checkpoint (config.json, model.safetensors, tokenizer).
 
-    `examples(i)` gives the i-th (prompt, answer) text pair of the training stream.
+    `examples(i)` gives the i-th (prompt, answer) text pair of the training stream; `data`,
+    what describes that stream (the task's options), is recorded in config.json beside `cfg`.
     """
     net = build_model(len(tokenizer), cfg, tokenizer)
     eos, mask_id = tokenizer.eos_token_id, tokenizer.mask_token_id
@@ -140,7 +142,7 @@ def pretrain(
         sched.step()
         if step % 100 == 0 or step == cfg.steps - 1:
             log(f"step {step:5d}  loss {loss.item():.4f}  {time.time() - start:.0f}s")
-    save_dream(net.eval(), tokenizer, out, {"pretrain": asdict(cfg)})
+    save_dream(net.eval(), tokenizer, out, {"pretrain": asdict(cfg), "data": data or {}})
     return out
 
 

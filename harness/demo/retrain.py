@@ -3,17 +3,20 @@
     dllmbench demo retrain --out DIR [--seed 0] [--quick]
 
 Stages (each logged with its time): train the Dream-architecture model on the `arith` train
-stream with the masked-diffusion loss; collect on-policy trajectories on `arith` train problems
-through the engine; train the PRM on every snapshot and the ORM on final states, validating on
-held-out train problems. The task, the backbone and the scorers are all built through the
-registry. Everything is written under `out` (scratch state in `out/build/`, so every stage
-resumes); never into the installed package. `out` then runs as
-`--backbone tiny:model=OUT --scorer prm=prm:checkpoint=OUT/prm --scorer orm=orm:checkpoint=OUT/orm`.
+stream with the masked-diffusion loss; collect on-policy trajectories through the engine on
+train problems the model never saw (the stretch of the stream after its pretraining); train
+the PRM on every snapshot, and the ORM on the final states and on worked train solutions with
+and without one slip (negatives.py), validating on held-out problems. The task, the backbone
+and the scorers are all built through the registry. Everything is written under `out`
+(scratch state in `out/build/`, so every stage resumes); never into the installed package.
+`out` then runs as `--backbone tiny:model=OUT --scorer prm=prm:checkpoint=OUT/prm
+--scorer orm=orm:checkpoint=OUT/orm`.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -21,15 +24,19 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
+import torch
+
 import dllmbench
 from dllmbench.collect import (
     CollectConfig,
+    Snapshot,
     collection_manifest,
     load,
     run_collection,
     snapshot_steps,
 )
-from dllmbench.demo import SCORER_KINDS, TINY_DIR
+from dllmbench.demo import DEMO_TASK, SCORER_KINDS, TASK_CONFIG, TINY_DIR
+from dllmbench.demo.negatives import slip
 from dllmbench.demo.pretrain import PretrainConfig, pretrain, word_tokenizer
 from dllmbench.engine import Capacity, Sampling
 from dllmbench.errors import UserError
@@ -38,8 +45,10 @@ from dllmbench.training import TrainConfig, train
 from dllmbench.types import Problem
 
 TASK, BACKBONE = "arith", "tiny"
-STEPS, GEN_LENGTH = 24, 24  # the demo's sampling protocol (T and generated tokens)
+SAMPLER: dict[str, Any] = {"temperature": 0.5, "alg": "maskgit_plus", "alg_temp": 0.5}
+STEPS, GEN_LENGTH = 24, 32  # the demo's sampling protocol (T and generated tokens)
 SNAPSHOTS = 6  # snapshot steps per collected trajectory
+PRETRAIN_BATCH = 64
 TOKENIZER_EXAMPLES = 5000  # train examples (with every test example) the vocabulary is read from
 SCORER = {
     "target_modules": "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
@@ -65,12 +74,14 @@ class WorkedExamples(Protocol):
 class RetrainConfig:
     out: Path
     seed: int = 0
-    pretrain_steps: int = 2500
-    problems: int = 1000  # train problems to collect trajectories on
+    pretrain_steps: int = 3000
+    problems: int = 600  # train problems to collect trajectories on
     samples: int = 8  # trajectories per problem
-    scorer_steps: int = 600
-    # the ORM ranks one problem's answers: it learns from problems whose answers differ
-    orm_groups: Literal["all", "mixed", "balanced"] = "mixed"
+    scorer_steps: int = 600  # PRM training steps
+    orm_steps: int = 2500
+    negatives: int = 4000  # train problems the ORM also sees written right and with a slip
+    # which problems' final states the ORM learns from: all, or those whose answers differ
+    orm_groups: Literal["all", "mixed", "balanced"] = "all"
 
     @property
     def work(self) -> Path:
@@ -81,7 +92,14 @@ class RetrainConfig:
         """A few steps of everything: checks the pipeline end to end in seconds on a CPU.
         A 2-step model gets every answer wrong, so no problem is mixed: the ORM takes all."""
         return replace(
-            self, pretrain_steps=2, problems=4, samples=4, scorer_steps=2, orm_groups="all"
+            self,
+            pretrain_steps=2,
+            problems=4,
+            samples=4,
+            scorer_steps=2,
+            orm_steps=2,
+            negatives=4,
+            orm_groups="all",
         )
 
 
@@ -100,7 +118,7 @@ def retrain(cfg: RetrainConfig, log: Log = print) -> dict[str, Any]:
     """Every stage in turn; returns where the model and its scorers were written."""
     check_out(cfg.out)
     reg = registry()
-    task = reg.task(TASK, seed=cfg.seed)
+    task = reg.task(TASK, seed=cfg.seed, **TASK_CONFIG)
     if not isinstance(task, WorkedExamples):
         raise UserError(f"task {TASK!r} gives no worked train examples to pretrain on")
     started = time.time()
@@ -114,19 +132,22 @@ def retrain(cfg: RetrainConfig, log: Log = print) -> dict[str, Any]:
         return result
 
     model_dir = stage("pretraining the tiny dLLM", lambda: pretrain_model(task, cfg, log))
-    backbone = reg.backbone(BACKBONE, model=str(model_dir))
+    backbone = reg.backbone(BACKBONE, model=str(model_dir), **SAMPLER)
     stage("collecting trajectories", lambda: collect_trajectories(reg, task, backbone, cfg))
     _, snapshots = load(cfg.work / "trajectories")
     for kind in SCORER_KINDS:
 
         def fit(kind: str = kind) -> None:
-            train_scorer(reg, kind, backbone, snapshots, cfg, log)
+            train_scorer(reg, kind, task, backbone, snapshots, cfg, log)
 
         stage(f"training the {kind.upper()}", fit)
     stage(f"writing {cfg.out}", lambda: publish(model_dir, cfg))
     log(f"[{time.time() - started:6.0f}s] done")
     return {
         "out": str(cfg.out),
+        "task": DEMO_TASK,
+        "steps": STEPS,
+        "gen_length": GEN_LENGTH,
         "backbone": f"{BACKBONE}:model={cfg.out}",
         "scorers": {kind: f"{kind}={kind}:checkpoint={cfg.out / kind}" for kind in SCORER_KINDS},
         "seconds": seconds,
@@ -145,12 +166,12 @@ def pretrain_model(task: WorkedExamples, cfg: RetrainConfig, log: Log) -> Path:
     config = PretrainConfig(
         seed=cfg.seed,
         steps=cfg.pretrain_steps,
-        batch=64,
+        batch=PRETRAIN_BATCH,
         lr=2e-3,
         intermediate=256,
         gen_length=GEN_LENGTH,
     )
-    if pretrained(model_dir) == asdict(config):
+    if pretrained(model_dir) == {"pretrain": asdict(config), "data": TASK_CONFIG}:
         log(f"    {model_dir} holds this pretraining already")
         return model_dir
     seen = [*task.examples("train", 0, TOKENIZER_EXAMPLES), *task.examples("test")]
@@ -160,14 +181,25 @@ def pretrain_model(task: WorkedExamples, cfg: RetrainConfig, log: Log) -> Path:
         e = task.train_example(i)
         return _prompt(task, e.question), " " + e.solution
 
-    return pretrain(example, word_tokenizer(texts), config, model_dir, log=_indented(log))
+    tokenizer = word_tokenizer(texts)
+    return pretrain(example, tokenizer, config, model_dir, log=_indented(log), data=TASK_CONFIG)
+
+
+def unseen(task: WorkedExamples, cfg: RetrainConfig, start: int, count: int) -> list[Problem]:
+    """`count` train problems from `start` past the stretch of the stream pretraining read:
+    problems the model never saw, as the test problems are."""
+    first = cfg.pretrain_steps * PRETRAIN_BATCH + start
+    return [
+        Problem(f"train-{first + i}", e.question, str(e.answer), {})
+        for i, e in enumerate(task.examples("train", first, count))
+    ]
 
 
 def collect_trajectories(reg: Registry, task: Any, backbone: Any, cfg: RetrainConfig) -> None:
-    """On-policy trajectories of the first `problems` train problems into `work/trajectories`."""
+    """On-policy trajectories of `problems` unseen train problems into `work/trajectories`."""
     sampling = Sampling(STEPS, GEN_LENGTH, "fewshot", cfg.seed)
     steps = snapshot_steps(STEPS, SNAPSHOTS)
-    problems = task.problems("train")[: cfg.problems]
+    problems = unseen(task, cfg, 0, cfg.problems)
     description = collection_manifest(
         TASK, task, "train", BACKBONE, backbone, sampling, cfg.samples, steps, len(problems)
     )
@@ -178,17 +210,44 @@ def collect_trajectories(reg: Registry, task: Any, backbone: Any, cfg: RetrainCo
     run_collection(run, reg, cfg.work / "trajectories")
 
 
+def with_slips(task: Any, backbone: Any, cfg: RetrainConfig) -> list[Snapshot]:
+    """Final states of `negatives` unseen train problems (after the collected ones), each
+    written out right and with one slip (negatives.py), labelled by their final answers."""
+    rng = random.Random(cfg.seed)
+    out = []
+    for problem in unseen(task, cfg, cfg.problems, cfg.negatives):
+        example = task.train_example(int(problem.id.removeprefix("train-")))
+        prompt = backbone.encode(task.prompt(problem, "fewshot"))
+        wrong, answer = slip(example.solution, rng)
+        for text, correct in ((example.solution, True), (wrong, answer == example.answer)):
+            answer_ids = backbone.tokenizer(" " + text)["input_ids"][:GEN_LENGTH]
+            pad = [backbone.eos_id] * (GEN_LENGTH - len(answer_ids))
+            tokens = torch.tensor(prompt + answer_ids + pad, dtype=torch.long)
+            out.append(Snapshot(problem.id, tokens, len(prompt), STEPS, correct, True))
+    return out
+
+
 def train_scorer(
-    reg: Registry, kind: str, backbone: Any, snapshots: list, cfg: RetrainConfig, log: Log
+    reg: Registry,
+    kind: str,
+    task: Any,
+    backbone: Any,
+    snapshots: list,
+    cfg: RetrainConfig,
+    log: Log,
 ) -> None:
-    """The PRM (every snapshot) or the ORM (final states) into `work/KIND`."""
+    """The PRM (every snapshot) or the ORM (final states, and worked solutions with and
+    without a slip) into `work/KIND`."""
     scorer = reg.scorer(kind, shared={"backbone": backbone}, seed=cfg.seed, **SCORER)
+    steps = cfg.orm_steps if kind == "orm" else cfg.scorer_steps
+    if kind == "orm":
+        snapshots = snapshots + with_slips(task, backbone, cfg)
     settings = TrainConfig(
         kind=kind,
-        steps=cfg.scorer_steps,
+        steps=steps,
         batch=32,
         lr=1e-3,
-        warmup=min(50, cfg.scorer_steps // 2),
+        warmup=min(50, steps // 2),
         val_every=100,
         groups=cfg.orm_groups if kind == "orm" else "all",
         seed=cfg.seed,
@@ -206,11 +265,12 @@ def publish(model_dir: Path, cfg: RetrainConfig) -> None:
 
 
 def pretrained(model_dir: Path) -> dict | None:
-    """The pretraining configuration of a finished model in `model_dir`, if there is one."""
+    """The pretraining configuration and data of a finished model in `model_dir`, if any."""
     config = model_dir / "config.json"
     if not (config.exists() and (model_dir / "model.safetensors").exists()):
         return None
-    return json.loads(config.read_text()).get("pretrain")
+    written = json.loads(config.read_text())
+    return {"pretrain": written.get("pretrain"), "data": written.get("data")}
 
 
 def _indented(log: Log) -> Log:

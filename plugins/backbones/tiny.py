@@ -1,4 +1,5 @@
-"""The shipped demo backbone: a 0.7M-parameter Dream-architecture dLLM trained on `arith`.
+"""The shipped demo backbone: a 0.7M-parameter Dream-architecture dLLM trained on `arith`
+(two- and three-step problems), sampled with Dream's sampler at the paper's settings.
 
 The weights, tokenizer, config and the scorers trained for them live in the demo's own room,
 `dllmbench.demo` (`TINY_DIR`), and load through the same code as Dream checkpoints
@@ -23,10 +24,8 @@ __all__ = ["TINY_DIR", "Tiny", "TinyConfig"]
 class TinyConfig(DreamConfig):
     model: str = str(TINY_DIR)  # the shipped checkpoint; any Dream-format directory works
     chat: bool | None = False  # trained on raw "Question: …\nAnswer:" prompts
-    # The tiny model is sharp (it knows its arithmetic): it samples hot, in random order, so
-    # that its samples differ and about a third of them go wrong, leaving room for search.
-    temperature: float = 2.0
-    alg: str = "origin"
+    # The sampler is Dream's as the paper runs it (DreamConfig's defaults): temperature 0.5,
+    # `maskgit_plus` (the most confident positions first), `alg_temp` 0.5.
 
     @property
     def shipped_scorers(self) -> dict[str, tuple[str, dict[str, str]]]:
