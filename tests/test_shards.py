@@ -256,9 +256,10 @@ def test_the_demo_launched_on_two_processes_equals_one_process(tmp_path):
     _, stderr = proc.communicate(timeout=900)
     assert proc.returncode == 0, stderr
     a, b = RunDir(tmp_path / "A"), RunDir(tmp_path / "B")
-    # float32 scores of one row in batches of other shapes differ in their last bits: up to
-    # 1.3e-6 on the demo's logits of about 0.5, where 1e-6 relative is 5e-7
-    assert_same_records(a, b, abs_tol=2e-6)
+    # A row's float32 scores depend on the width its batch is padded to (SDPA's reductions
+    # run over it), and the processes' batches hold other neighbours: the demo's scorer logits
+    # differ by up to 2.4e-6 (1e-6 relative would be 1e-7 on a logit of 0.1)
+    assert_same_records(a, b, abs_tol=1e-5)
     accuracies = [
         {(m["id"], m["budget"]): (m["accuracy"], m["problems"]) for m in run["methods"]}
         for run in (json.loads((d / "results.json").read_text()) for d in (a.path, b.path))
