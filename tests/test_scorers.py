@@ -285,8 +285,8 @@ def test_a_checkpoint_saved_before_pool_stop_loads_with_turn(tmp_path):
     assert PRM(backbone=bb, checkpoint=str(tmp_path / "old")).settings["pool_stop"] == "turn"
     with pytest.raises(UserError, match="trained with pool_stop='turn', not 'eos'"):
         PRM(backbone=bb, checkpoint=str(tmp_path / "old"), pool_stop="eos")
-    # the shipped demo checkpoints predate the option
+    # the shipped demo checkpoints record the option, as every new checkpoint does
     for kind in ("prm", "orm"):
         shipped = TINY_DIR / kind
-        assert "pool_stop" not in json.loads((shipped / "config.json").read_text())
+        assert json.loads((shipped / "config.json").read_text())["pool_stop"] == "turn"
         assert read_checkpoint(shipped, kind)["pool_stop"] == "turn"
