@@ -113,8 +113,9 @@ SMALL = Setup(rows=4, length=48, gen_length=32, repeats=2, engine_problems=2,
               engine_copies=2, engine_steps=4)  # fmt: skip
 
 
-def build(arch: str, raw: dict[str, Any], device: torch.device, dtype: torch.dtype):
-    """A backbone of the project around a random-weight model of the given config.json."""
+def build(arch: str, raw: dict[str, Any], device: torch.device, dtype: torch.dtype, attention: str):
+    """A backbone of the project around a random-weight model of the given config.json, its
+    denoising forward padded (`sdpa`) or packed (`packed`)."""
     config = qwen2_config(raw) if arch == "dream" else llama_config(raw)
     config._attn_implementation = "sdpa"
     cls = Qwen2ForCausalLM if arch == "dream" else LlamaForCausalLM
@@ -132,6 +133,7 @@ def build(arch: str, raw: dict[str, Any], device: torch.device, dtype: torch.dty
         tokenizer=char_tokenizer(),
         device=str(device),
         dtype=str(dtype).removeprefix("torch."),
+        attention=attention,
     )
 
 
@@ -277,10 +279,12 @@ def engine_run(bb, params: int, s: Setup, peak: float | None) -> dict[str, Any]:
     }
 
 
-def bench(arch: str, raw: dict[str, Any], s: Setup, device, dtype, peak) -> dict[str, Any]:
+def bench(
+    arch: str, raw: dict[str, Any], s: Setup, device, dtype, peak, attention: str = "sdpa"
+) -> dict[str, Any]:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    bb = build(arch, raw, device, dtype)
+    bb = build(arch, raw, device, dtype, attention)
     params = matmul_params(bb.transformer)
     c = bb.transformer.config
     out = {
@@ -314,7 +318,8 @@ def default_peak(device: torch.device) -> float | None:
 
 def report_text(report: dict[str, Any]) -> str:
     lines = [
-        f"{report['device']} · {report['dtype']} · peak {report['peak_tflops'] or '–'} TFLOP/s"
+        f"{report['device']} · {report['dtype']} · {report.get('attention', 'sdpa')} attention"
+        f" · peak {report['peak_tflops'] or '–'} TFLOP/s"
     ]
     for name, m in report["models"].items():
         lines.append(
@@ -340,6 +345,12 @@ def main() -> None:
     parser.add_argument("--dtype", help="default: bfloat16 on a GPU, float32 on a CPU")
     parser.add_argument("--peak-tflops", type=float, help="for MFU; default by device name")
     parser.add_argument("--rows", type=int, help="rows per forward")
+    parser.add_argument(
+        "--attention",
+        choices=["sdpa", "packed"],
+        default="sdpa",
+        help="the backbones' denoising forward: left-padded SDPA or packed FlexAttention",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -357,13 +368,14 @@ def main() -> None:
         # peak_memory_gib: the CUDA allocator's peak per model, or the process's peak RSS
         "memory": "cuda max allocated" if device.type == "cuda" else "process max RSS",
         "tiny": args.tiny,
+        "attention": args.attention,
         "models": {},
     }
     with contextlib.suppress(AttributeError):
         torch.backends.cuda.matmul.allow_tf32 = True
     for arch in models:
         raw = {**SHAPES[arch], **(TINY[arch] if args.tiny else {})}
-        report["models"][arch] = bench(arch, raw, setup, device, dtype, peak)
+        report["models"][arch] = bench(arch, raw, setup, device, dtype, peak, args.attention)
     print(json.dumps(report, indent=2) if args.json else report_text(report))
 
 
