@@ -16,19 +16,30 @@ os.environ.pop("DLLMBENCH_PLUGINS", None)
 
 from dllmbench.cli import main
 
+
+def toy_argv(size: int, backbone: str = "toy", prm: bool = True) -> list[str]:
+    """`run` on the doubles: the toy task of `size` problems, `backbone`, the toy ORM (and PRM
+    unless `prm` is false), T = 8 and 5 generated tokens."""
+    scorers = ["--scorer", "prm=toy"] if prm else []
+    return [
+        "run",
+        "--task",
+        f"toy_sum:size={size}",
+        "--backbone",
+        backbone,
+        *scorers,
+        "--scorer",
+        "orm=toy:partial=false",
+        "--steps",
+        "8",
+        "--gen-length",
+        "5",
+    ]
+
+
 # A small finished-run command on the doubles: a few seconds, every file of a run directory.
 TOY_RUN = [
-    "run",
-    "--task",
-    "toy_sum:size=4",
-    "--backbone",
-    "toy",
-    "--scorer",
-    "orm=toy:partial=false",
-    "--steps",
-    "8",
-    "--gen-length",
-    "5",
+    *toy_argv(4, prm=False),
     "--methods",
     "vanilla,majority,orm_rerank,oracle",
     "--budget",

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import toy_argv
 
 from dllmbench import diagnostics, evidence
 from dllmbench.cli import main
@@ -15,23 +16,7 @@ from dllmbench.errors import UserError
 from dllmbench.pooled import PooledCandidate, pooled_curves
 
 # T = 8, segments of 4 steps; the toy spreads its commits over T, so states at step 4 are partial
-BASE = [
-    "run",
-    "--task",
-    "toy_sum:size=5",
-    "--backbone",
-    "toy:spread=true",
-    "--scorer",
-    "prm=toy",
-    "--scorer",
-    "orm=toy:partial=false",
-    "--steps",
-    "8",
-    "--gen-length",
-    "5",
-    "--resamples",
-    "100",
-]
+BASE = [*toy_argv(5, "toy:spread=true"), "--resamples", "100"]
 GUIDED_FAMILIES = "vanilla,majority,orm_rerank,prm_guided,top_m,prm_hybrid,smc_vote,smc_top,oracle"
 GUIDED_RUN = [*BASE, "--methods", GUIDED_FAMILIES, "--budget", "80"]
 

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import assert_user_error, snapshot
+from conftest import assert_user_error, snapshot, toy_argv
 from matplotlib.image import imread
 
 from dllmbench import report as rep
@@ -17,23 +17,7 @@ from dllmbench.cli import main
 
 # a toy run with every family (scorers prm and orm) at two budgets: pools nest, guided
 # strategies record their segments and checkpoints
-GUIDED_RUN = [
-    "run",
-    "--task",
-    "toy_sum:size=4",
-    "--backbone",
-    "toy",
-    "--scorer",
-    "prm=toy",
-    "--scorer",
-    "orm=toy:partial=false",
-    "--steps",
-    "8",
-    "--gen-length",
-    "5",
-    "--resamples",
-    "200",
-]
+GUIDED_RUN = [*toy_argv(4), "--resamples", "200"]
 PNG = b"\x89PNG\r\n\x1a\n"
 DIAGNOSTIC_KEYS = (
     "roc_auc_by_mask",

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import assert_user_error, cli_subprocess
+from conftest import assert_user_error, cli_subprocess, toy_argv
 from test_rundir import assert_same_records
 
 from dllmbench.errors import UserError
@@ -23,27 +23,7 @@ from dllmbench.shards import Shard, from_launcher, parse_shard, resolve
 TESTS = Path(__file__).parent
 METHODS = "vanilla,majority,orm_rerank,prm_guided,smc_vote,oracle"
 SIZE = 7  # shares of 4 and 3 problems
-RUN = [
-    "run",
-    "--task",
-    f"toy_sum:size={SIZE}",
-    "--backbone",
-    "toy",
-    "--scorer",
-    "prm=toy",
-    "--scorer",
-    "orm=toy:partial=false",
-    "--steps",
-    "8",
-    "--gen-length",
-    "5",
-    "--methods",
-    METHODS,
-    "--budget",
-    "72",
-    "--resamples",
-    "200",
-]
+RUN = [*toy_argv(SIZE), "--methods", METHODS, "--budget", "72", "--resamples", "200"]
 RECORDS = SIZE * len(METHODS.split(","))
 
 

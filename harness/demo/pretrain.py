@@ -78,6 +78,13 @@ def build_model(vocab: int, cfg: PretrainConfig, tokenizer: PreTrainedTokenizerF
     return Qwen2ForCausalLM(config)
 
 
+def answer_tokens(tokenizer: PreTrainedTokenizerFast, answer: str, gen_length: int) -> list[int]:
+    """The answer's tokens cut to `gen_length` and padded with EOS to it: the generated region
+    as the model learns to fill it."""
+    ids = tokenizer(answer)["input_ids"][:gen_length]
+    return ids + [tokenizer.eos_token_id] * (gen_length - len(ids))
+
+
 def batch_tensors(pairs: list[tuple[list[int], list[int]]], pad: int):
     """Left-padded ids, attention mask, positions and the answer-region mask."""
     width = max(len(p) + len(a) for p, a in pairs)
@@ -132,8 +139,9 @@ def pretrain(
         for _ in range(cfg.batch):
             prompt, answer = examples(index)
             index += 1
-            a = tokenizer(answer)["input_ids"][: cfg.gen_length]
-            pairs.append((tokenizer(prompt)["input_ids"], a + [eos] * (cfg.gen_length - len(a))))
+            pairs.append(
+                (tokenizer(prompt)["input_ids"], answer_tokens(tokenizer, answer, cfg.gen_length))
+            )
         loss = diffusion_loss(net, *batch_tensors(pairs, eos), mask_id, cfg.eps, gen)
         opt.zero_grad()
         loss.backward()

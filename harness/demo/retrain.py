@@ -37,7 +37,7 @@ from dllmbench.collect import (
 )
 from dllmbench.demo import DEMO_TASK, SCORER_KINDS, TASK_CONFIG, TINY_DIR
 from dllmbench.demo.negatives import slip
-from dllmbench.demo.pretrain import PretrainConfig, pretrain, word_tokenizer
+from dllmbench.demo.pretrain import PretrainConfig, answer_tokens, pretrain, word_tokenizer
 from dllmbench.engine import Capacity, Sampling
 from dllmbench.errors import UserError
 from dllmbench.registry import Registry, registry
@@ -185,12 +185,14 @@ def pretrain_model(task: WorkedExamples, cfg: RetrainConfig, log: Log) -> Path:
     return pretrain(example, tokenizer, config, model_dir, log=_indented(log), data=TASK_CONFIG)
 
 
-def unseen(task: WorkedExamples, cfg: RetrainConfig, start: int, count: int) -> list[Problem]:
-    """`count` train problems from `start` past the stretch of the stream pretraining read:
-    problems the model never saw, as the test problems are."""
+def unseen(
+    task: WorkedExamples, cfg: RetrainConfig, start: int, count: int
+) -> list[tuple[Problem, Any]]:
+    """`count` train problems from `start` past the stretch of the stream pretraining read
+    (problems the model never saw, as the test problems are), with their worked examples."""
     first = cfg.pretrain_steps * PRETRAIN_BATCH + start
     return [
-        Problem(f"train-{first + i}", e.question, str(e.answer), {})
+        (Problem(f"train-{first + i}", e.question, str(e.answer), {}), e)
         for i, e in enumerate(task.examples("train", first, count))
     ]
 
@@ -199,7 +201,7 @@ def collect_trajectories(reg: Registry, task: Any, backbone: Any, cfg: RetrainCo
     """On-policy trajectories of `problems` unseen train problems into `work/trajectories`."""
     sampling = Sampling(STEPS, GEN_LENGTH, "fewshot", cfg.seed)
     steps = snapshot_steps(STEPS, SNAPSHOTS)
-    problems = unseen(task, cfg, 0, cfg.problems)
+    problems = [problem for problem, _ in unseen(task, cfg, 0, cfg.problems)]
     description = collection_manifest(
         TASK, task, "train", BACKBONE, backbone, sampling, cfg.samples, steps, len(problems)
     )
@@ -215,14 +217,12 @@ def with_slips(task: Any, backbone: Any, cfg: RetrainConfig) -> list[Snapshot]:
     written out right and with one slip (negatives.py), labelled by their final answers."""
     rng = random.Random(cfg.seed)
     out = []
-    for problem in unseen(task, cfg, cfg.problems, cfg.negatives):
-        example = task.train_example(int(problem.id.removeprefix("train-")))
+    for problem, example in unseen(task, cfg, cfg.problems, cfg.negatives):
         prompt = backbone.encode(task.prompt(problem, "fewshot"))
         wrong, answer = slip(example.solution, rng)
         for text, correct in ((example.solution, True), (wrong, answer == example.answer)):
-            answer_ids = backbone.tokenizer(" " + text)["input_ids"][:GEN_LENGTH]
-            pad = [backbone.eos_id] * (GEN_LENGTH - len(answer_ids))
-            tokens = torch.tensor(prompt + answer_ids + pad, dtype=torch.long)
+            answer_ids = answer_tokens(backbone.tokenizer, " " + text, GEN_LENGTH)
+            tokens = torch.tensor(prompt + answer_ids, dtype=torch.long)
             out.append(Snapshot(problem.id, tokens, len(prompt), STEPS, correct, True))
     return out
 
