@@ -40,13 +40,13 @@ from typing import Any
 import torch
 from transformers import LlamaForCausalLM, Qwen2ForCausalLM
 
-from dllmbench.engine import Capacity, Engine, Sampling
-from dllmbench.interfaces import StepBatch
-from dllmbench.method import Method, MethodSpec
+from dllmbench.api.interfaces import StepBatch
+from dllmbench.execution.engine import Capacity, Engine, Sampling
+from dllmbench.execution.method import Method, MethodSpec
+from dllmbench.loading.registry import registry
 from dllmbench.plugins.backbones.dream import Dream
 from dllmbench.plugins.backbones.llada import LLaDA
 from dllmbench.plugins.backbones.loading import char_tokenizer, llama_config, qwen2_config
-from dllmbench.registry import registry
 
 # config.json shapes of Dream-v0-Instruct-7B (Qwen2.5-7B) and LLaDA-8B (OLMo naming)
 SHAPES: dict[str, dict[str, Any]] = {

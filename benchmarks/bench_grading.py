@@ -15,7 +15,7 @@ import argparse
 import os
 import time
 
-from dllmbench.registry import registry
+from dllmbench.loading.registry import registry
 
 
 def graded(task, items, grade_many: bool) -> tuple[float, int]:

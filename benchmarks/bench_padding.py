@@ -25,8 +25,8 @@ from collections.abc import Sequence
 
 from dllmbench.cli import build_parser
 from dllmbench.cli.run import run_config
-from dllmbench.engine import Capacity, Engine
-from dllmbench.runner import prepare
+from dllmbench.execution.engine import Capacity, Engine
+from dllmbench.running.runner import prepare
 
 
 class FillRows(Capacity):

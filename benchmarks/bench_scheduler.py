@@ -20,10 +20,10 @@ import time
 
 import torch
 
-from dllmbench.engine import Capacity, Engine, Sampling
-from dllmbench.interfaces import StepBatch
-from dllmbench.planner import default_budget, plan
-from dllmbench.registry import registry
+from dllmbench.api.interfaces import StepBatch
+from dllmbench.execution.engine import Capacity, Engine, Sampling
+from dllmbench.execution.planner import default_budget, plan
+from dllmbench.loading.registry import registry
 from dllmbench.testing.doubles import MASK, ToyBackbone, ToyScorer, ToySum
 
 

@@ -5,7 +5,7 @@ They register through the same hook as a third-party package's families.
 
 from __future__ import annotations
 
-from dllmbench.hookspecs import RegisterFamily, hookimpl
+from dllmbench.api.hookspecs import RegisterFamily, hookimpl
 
 # name, leaderboard label (formatted with the strategy's configuration), spec ("{half}": T // 2)
 FAMILIES = (

@@ -22,10 +22,10 @@ from decimal import Decimal
 from functools import cached_property
 from typing import Any, ClassVar
 
-from dllmbench.errors import UserError
-from dllmbench.hookspecs import hookimpl
+from dllmbench.api.hookspecs import hookimpl
+from dllmbench.core.errors import UserError
+from dllmbench.core.types import Problem, Prompt
 from dllmbench.tasks.numeric import extract_strict, number_key, same_number
-from dllmbench.types import Problem, Prompt
 
 NAMES = (("Tom", "he", "his"), ("Ann", "she", "her"), ("Sam", "he", "his"), ("Mia", "she", "her"))
 ITEMS = ("apples", "pens", "books", "cards", "eggs", "balls")

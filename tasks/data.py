@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dllmbench.errors import UserError
-from dllmbench.hub import hub_offline, hub_unreachable
+from dllmbench.core.errors import UserError
+from dllmbench.core.hub import hub_offline, hub_unreachable
 
 DATA_ENV = "DLLMBENCH_DATA"
 PACKAGED = Path(__file__).resolve().parent / "packaged"

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, ClassVar
 
-from dllmbench.errors import UserError
-from dllmbench.hookspecs import hookimpl
+from dllmbench.api.hookspecs import hookimpl
+from dllmbench.core.errors import UserError
+from dllmbench.core.types import Problem, Prompt
 from dllmbench.tasks.data import Row, TaskData, need_fields
 from dllmbench.tasks.numeric import (
     canonical,
@@ -22,7 +23,6 @@ from dllmbench.tasks.numeric import (
     number_key,
     same_number,
 )
-from dllmbench.types import Problem, Prompt
 
 SYSTEM = "You are a helpful assistant."
 HUB = ("openai/gsm8k", "main")

@@ -15,11 +15,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from dllmbench.errors import UserError
-from dllmbench.hookspecs import hookimpl
+from dllmbench.api.hookspecs import hookimpl
+from dllmbench.core.errors import UserError
+from dllmbench.core.types import Problem, Prompt
 from dllmbench.tasks.data import TaskData, need_fields
 from dllmbench.tasks.mathverify import VerifyPool
-from dllmbench.types import Problem, Prompt
 
 HUB = ("HuggingFaceH4/MATH-500", None)
 SIZES = {"test": 500}

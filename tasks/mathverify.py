@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
 
-from dllmbench.errors import UserError
+from dllmbench.core.errors import UserError
 
 STARTUP_SECONDS = 120.0  # importing sympy and math-verify; never charged to a grade
 

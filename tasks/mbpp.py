@@ -19,12 +19,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-from dllmbench.errors import UserError
-from dllmbench.hookspecs import hookimpl
+from dllmbench.api.hookspecs import hookimpl
+from dllmbench.core.errors import UserError
+from dllmbench.core.types import Problem, Prompt
 from dllmbench.tasks.data import TaskData, need_fields
 from dllmbench.tasks.mbpp_judge import MODULES, Check, Undecodable, decode, holds, plan
 from dllmbench.tasks.sandbox import ISOLATIONS, Limits, Outcome, Sandbox
-from dllmbench.types import Problem, Prompt
 
 HUB = ("google-research-datasets/mbpp", "full")
 RANGES = {"prompt": (1, 10), "test": (11, 510), "validation": (511, 600), "train": (601, 974)}

@@ -51,7 +51,7 @@ from dataclasses import asdict, dataclass, replace
 from functools import cache
 from pathlib import Path
 
-from dllmbench.errors import UserError
+from dllmbench.core.errors import UserError
 from dllmbench.tasks.cgroups import RunGroup
 
 ISOLATIONS = ("namespaces", "process")

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from dllmbench.hookspecs import hookimpl
-from dllmbench.interfaces import StepBatch
+from dllmbench.api.hookspecs import hookimpl
+from dllmbench.api.interfaces import StepBatch
 from dllmbench.testing.doubles import ToyBackbone, ToyBackboneConfig
 
 

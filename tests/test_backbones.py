@@ -10,13 +10,13 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from dllmbench.errors import UserError
-from dllmbench.interfaces import StepBatch
-from dllmbench.keys import row_key
+from dllmbench.api.interfaces import StepBatch
+from dllmbench.core.errors import UserError
+from dllmbench.core.keys import row_key
+from dllmbench.core.types import Prompt
 from dllmbench.plugins.backbones.dream import Dream, quota
 from dllmbench.plugins.backbones.llada import LLaDA
 from dllmbench.plugins.backbones.loading import load_strict, rename_llada_keys
-from dllmbench.types import Prompt
 
 
 # -- a reference forward, written out from the weights ------------------------------------------
@@ -461,9 +461,9 @@ def test_decode_stops_at_the_first_end_token_and_marks_interior_masks():
 
 
 def test_cfg_costs_two_passes_per_row_step():
-    from dllmbench.engine import Engine, Sampling
-    from dllmbench.method import Method, MethodSpec
-    from dllmbench.registry import registry
+    from dllmbench.execution.engine import Engine, Sampling
+    from dllmbench.execution.method import Method, MethodSpec
+    from dllmbench.loading.registry import registry
     from dllmbench.testing.doubles import ToySum
 
     task = ToySum(size=2)

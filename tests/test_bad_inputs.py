@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 from conftest import TOY_RUN, assert_user_error, cli_subprocess, snapshot
 
+from dllmbench.core.errors import PluginError
 from dllmbench.demo import TINY_DIR
-from dllmbench.errors import PluginError
-from dllmbench.manager import PluginInfo
+from dllmbench.loading.manager import PluginInfo
+from dllmbench.loading.registry import Registry
 from dllmbench.plugins.backbones.base import DiffusionBackbone
 from dllmbench.plugins.backbones.llada import LLaDAConfig
-from dllmbench.registry import Registry
 
 # the shipped tiny model on a few arith problems: loads in well under a second
 TINY = ["run", "--task", "arith:test_size=4", "--steps", "4", "--gen-length", "8", "--limit", "2"]

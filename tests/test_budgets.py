@@ -11,8 +11,8 @@ from conftest import TOY_RUN, assert_user_error, snapshot
 
 from dllmbench.cli import build_parser
 from dllmbench.cli.run import DEMO, run_config
-from dllmbench.planner import default_budget, plan
-from dllmbench.registry import registry
+from dllmbench.execution.planner import default_budget, plan
+from dllmbench.loading.registry import registry
 
 SMALL, LARGE = 72, 288  # the toy run's budget and four times it (T = 8)
 
@@ -213,7 +213,7 @@ def test_freed_memory_is_kept_for_the_next_forward():
     allocating it again faults no new pages in."""
     import resource
 
-    from dllmbench.allocator import keep_freed_memory
+    from dllmbench.running.allocator import keep_freed_memory
 
     assert keep_freed_memory()
     import torch

@@ -11,7 +11,7 @@ from conftest import TOY_RUN, assert_user_error, cli_subprocess
 
 import dllmbench.cli.tasks
 from dllmbench.cli import COMMANDS, build_parser, main
-from dllmbench.errors import PluginViolation
+from dllmbench.core.errors import PluginViolation
 
 H1040 = {
     "Vanilla": 128,
@@ -180,7 +180,7 @@ def test_user_errors_are_one_line_with_exit_2(cli, argv, needle):
 
 
 BAD_SELECTOR = """
-from dllmbench.hookspecs import hookimpl
+from dllmbench.api.hookspecs import hookimpl
 
 
 class Minus:

@@ -17,10 +17,10 @@ from typing import ClassVar
 import numpy as np
 import pytest
 
-from dllmbench.hookspecs import hookimpl
-from dllmbench.registry import registry
+from dllmbench.api.hookspecs import hookimpl
+from dllmbench.core.types import Pool, Problem
+from dllmbench.loading.registry import registry
 from dllmbench.testing import contracts
-from dllmbench.types import Pool, Problem
 
 pytest_plugins = ("pytester",)
 

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 import dllmbench.testing as testing
-from dllmbench.errors import PluginError
+from dllmbench.core.errors import PluginError
+from dllmbench.core.types import Problem
 from dllmbench.plugins.selectors.voting import Majority
 from dllmbench.testing import make_candidate, make_candidates, make_pool, make_rows, run_strategy
 from dllmbench.testing.doubles import MASK, ToyBackbone
-from dllmbench.types import Problem
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "plugin-authors.md"
 

@@ -5,11 +5,10 @@ pass."""
 from __future__ import annotations
 
 import shutil
+import tomllib
 from pathlib import Path
 
-import tomllib
-
-from dllmbench.registry import registry
+from dllmbench.loading.registry import registry
 
 pytest_plugins = ("pytester",)
 

@@ -9,11 +9,11 @@ import json
 import pytest
 from conftest import TOY_RUN, assert_user_error, snapshot
 
-from dllmbench.planner import plan
+from dllmbench.execution.planner import plan
+from dllmbench.loading.registry import registry
 from dllmbench.plugins.backbones.base import DiffusionBackbone
 from dllmbench.plugins.backbones.llada import LLaDAConfig
-from dllmbench.registry import registry
-from dllmbench.runner import _trajectories
+from dllmbench.running.runner import _trajectories
 from dllmbench.testing.doubles import ToyBackbone
 
 # TOY_RUN on the toy backbone drawing every row's noise from one key

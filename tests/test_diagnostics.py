@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from dllmbench.diagnostics import (
+from dllmbench.analysis.diagnostics import (
     PruningEvent,
     ScoredState,
     SMCCheckpoint,
@@ -23,8 +23,8 @@ from dllmbench.diagnostics import (
     weighted_auc,
     within_problem_kendall,
 )
-from dllmbench.pooled import PooledCandidate
-from dllmbench.stats import resample_indices
+from dllmbench.analysis.pooled import PooledCandidate
+from dllmbench.analysis.stats import resample_indices
 
 
 def test_mask_buckets_edges():

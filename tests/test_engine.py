@@ -9,16 +9,16 @@ from typing import ClassVar
 
 import pytest
 
-from dllmbench.engine import Capacity, Engine, Sampling, plan_units
-from dllmbench.errors import CostMismatch, PluginViolation
-from dllmbench.method import Method, MethodSpec
-from dllmbench.planner import plan
-from dllmbench.provenance import Origins
-from dllmbench.registry import registry
-from dllmbench.scheduler import DenoiseWait, Scheduler, ScoreWait
+from dllmbench.core.errors import CostMismatch, PluginViolation
+from dllmbench.core.types import Rows
+from dllmbench.execution.engine import Capacity, Engine, Sampling, plan_units
+from dllmbench.execution.method import Method, MethodSpec
+from dllmbench.execution.planner import plan
+from dllmbench.execution.scheduler import DenoiseWait, Scheduler, ScoreWait
+from dllmbench.loading.provenance import Origins
+from dllmbench.loading.registry import registry
 from dllmbench.testing.contracts import comparable
 from dllmbench.testing.doubles import ToyBackbone, ToyScorer, ToySum
-from dllmbench.types import Rows
 
 T, GEN = 16, 6
 
@@ -325,7 +325,7 @@ class ScoresPartialWithAnORM(Misreporting):
     ],
 )
 def test_ops_refuses_scorers_the_run_cannot_serve(strategy, needle):
-    from dllmbench.errors import PluginError
+    from dllmbench.core.errors import PluginError
 
     task, eng = engine([_bad(strategy)], size=1)
     with pytest.raises(PluginError, match=needle):
@@ -498,7 +498,7 @@ def test_a_backbone_scorer_or_task_miscounting_is_a_violation_naming_it(part, ne
 
 
 MINUS_ONE = """
-from dllmbench.hookspecs import hookimpl
+from dllmbench.api.hookspecs import hookimpl
 
 
 class MinusOne:
@@ -551,7 +551,7 @@ def test_a_selector_returning_minus_one_ends_the_run_with_one_line_and_exit_3(
 
 
 def test_collected_snapshots_travel_beside_the_records_not_inside_them(tmp_path):
-    from dllmbench.collect import (
+    from dllmbench.scoring.collect import (
         CollectConfig,
         Trajectories,
         collection_manifest,

@@ -1,4 +1,4 @@
-"""dllmbench.evidence: a run directory's records as the inputs of the pooled estimators and
+"""dllmbench.analysis.evidence: a run directory's records as the inputs of the pooled estimators and
 the diagnostics, on a real run of the doubles and on hand-built records whose answers are
 known."""
 
@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from conftest import toy_argv
 
-from dllmbench import diagnostics, evidence
+from dllmbench.analysis import diagnostics, evidence
+from dllmbench.analysis.pooled import PooledCandidate, pooled_curves
 from dllmbench.cli import main
-from dllmbench.errors import UserError
-from dllmbench.pooled import PooledCandidate, pooled_curves
+from dllmbench.core.errors import UserError
 
 # T = 8, segments of 4 steps; the toy spreads its commits over T, so states at step 4 are partial
 BASE = [*toy_argv(5, "toy:spread=true"), "--resamples", "100"]

@@ -1,6 +1,6 @@
 """Every hookspec is exercised by a test and documented with its signature.
 
-This module is a plugin implementing every hook of `dllmbench.hookspecs`; the tests load it
+This module is a plugin implementing every hook of `dllmbench.api.hookspecs`; the tests load it
 through the real plugin manager and check that each hook was called and what it registered
 arrived. A new hookspec fails here until it has an implementation below and a block in
 docs/plugin-authors.md.
@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from dllmbench import hookspecs
-from dllmbench.hookspecs import hookimpl
-from dllmbench.manager import KINDS
+from dllmbench.api import hookspecs
+from dllmbench.api.hookspecs import hookimpl
+from dllmbench.loading.manager import KINDS
+from dllmbench.loading.registry import registry
 from dllmbench.plugins.selectors.basic import First
 from dllmbench.plugins.strategies.independent import Independent
-from dllmbench.registry import registry
 from dllmbench.testing.doubles import ToyBackbone, ToyScorer, ToySum
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "plugin-authors.md"
@@ -77,7 +77,7 @@ IMPLEMENTED = {
 
 
 def test_every_hookspec_has_an_implementation_here():
-    assert HOOKSPECS, "found no hookspecs in dllmbench.hookspecs"
+    assert HOOKSPECS, "found no hookspecs in dllmbench.api.hookspecs"
     missing = sorted(set(HOOKSPECS) - IMPLEMENTED)
     assert not missing, f"hookspecs with no implementation in {__name__}: {missing}"
 

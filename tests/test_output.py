@@ -11,9 +11,9 @@ from pathlib import Path
 from conftest import TOY_RUN
 from rich.console import Console
 
-from dllmbench import schema
-from dllmbench.leaderboard import markdown, rich_table
-from dllmbench.progress import Progress
+from dllmbench.analysis.leaderboard import markdown, rich_table
+from dllmbench.cli.progress import Progress
+from dllmbench.core import schema
 
 
 class Log(io.StringIO):

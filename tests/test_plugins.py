@@ -12,23 +12,23 @@ from pathlib import Path
 
 import pytest
 
-from dllmbench.errors import PluginError
-from dllmbench.interfaces import (
+from dllmbench.api.interfaces import (
     KIND_PROTOCOLS,
     contract_configs,
     is_trained,
     missing_members,
     passes_per_step,
 )
-from dllmbench.manager import collect, load_plugin_manager
-from dllmbench.planner import available_families, plan
-from dllmbench.registry import Registry, describe_plugins
+from dllmbench.core.errors import PluginError
+from dllmbench.execution.planner import available_families, plan
+from dllmbench.loading.manager import collect, load_plugin_manager
+from dllmbench.loading.registry import Registry, describe_plugins
 
 STRATEGY = '''
 """A third-party strategy: best-of-n with a twist of lineage, for the plugin test."""
 from dataclasses import dataclass
 
-from dllmbench.hookspecs import hookimpl
+from dllmbench.api.hookspecs import hookimpl
 
 
 @dataclass(frozen=True)
@@ -194,7 +194,7 @@ def _registry(tmp_path: Path, monkeypatch, modules: dict[str, str], **env: str) 
 
 
 CLASH = """
-from dllmbench.hookspecs import hookimpl
+from dllmbench.api.hookspecs import hookimpl
 @hookimpl
 def dllmbench_register_strategies(register):
     register('independent', object)
@@ -216,7 +216,7 @@ def test_a_clash_marks_the_name_broken_naming_both_and_the_rest_works(tmp_path, 
 
 def test_a_clash_lets_plugins_run_and_refuses_only_the_command_that_needs_it(tmp_path):
     (tmp_path / "clash_b.py").write_text(
-        "from dllmbench.hookspecs import hookimpl\n"
+        "from dllmbench.api.hookspecs import hookimpl\n"
         "@hookimpl\ndef dllmbench_register_selectors(register):\n"
         "    register('majority', object)\n"
     )
@@ -244,13 +244,13 @@ def test_a_clash_lets_plugins_run_and_refuses_only_the_command_that_needs_it(tmp
     [
         ("raise ImportError('no module named torch_extra')", "failed to import: ImportError"),
         (
-            "from dllmbench.hookspecs import hookimpl\n"
+            "from dllmbench.api.hookspecs import hookimpl\n"
             "@hookimpl\ndef dllmbench_register_strategies(register):\n"
             "    register('beam', object)\n    raise RuntimeError('half registered')\n",
             "dllmbench_register_strategies raised RuntimeError: half registered",
         ),
         (
-            "from dllmbench.hookspecs import hookimpl\n"
+            "from dllmbench.api.hookspecs import hookimpl\n"
             "@hookimpl\ndef dllmbench_register_strategy(register):\n"
             "    register('beam', object)\n",
             "'dllmbench_register_strategy', which is no dllmbench hook; "
@@ -366,7 +366,7 @@ def test_methods_all_runs_a_third_party_family_onto_the_leaderboard(tmp_path):
 
 def test_a_family_needing_a_missing_plugin_is_an_error_only_when_named(tmp_path, monkeypatch):
     source = """
-    from dllmbench.hookspecs import hookimpl
+    from dllmbench.api.hookspecs import hookimpl
     @hookimpl
     def dllmbench_register_methods(register):
         register("beam", spec="beam:k=*+first", label="Beam K={k}")
@@ -407,7 +407,7 @@ DESCRIBED = '''
 """Plugins of every shape, for describe_plugins and the Protocol check."""
 from dataclasses import dataclass
 
-from dllmbench.hookspecs import hookimpl
+from dllmbench.api.hookspecs import hookimpl
 
 
 class Half:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy.special import expit
 
-from dllmbench.pooled import (
+from dllmbench.analysis.pooled import (
     PooledCandidate,
     bootstrap_interval,
     curve_difference,
@@ -269,7 +269,7 @@ def test_paired_difference_is_paired():
 
 
 def _point_of(values: np.ndarray):
-    from dllmbench.pooled import PooledPoint
+    from dllmbench.analysis.pooled import PooledPoint
 
     n = len(values)
     return PooledPoint("x", 1, float(np.mean(values)), tuple(values), (0.0,) * n, True, 0.0)

@@ -9,11 +9,11 @@ import sys
 import pytest
 from conftest import assert_user_error
 
-from dllmbench import presets
+from dllmbench.loading.registry import registry
 from dllmbench.plugins.backbones.base import DiffusionBackbone
 from dllmbench.plugins.backbones.tiny import TINY_DIR
 from dllmbench.plugins.scorers.reward import RewardScorer
-from dllmbench.registry import registry
+from dllmbench.running import presets
 
 PAPER_COSTS = {
     "Vanilla": 128,
@@ -205,7 +205,7 @@ def test_every_preset_option_is_an_option_of_the_installed_plugin(kind, table):
 
 def test_the_preset_module_imports_no_plugin():
     code = (
-        "import sys, dllmbench.presets; "
+        "import sys, dllmbench.running.presets; "
         "print([m for m in sys.modules if m.startswith('dllmbench.plugins') "
         "or m.startswith('dllmbench.tasks')])"
     )

@@ -11,9 +11,9 @@ import pytest
 from conftest import assert_user_error, snapshot, toy_argv
 from matplotlib.image import imread
 
-from dllmbench import report as rep
-from dllmbench import schema
+from dllmbench.analysis import report as rep
 from dllmbench.cli import main
+from dllmbench.core import schema
 
 # a toy run with every family (scorers prm and orm) at two budgets: pools nest, guided
 # strategies record their segments and checkpoints

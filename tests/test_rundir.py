@@ -9,10 +9,10 @@ import shutil
 
 import pytest
 
-from dllmbench.engine import Capacity, Sampling
-from dllmbench.errors import UserError
-from dllmbench.rundir import RunDir, manifest_differences
-from dllmbench.runner import RunConfig, run
+from dllmbench.core.errors import UserError
+from dllmbench.execution.engine import Capacity, Sampling
+from dllmbench.running.runner import RunConfig, run
+from dllmbench.storage.rundir import RunDir, manifest_differences
 
 METHODS = ["vanilla", "majority", "orm_rerank", "prm_guided", "smc_vote", "oracle"]
 
@@ -294,7 +294,7 @@ def test_an_interrupted_invocation_is_in_compute_json_with_its_records(tmp_path)
 
 
 def test_compute_json_is_saved_as_the_run_goes(tmp_path, monkeypatch):
-    import dllmbench.runner as runner
+    import dllmbench.running.runner as runner
 
     saves = []
     real = RunDir.save_invocation
@@ -323,7 +323,7 @@ def test_summary_settings_may_change_on_resume(tmp_path):
 
 
 def test_scorers_that_ask_for_the_backbone_share_it(tmp_path):
-    from dllmbench.runner import prepare
+    from dllmbench.running.runner import prepare
 
     cfg = config(tmp_path / "r")
     _, _, _, backbone, scorers, _, _ = prepare(cfg)
@@ -350,7 +350,7 @@ def tiny_config(out, model) -> RunConfig:
 def test_weights_are_compared_by_content_not_by_where_they_lie(tmp_path):
     from safetensors.torch import load_file, save_file
 
-    from dllmbench.checksums import sha256
+    from dllmbench.core.checksums import sha256
     from dllmbench.demo import TINY_DIR
 
     first = tmp_path / "install-a" / "tiny_model"
@@ -390,7 +390,7 @@ def test_weights_are_compared_by_content_not_by_where_they_lie(tmp_path):
 def test_big_files_are_hashed_once_per_content(tmp_path, monkeypatch):
     import hashlib
 
-    from dllmbench import checksums
+    from dllmbench.core import checksums
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(checksums, "BIG", 10)

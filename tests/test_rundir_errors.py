@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import TOY_RUN, assert_user_error, cli_subprocess, snapshot
 
-from dllmbench import runner
+from dllmbench.running import runner
 
 
 @pytest.fixture
@@ -228,7 +228,7 @@ def test_a_corrupt_compute_json_is_found_before_the_run(cli, partial_run, text, 
 HOLD = textwrap.dedent(
     """
     import sys, time
-    import dllmbench.runner as runner
+    import dllmbench.running.runner as runner
     from dllmbench.cli import main
 
     real = runner.run

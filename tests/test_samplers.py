@@ -10,8 +10,9 @@ import pytest
 import torch
 from test_backbones import save_llada, trajectory
 
-from dllmbench.interfaces import StepBatch
-from dllmbench.keys import row_key, torch_generator
+from dllmbench.api.interfaces import StepBatch
+from dllmbench.core.keys import row_key, torch_generator
+from dllmbench.core.types import Prompt
 from dllmbench.plugins.backbones import dream as dream_module
 from dllmbench.plugins.backbones.base import (
     PURPOSES,
@@ -23,7 +24,6 @@ from dllmbench.plugins.backbones.dream import Dream, DreamConfig, sample_tokens
 from dllmbench.plugins.backbones.llada import LLaDA, LLaDAConfig, gumbel_max, low_confidence
 from dllmbench.plugins.backbones.loading import char_tokenizer, random_model
 from dllmbench.plugins.backbones.tiny import TinyConfig
-from dllmbench.types import Prompt
 
 DREAM_VOCAB = 152_064
 
@@ -234,9 +234,9 @@ def test_llada_defaults_to_the_papers_temperature():
 
 
 def test_a_default_llada_run_gives_different_candidates_to_different_copies():
-    from dllmbench.engine import Engine, Sampling
-    from dllmbench.method import Method, MethodSpec
-    from dllmbench.registry import registry
+    from dllmbench.execution.engine import Engine, Sampling
+    from dllmbench.execution.method import Method, MethodSpec
+    from dllmbench.loading.registry import registry
     from dllmbench.testing.doubles import ToySum
 
     task = ToySum(size=2)

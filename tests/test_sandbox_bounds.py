@@ -370,7 +370,7 @@ def test_the_seccomp_program_of_each_architecture(machine):
 
 def test_a_rerun_is_said_in_the_grade_note(monkeypatch):
     """MBPP says in the record's grade note that a grade came from a lone second run."""
-    from dllmbench.registry import registry
+    from dllmbench.loading.registry import registry
 
     task = registry().task("mbpp", workers=2)
     problem = task.problems("test")[0]

@@ -8,13 +8,14 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from dllmbench.errors import PluginError, UserError
-from dllmbench.interfaces import (
+from dllmbench.api.interfaces import (
     ScoreBatch,
     TrainableScorer,
     TransformerBackbone,
     missing_members,
 )
+from dllmbench.core.errors import PluginError, UserError
+from dllmbench.core.types import Prompt
 from dllmbench.plugins.backbones.dream import Dream
 from dllmbench.plugins.backbones.llada import LLaDA
 from dllmbench.plugins.backbones.tiny import TINY_DIR
@@ -22,7 +23,6 @@ from dllmbench.plugins.scorers.adapters import adapter_names, adapter_parameters
 from dllmbench.plugins.scorers.heads import pool, region
 from dllmbench.plugins.scorers.reward import ORM, PRM, read_checkpoint
 from dllmbench.testing.doubles import ToyBackbone
-from dllmbench.types import Prompt
 
 
 def canvases(bb, n=3, gen=6):

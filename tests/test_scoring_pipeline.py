@@ -9,7 +9,7 @@ import pytest
 from safetensors.torch import load_file
 
 from dllmbench.cli import main
-from dllmbench.errors import UserError
+from dllmbench.core.errors import UserError
 
 BACKBONE = "dream:model=random"
 COMMON = ["--steps", "6", "--gen-length", "8", "--prompt", "fewshot", "--seed", "1"]
@@ -118,9 +118,9 @@ class Stop(Exception):
 
 
 def test_training_resumes_exactly(tmp_path, capsys):
-    from dllmbench.collect import load
-    from dllmbench.registry import registry
-    from dllmbench.training import TrainConfig, train
+    from dllmbench.loading.registry import registry
+    from dllmbench.scoring.collect import load
+    from dllmbench.scoring.training import TrainConfig, train
 
     data = tmp_path / "collection"
     assert main(collect_argv(data, n=2, snapshots=2, limit=4)) == 0
@@ -160,8 +160,8 @@ def test_best_of_n_ranks_each_problems_final_states():
     import numpy as np
     import torch
 
-    from dllmbench.collect import Snapshot
-    from dllmbench.training import balance, mixed_problems, rerank
+    from dllmbench.scoring.collect import Snapshot
+    from dllmbench.scoring.training import balance, mixed_problems, rerank
 
     def snap(problem, correct, final=True):
         return Snapshot(problem, torch.zeros(3, dtype=torch.long), 1, 4, correct, final)
@@ -188,8 +188,8 @@ def test_best_of_n_ranks_each_problems_final_states():
 def test_data_selection_holds_out_problems_and_keeps_what_each_kind_learns_from():
     import torch
 
-    from dllmbench.collect import Snapshot
-    from dllmbench.training import TrainConfig, select_data
+    from dllmbench.scoring.collect import Snapshot
+    from dllmbench.scoring.training import TrainConfig, select_data
 
     mask = 9
     data = [

@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from dllmbench.errors import PluginError
-from dllmbench.registry import registry
-from dllmbench.types import Candidate
+from dllmbench.core.errors import PluginError
+from dllmbench.core.types import Candidate
+from dllmbench.loading.registry import registry
 
 
 def cands(

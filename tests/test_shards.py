@@ -15,10 +15,10 @@ import pytest
 from conftest import assert_user_error, cli_subprocess, toy_argv
 from test_rundir import assert_same_records
 
-from dllmbench.errors import UserError
-from dllmbench.rundir import RunDir
-from dllmbench.scheduler import Capacity
-from dllmbench.shards import Shard, from_launcher, parse_shard, resolve
+from dllmbench.core.errors import UserError
+from dllmbench.execution.scheduler import Capacity
+from dllmbench.storage.rundir import RunDir
+from dllmbench.storage.shards import Shard, from_launcher, parse_shard, resolve
 
 TESTS = Path(__file__).parent
 METHODS = "vanilla,majority,orm_rerank,prm_guided,smc_vote,oracle"

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 from scipy.special import expit
 
-from dllmbench.engine import Engine, Sampling
-from dllmbench.errors import PluginError
-from dllmbench.interfaces import ScoreBatch, StepBatch
-from dllmbench.keys import row_key
-from dllmbench.method import Method, MethodSpec
+from dllmbench.api.interfaces import ScoreBatch, StepBatch
+from dllmbench.core.errors import PluginError
+from dllmbench.core.keys import row_key
+from dllmbench.execution.engine import Engine, Sampling
+from dllmbench.execution.method import Method, MethodSpec
+from dllmbench.loading.registry import registry
 from dllmbench.plugins.strategies.smc import choose_beta, ess, systematic
-from dllmbench.registry import registry
 from dllmbench.testing.doubles import MASK, ToyBackbone, ToySum
 
 GRID = np.round(np.linspace(0.0, 1.0, 21), 10)  # {0, 0.05, ..., 1}, as SMC builds it
@@ -507,9 +507,9 @@ def test_readouts(smc_run):
 
 
 def test_smc_refuses_a_nan_score():
-    from dllmbench.engine import Engine, Sampling
-    from dllmbench.method import Method, MethodSpec
-    from dllmbench.registry import registry
+    from dllmbench.execution.engine import Engine, Sampling
+    from dllmbench.execution.method import Method, MethodSpec
+    from dllmbench.loading.registry import registry
     from dllmbench.testing.doubles import ToyBackbone, ToySum
 
     class NaNScorer:

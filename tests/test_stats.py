@@ -1,4 +1,4 @@
-"""Unit tests of dllmbench.stats (bootstrap intervals, pool diversity) and results.summarize."""
+"""Unit tests of dllmbench.analysis.stats (bootstrap, pool diversity) and results.summarize."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from dllmbench.results import summarize
-from dllmbench.stats import (
+from dllmbench.analysis.results import summarize
+from dllmbench.analysis.stats import (
     Interval,
     bootstrap_ci,
     entropy_bits,

@@ -8,12 +8,12 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from dllmbench.engine import Capacity, Engine, Sampling
-from dllmbench.interfaces import ScoreBatch
-from dllmbench.method import Method, MethodSpec
-from dllmbench.ops import segments
+from dllmbench.api.interfaces import ScoreBatch
+from dllmbench.api.ops import segments
+from dllmbench.execution.engine import Capacity, Engine, Sampling
+from dllmbench.execution.method import Method, MethodSpec
+from dllmbench.loading.registry import registry
 from dllmbench.plugins.strategies.ranking import top
-from dllmbench.registry import registry
 from dllmbench.testing.doubles import ToyBackbone, ToyScorer, ToySum
 
 

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from dllmbench.errors import UserError
+from dllmbench.core.errors import UserError
 from dllmbench.tasks.arith import Arith, format_example
 
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from conftest import assert_user_error, cli_subprocess, snapshot
 
-from dllmbench.errors import UserError
-from dllmbench.hub import PROBE_TIMEOUT
-from dllmbench.registry import registry
+from dllmbench.core.errors import UserError
+from dllmbench.core.hub import PROBE_TIMEOUT
+from dllmbench.loading.registry import registry
 from dllmbench.tasks import data as module
 from dllmbench.tasks.data import DATA_ENV, PACKAGED, content_sha256
 from dllmbench.tasks.gsm8k import Gsm8k

@@ -9,7 +9,7 @@ from decimal import Decimal
 
 import pytest
 
-from dllmbench.registry import registry
+from dllmbench.loading.registry import registry
 from dllmbench.tasks.data import PACKAGED
 from dllmbench.tasks.gsm8k import EXEMPLARS, Gsm8k, gold_answer, strip_annotations
 from dllmbench.tasks.numeric import canonical, extract_flexible, extract_strict, number_key

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
+from dllmbench.core.types import Problem
 from dllmbench.tasks.data import PACKAGED
 from dllmbench.tasks.math500 import EXEMPLARS, Math500, last_boxed, normalize
-from dllmbench.types import Problem
 
 DATA = PACKAGED  # the copy shipped with dllmbench, named explicitly ($DLLMBENCH_DATA aside)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from dllmbench.errors import UserError
+from dllmbench.core.errors import UserError
 from dllmbench.tasks import sandbox as module
 from dllmbench.tasks.data import PACKAGED
 from dllmbench.tasks.mbpp import FEWSHOT_IDS, Mbpp, extract_program, program_key

@@ -18,7 +18,7 @@ from rich.console import Console
 from dllmbench import __version__
 from dllmbench.cli import collect, demo, merge, plan, plugins, report, run, tasks, train_scorer
 from dllmbench.cli.common import Interrupted, Parser, Reply
-from dllmbench.errors import CostMismatch, PluginViolation, UserError
+from dllmbench.core.errors import CostMismatch, PluginViolation, UserError
 
 COMMANDS = (run, merge, report, plan, plugins, tasks, collect, train_scorer, demo)
 

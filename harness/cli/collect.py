@@ -8,20 +8,20 @@ from typing import Any
 
 from rich.console import Console
 
-from dllmbench.argtypes import positive_int
+from dllmbench.cli.argtypes import positive_int
 from dllmbench.cli.common import Reply, add_json, add_limit, add_sampling
-from dllmbench.collect import (
+from dllmbench.cli.progress import Progress
+from dllmbench.core.errors import UserError
+from dllmbench.execution.engine import Capacity, Sampling
+from dllmbench.execution.method import parse_part
+from dllmbench.loading.registry import registry
+from dllmbench.scoring.collect import (
     CollectConfig,
     collection_manifest,
     done_problems,
     run_collection,
     snapshot_steps,
 )
-from dllmbench.engine import Capacity, Sampling
-from dllmbench.errors import UserError
-from dllmbench.method import parse_part
-from dllmbench.progress import Progress
-from dllmbench.registry import registry
 
 
 def add_parser(sub: Any) -> None:

@@ -12,10 +12,10 @@ from typing import Any, NoReturn
 from rich.console import Console
 from rich.table import Table
 
-from dllmbench import presets
-from dllmbench.argtypes import name_list, natural_int, positive_int, scorer_entry
-from dllmbench.errors import UserError
-from dllmbench.method import parse_part
+from dllmbench.cli.argtypes import name_list, natural_int, positive_int, scorer_entry
+from dllmbench.core.errors import UserError
+from dllmbench.execution.method import parse_part
+from dllmbench.running import presets
 
 # every run but the demo: the paper's T and canvas; `--preset` and explicit flags come first
 GENERAL: dict[str, Any] = {"steps": 128, "gen_length": 512, "prompt": "chat"}

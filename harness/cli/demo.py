@@ -10,9 +10,9 @@ from typing import Any
 
 from rich.console import Console
 
-from dllmbench.argtypes import natural_int, positive_int
+from dllmbench.cli.argtypes import natural_int, positive_int
 from dllmbench.cli.common import Parser, Reply, add_json
-from dllmbench.errors import UserError
+from dllmbench.core.errors import UserError
 
 
 def add_parser(sub: Any) -> None:

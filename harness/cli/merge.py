@@ -10,8 +10,8 @@ from typing import Any
 
 from rich.console import Console
 
+from dllmbench.analysis.leaderboard import rich_table
 from dllmbench.cli.common import Reply, add_json
-from dllmbench.leaderboard import rich_table
 
 
 def add_parser(sub: Any) -> None:
@@ -22,7 +22,7 @@ def add_parser(sub: Any) -> None:
 
 
 def execute(args: argparse.Namespace) -> Reply:
-    from dllmbench.merge import merge
+    from dllmbench.running.merge import merge
 
     path = Path(args.run_dir)
     results, manifest = merge(path)

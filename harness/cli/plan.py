@@ -9,7 +9,8 @@ from typing import Any
 
 from rich.console import Console
 
-from dllmbench.argtypes import budgets
+from dllmbench.api.interfaces import passes_per_step
+from dllmbench.cli.argtypes import budgets
 from dllmbench.cli.common import (
     GENERAL,
     Reply,
@@ -23,11 +24,10 @@ from dllmbench.cli.common import (
     settings,
     table,
 )
-from dllmbench.engine import Sampling
-from dllmbench.errors import UserError
-from dllmbench.interfaces import passes_per_step
-from dllmbench.planner import Plan, default_budget, plan, scorer_users
-from dllmbench.registry import Registry, registry
+from dllmbench.core.errors import UserError
+from dllmbench.execution.engine import Sampling
+from dllmbench.execution.planner import Plan, default_budget, plan, scorer_users
+from dllmbench.loading.registry import Registry, registry
 
 
 def add_parser(sub: Any) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 
 from dllmbench.cli.common import Reply, add_json, table
-from dllmbench.registry import describe_plugins, registry
+from dllmbench.loading.registry import describe_plugins, registry
 
 COLUMNS = ("kind", "name", "distribution", "version", "module")
 

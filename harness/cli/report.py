@@ -28,7 +28,9 @@ def add_parser(sub: Any) -> None:
 
 
 def execute(args: argparse.Namespace) -> Reply:
-    from dllmbench.report import write_report  # numpy, scipy and matplotlib: only when asked
+    from dllmbench.analysis.report import (
+        write_report,  # numpy, scipy and matplotlib: only when asked
+    )
 
     start = time.perf_counter()
     written = write_report(args.runs, args.out)

@@ -9,7 +9,8 @@ from typing import Any
 
 from rich.console import Console
 
-from dllmbench.argtypes import budgets, positive_int
+from dllmbench.analysis.leaderboard import rich_table
+from dllmbench.cli.argtypes import budgets, positive_int
 from dllmbench.cli.common import (
     GENERAL,
     Interrupted,
@@ -24,14 +25,13 @@ from dllmbench.cli.common import (
     methods_arg,
     settings,
 )
+from dllmbench.cli.progress import Progress
+from dllmbench.core.errors import UserError
 from dllmbench.demo import DEMO_TASK
-from dllmbench.engine import Capacity, Sampling
-from dllmbench.errors import UserError
-from dllmbench.leaderboard import rich_table
-from dllmbench.planner import check_scorers, scorer_users
-from dllmbench.progress import Progress
-from dllmbench.registry import Registry, registry
-from dllmbench.shards import parse_shard
+from dllmbench.execution.engine import Capacity, Sampling
+from dllmbench.execution.planner import check_scorers, scorer_users
+from dllmbench.loading.registry import Registry, registry
+from dllmbench.storage.shards import parse_shard
 
 # `dllmbench run` with neither --task nor --backbone: the shipped tiny model on arith, with
 # the PRM and ORM trained for it; every option can still be given.
@@ -114,7 +114,7 @@ def _capacity(args: argparse.Namespace) -> Capacity:
 
 def run_config(args: argparse.Namespace) -> Any:
     """The `RunConfig` these arguments ask for, checked as far as it can be without a model."""
-    from dllmbench.runner import RunConfig
+    from dllmbench.running.runner import RunConfig
 
     reg = registry()
     demo = not args.task and not args.backbone and not args.preset
@@ -151,7 +151,7 @@ def run_config(args: argparse.Namespace) -> Any:
 
 
 def execute(args: argparse.Namespace) -> Reply:
-    from dllmbench.runner import run
+    from dllmbench.running.runner import run
 
     cfg = run_config(args)
     if args.resume and not (cfg.run_dir() / "manifest.json").exists():

@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Console
 
 from dllmbench.cli.common import Reply, add_json, table
-from dllmbench.registry import registry
+from dllmbench.loading.registry import registry
 
 
 def add_parser(sub: Any) -> None:

@@ -9,15 +9,15 @@ from typing import Any
 
 from rich.console import Console
 
-from dllmbench.argtypes import fraction, natural_int, positive_float, positive_int
+from dllmbench.api.interfaces import TrainableScorer, missing_members
+from dllmbench.cli.argtypes import fraction, natural_int, positive_float, positive_int
 from dllmbench.cli.common import Reply, add_json
-from dllmbench.collect import load
-from dllmbench.errors import UserError
-from dllmbench.interfaces import TrainableScorer, missing_members
-from dllmbench.method import parse_part
-from dllmbench.progress import Progress
-from dllmbench.registry import registry
-from dllmbench.training import TrainConfig, train
+from dllmbench.cli.progress import Progress
+from dllmbench.core.errors import UserError
+from dllmbench.execution.method import parse_part
+from dllmbench.loading.registry import registry
+from dllmbench.scoring.collect import load
+from dllmbench.scoring.training import TrainConfig, train
 
 
 def add_parser(sub: Any) -> None:

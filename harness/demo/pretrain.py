@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from dllmbench.training import warmup_cosine
+from dllmbench.scoring.training import warmup_cosine
 
 PATTERN = r"####| ?[A-Za-z]+|\d| ?[^\w\s]|\n| "
 EOS, MASK = "<|endoftext|>", "<|mask|>"

@@ -27,7 +27,14 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import torch
 
 import dllmbench
-from dllmbench.collect import (
+from dllmbench.core.errors import UserError
+from dllmbench.core.types import Problem
+from dllmbench.demo import DEMO_TASK, SCORER_KINDS, TASK_CONFIG, TINY_DIR
+from dllmbench.demo.negatives import slip
+from dllmbench.demo.pretrain import PretrainConfig, answer_tokens, pretrain, word_tokenizer
+from dllmbench.execution.engine import Capacity, Sampling
+from dllmbench.loading.registry import Registry, registry
+from dllmbench.scoring.collect import (
     CollectConfig,
     Snapshot,
     collection_manifest,
@@ -35,14 +42,7 @@ from dllmbench.collect import (
     run_collection,
     snapshot_steps,
 )
-from dllmbench.demo import DEMO_TASK, SCORER_KINDS, TASK_CONFIG, TINY_DIR
-from dllmbench.demo.negatives import slip
-from dllmbench.demo.pretrain import PretrainConfig, answer_tokens, pretrain, word_tokenizer
-from dllmbench.engine import Capacity, Sampling
-from dllmbench.errors import UserError
-from dllmbench.registry import Registry, registry
-from dllmbench.training import TrainConfig, train
-from dllmbench.types import Problem
+from dllmbench.scoring.training import TrainConfig, train
 
 TASK, BACKBONE = "arith", "tiny"
 SAMPLER: dict[str, Any] = {"temperature": 0.5, "alg": "maskgit_plus", "alg_temp": 0.5}

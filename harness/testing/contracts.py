@@ -31,21 +31,21 @@ import numpy as np
 import pytest
 import torch
 
-from dllmbench.errors import CostMismatch
-from dllmbench.interfaces import (
+from dllmbench.api.interfaces import (
     GradesMany,
     ScoreBatch,
     SearchStrategy,
     StepBatch,
     contract_backbone,
 )
-from dllmbench.keys import row_key
-from dllmbench.method import Method, MethodSpec
-from dllmbench.provenance import config_data
-from dllmbench.registry import registry
+from dllmbench.core.errors import CostMismatch
+from dllmbench.core.keys import row_key
+from dllmbench.core.types import Candidate, Pool, Problem, Prompt
+from dllmbench.execution.method import Method, MethodSpec
+from dllmbench.loading.provenance import config_data
+from dllmbench.loading.registry import registry
 from dllmbench.testing.doubles import ToyBackbone, ToySum
 from dllmbench.testing.helpers import GEN_LENGTH, PROBLEMS, STEPS, make_candidates, run_methods
-from dllmbench.types import Candidate, Pool, Problem, Prompt
 
 BASE_STEPS = (3, STEPS)  # fewer steps than generated tokens, and the usual 12
 LONG_STEPS = (40, 130, 260)  # tried in turn until the strategy denoises in several calls

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from dllmbench.hookspecs import hookimpl
-from dllmbench.interfaces import ScoreBatch, StepBatch
-from dllmbench.keys import torch_generator
-from dllmbench.types import Problem, Prompt
+from dllmbench.api.hookspecs import hookimpl
+from dllmbench.api.interfaces import ScoreBatch, StepBatch
+from dllmbench.core.keys import torch_generator
+from dllmbench.core.types import Problem, Prompt
 
 ALPHABET = "0123456789+=? abcdefghijklmnopqrstuvwxyz:\n"
 EOS = len(ALPHABET)

@@ -21,12 +21,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from dllmbench.engine import Capacity, Engine, Sampling
-from dllmbench.method import Method, MethodSpec
-from dllmbench.registry import registry
-from dllmbench.schema import Record
+from dllmbench.core.schema import Record
+from dllmbench.core.types import Candidate, Lineage, Pool, Problem, Rows
+from dllmbench.execution.engine import Capacity, Engine, Sampling
+from dllmbench.execution.method import Method, MethodSpec
+from dllmbench.loading.registry import registry
 from dllmbench.testing.doubles import ToyBackbone, ToyScorer, ToySum, intended
-from dllmbench.types import Candidate, Lineage, Pool, Problem, Rows
 
 STEPS, GEN_LENGTH, PROBLEMS = 12, 5, 5
 _UNSET: Any = object()

@@ -8,7 +8,7 @@ per configuration in its factory's `contract_configs` (default: the defaults), r
 
 from __future__ import annotations
 
-from dllmbench.manager import KINDS
+from dllmbench.loading.manager import KINDS
 
 FIXTURES = {f"dllmbench_{kind}": kind for kind in KINDS}
 
@@ -27,8 +27,8 @@ def pytest_generate_tests(metafunc):
     for fixture, kind in FIXTURES.items():
         if fixture not in metafunc.fixturenames:
             continue
-        from dllmbench.interfaces import contract_configs
-        from dllmbench.registry import registry
+        from dllmbench.api.interfaces import contract_configs
+        from dllmbench.loading.registry import registry
 
         reg = registry()
         params, ids = [], []

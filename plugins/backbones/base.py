@@ -20,9 +20,10 @@ from typing import Any, ClassVar
 
 import torch
 
-from dllmbench.errors import UserError
-from dllmbench.interfaces import StepBatch
-from dllmbench.keys import torch_generator
+from dllmbench.api.interfaces import StepBatch
+from dllmbench.core.errors import UserError
+from dllmbench.core.keys import torch_generator
+from dllmbench.core.types import Prompt
 from dllmbench.plugins.backbones.loading import (
     char_tokenizer,
     checkpoint_files,
@@ -33,7 +34,6 @@ from dllmbench.plugins.backbones.loading import (
     resolve,
 )
 from dllmbench.plugins.backbones.packing import flex_available, packed_hidden, packed_length
-from dllmbench.types import Prompt
 
 # tokens that end an answer besides the tokenizer's EOS: chat turn ends of each family
 TURN_ENDS = ("<|im_end|>", "<|eot_id|>")

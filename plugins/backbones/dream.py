@@ -19,8 +19,8 @@ from typing import ClassVar
 
 import torch
 
-from dllmbench.hookspecs import hookimpl
-from dllmbench.interfaces import StepBatch
+from dllmbench.api.hookspecs import hookimpl
+from dllmbench.api.interfaces import StepBatch
 from dllmbench.plugins.backbones.base import ATTENTIONS, DiffusionBackbone, top_ranked
 from dllmbench.plugins.backbones.loading import DType
 

@@ -21,9 +21,9 @@ from typing import ClassVar
 
 import torch
 
-from dllmbench.errors import UserError
-from dllmbench.hookspecs import hookimpl
-from dllmbench.interfaces import StepBatch
+from dllmbench.api.hookspecs import hookimpl
+from dllmbench.api.interfaces import StepBatch
+from dllmbench.core.errors import UserError
 from dllmbench.plugins.backbones.base import (
     ATTENTIONS,
     DiffusionBackbone,

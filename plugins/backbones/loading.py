@@ -29,9 +29,9 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from dllmbench.errors import UserError
-from dllmbench.hub import hub_offline, hub_unreachable
-from dllmbench.jsonfile import read_object
+from dllmbench.core.errors import UserError
+from dllmbench.core.hub import hub_offline, hub_unreachable
+from dllmbench.core.jsonfile import read_object
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DType = Literal["float32", "bfloat16", "float16"]  # the `dtype` option of a backbone

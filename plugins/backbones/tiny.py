@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from dllmbench.api.hookspecs import hookimpl
 from dllmbench.demo import SCORER_KINDS, TINY_DIR
-from dllmbench.hookspecs import hookimpl
 from dllmbench.plugins.backbones.dream import Dream, DreamConfig
 
 __all__ = ["TINY_DIR", "Tiny", "TinyConfig"]

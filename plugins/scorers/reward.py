@@ -27,10 +27,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from dllmbench.errors import PluginError, UserError
-from dllmbench.hookspecs import hookimpl
-from dllmbench.interfaces import ScoreBatch, TransformerBackbone
-from dllmbench.jsonfile import read_object
+from dllmbench.api.hookspecs import hookimpl
+from dllmbench.api.interfaces import ScoreBatch, TransformerBackbone
+from dllmbench.core.errors import PluginError, UserError
+from dllmbench.core.jsonfile import read_object
 from dllmbench.plugins.scorers.adapters import (
     active,
     adapter_names,

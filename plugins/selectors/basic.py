@@ -8,8 +8,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from dllmbench.hookspecs import hookimpl
-from dllmbench.types import Candidate
+from dllmbench.api.hookspecs import hookimpl
+from dllmbench.core.types import Candidate
 
 
 class First:

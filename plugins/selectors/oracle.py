@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dllmbench.hookspecs import hookimpl
-from dllmbench.types import Candidate
+from dllmbench.api.hookspecs import hookimpl
+from dllmbench.core.types import Candidate
 
 
 class Oracle:

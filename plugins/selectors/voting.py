@@ -14,8 +14,8 @@ from typing import ClassVar
 import numpy as np
 from scipy.special import expit
 
-from dllmbench.hookspecs import hookimpl
-from dllmbench.types import Candidate
+from dllmbench.api.hookspecs import hookimpl
+from dllmbench.core.types import Candidate
 
 
 def vote(candidates: Sequence[Candidate], weights: Sequence[float]) -> int | None:

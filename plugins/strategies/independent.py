@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from dllmbench.hookspecs import hookimpl
-from dllmbench.ops import Ops
-from dllmbench.types import Pool, Problem
+from dllmbench.api.hookspecs import hookimpl
+from dllmbench.api.ops import Ops
+from dllmbench.core.types import Pool, Problem
 
 
 @dataclass(frozen=True)

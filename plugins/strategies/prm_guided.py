@@ -17,10 +17,10 @@ from typing import ClassVar
 
 import numpy as np
 
-from dllmbench.hookspecs import hookimpl
-from dllmbench.ops import Ops
+from dllmbench.api.hookspecs import hookimpl
+from dllmbench.api.ops import Ops
+from dllmbench.core.types import Pool, Problem, Rows
 from dllmbench.plugins.strategies.ranking import top
-from dllmbench.types import Pool, Problem, Rows
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,9 @@ from typing import ClassVar
 import numpy as np
 from scipy.special import expit, logsumexp
 
-from dllmbench.hookspecs import hookimpl
-from dllmbench.ops import Ops
-from dllmbench.types import Pool, Problem, Rows
+from dllmbench.api.hookspecs import hookimpl
+from dllmbench.api.ops import Ops
+from dllmbench.core.types import Pool, Problem, Rows
 
 
 @dataclass(frozen=True)

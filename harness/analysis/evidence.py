@@ -1,0 +1,410 @@
+"""A run directory's evidence, as the plain inputs of `pooled` and `diagnostics`.
+
+API (every function is pure over the loaded run; nothing is written)::
+
+    run = load_run(run_dir)                  # RunData: path, manifest, records, results
+    run.problems                             # problem ids with a record, in natural order
+    independent_pools(run)                   # {pool key: PoolSet}, the largest per problem
+    pools_by_method(run)                     # {method id: PoolSet}, every method's final pool
+    scored_states(run, scorer="prm", labels="continuation", method=None)
+                                             # [ScoredState]: scored states of guided runs
+    final_states(run, scorer)                # [ScoredState]: a scorer on final candidates
+    pruning_events(run, method=None)         # [PruningEvent]: the first cut of guided runs
+    smc_checkpoints(run, method=None, final=False)   # [SMCCheckpoint]
+    guided_methods(run)                      # method ids of prm_guided and smc strategies
+    pool_key(run.methods[method_id])         # the method's strategy without its size
+
+`PoolSet` holds `problems` (ids, in `run.problems` order) and `pools` (one tuple of
+`pooled.PooledCandidate` per problem, in pool order); `scorers` names the scorers every
+candidate carries and `prefix(n)` cuts every pool to its first n candidates. Feed
+`pool_set.pools` to `pooled.pooled_curves`, `diagnostics.pool_diversity` or
+`diagnostics.scorer_swap`.
+
+Pool keys and shared runs. The pool key of a method is its strategy without its size:
+`independent` for `independent:n=8` (other options kept, `independent:x=1`), and the whole
+strategy spec for any other strategy (`prm_guided:every=64,final=keep,k=8,keep=1,scorer=prm`).
+Methods with the same key share one strategy run (docs/architecture.md, "Shared strategy
+runs"): `independent_pools` merges their records into one pool per problem, the largest
+any of them holds (candidate i is the same candidate in each), each candidate carrying the
+scores of every record that scored it (ORM Rerank@8 scores the first 8 of a pool of 32, so
+`orm` is on those 8 only: `PoolSet.scorers` lists what every candidate carries). Diagnostics
+of guided runs count each (pool key, problem) once, whichever methods share it.
+
+Which states get labels (`scored_states`). A guided run records, at each segment, the step
+reached, every child's mask ratio and score, its parent and which children were kept
+(docs/results-schema.md, `info`). A state's label must be the correctness of a final answer
+the state leads to, and a state's future is observed only in some cases:
+
+- `labels="continuation"` (default): a state is labelled by the final answer of its own
+  trajectory continued without guidance. Under common random numbers the first segment's
+  child i (lineage (i,)) is the first `every` steps of independent candidate i, which
+  continues it with the same noise to step T (docs/architecture.md, "Common random
+  numbers"); so every first-segment child, kept or removed, gets the correctness of
+  independent candidate i of the same problem, when the run holds that candidate. The final
+  segment's children of a `final=keep` run are final candidates: each gets its own
+  correctness (mask ratio 0). Left out: children of later segments (they start from a
+  parent chosen by the scorer and continue under new keys; no unguided continuation of them
+  is recorded), the final segment of `final=prune` runs (only the argmax is graded), and
+  first-segment children with no independent candidate of the same lineage.
+- `labels="lineage"`: a state is labelled True when some final candidate descending from it
+  is correct, only when every final descendant it has is recorded and it has at least one:
+  in `final=keep` runs, the kept children of each segment and all final children; removed
+  children (no future) and every non-final state of `final=prune` runs (their other final
+  children are not graded) are left out; the argmax of a `final=prune` run is labelled.
+  These labels are selection-biased: a kept state carries the search's later choices.
+
+States identical across runs (the same problem, step, segment boundaries and lineage, e.g.
+the first segment of PRM Guided and Top-M at the same `every`) are counted once.
+
+Removal risk (`pruning_events`). The first cut of a guided run (after its first segment,
+when it has more than one) keeps some first-segment children and removes the rest. A removed
+child's future is not observed in the guided run, but under common random numbers its own
+unguided continuation is independent candidate i; `reaches_correct[(i,)]` is that
+candidate's correctness, for kept and removed children alike. A cut is left out when the run
+lacks any of those K independent candidates. Later cuts are left out: the children they
+remove have no recorded future. So removal risk measures how often the first cut discards
+every first-segment prefix whose own continuation is correct.
+
+SMC (`smc_checkpoints`): one `SMCCheckpoint` per intermediate checkpoint of each SMC run
+(weights before resampling, normalized; β; whether it resampled; the ancestors after
+resampling, None when it did not). The final checkpoint (β = 1, never resampled) is included
+only with `final=True`.
+
+`final_states(run, scorer)`: the scorer's score on each candidate of the independent pools
+that carries it, labelled by its correctness, mask ratio 0.
+
+`method=` restricts a function to the strategy runs of one method id (its pool key); an
+unknown method id is a ValueError. Records whose `info` lacks the segment fields (made
+before they were recorded) are skipped.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dllmbench.analysis.diagnostics import PruningEvent, ScoredState, SMCCheckpoint
+from dllmbench.analysis.pooled import PooledCandidate, shared_scorers
+from dllmbench.core.errors import UserError
+from dllmbench.core.jsonfile import read_object
+from dllmbench.storage.rundir import RunDir
+
+SIZE_FIELDS = {"independent": "n"}  # strategies whose pools nest, by their size field
+GUIDED = ("prm_guided", "smc")
+SEGMENT_FIELDS = ("step", "mask", "scores", "parent", "kept")
+CHECKPOINT_FIELDS = ("beta", "resampled", "weights", "ancestors")
+LABELS = ("continuation", "lineage")
+
+Lineage = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class RunData:
+    """A loaded run directory. `by_method`: method id → problem id → record (methods of the
+    manifest only); `results` is None when results.json is absent (an interrupted run)."""
+
+    path: Path
+    manifest: dict[str, Any]
+    records: list[dict[str, Any]]
+    results: dict[str, Any] | None
+    by_method: dict[str, dict[str, dict[str, Any]]]
+
+    @property
+    def methods(self) -> dict[str, dict[str, Any]]:
+        """Method id → its manifest entry, in manifest order."""
+        return {m["id"]: m for m in self.manifest["methods"]}
+
+    @property
+    def problems(self) -> tuple[str, ...]:
+        """Every problem id with a record, in natural order (digit runs compared as numbers:
+        test-2 before test-10)."""
+        return tuple(sorted({r["problem"] for r in self.records}, key=_natural))
+
+
+def _natural(text: str) -> list[Any]:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
+
+
+def load_run(run_dir: str | Path) -> RunData:
+    """Read a run directory's manifest, records (a torn last line left out) and results."""
+    path = Path(run_dir)
+    fix = "give the directory a `dllmbench run` wrote (its --out)"
+    if not (path / "manifest.json").is_file():
+        raise UserError(f"{path} is not a run directory (it has no manifest.json); {fix}")
+    manifest = read_object(path / "manifest.json", fix)
+    records = RunDir(path).read_records()
+    results_file = path / "results.json"
+    results = read_object(results_file, fix) if results_file.is_file() else None
+    by_method: dict[str, dict[str, dict[str, Any]]] = {m["id"]: {} for m in manifest["methods"]}
+    for record in records:
+        if record["method"] in by_method:
+            by_method[record["method"]][record["problem"]] = record
+    return RunData(path, manifest, records, results, by_method)
+
+
+def pool_key(method: dict[str, Any]) -> str:
+    """A manifest method entry's strategy without its size: methods with one key share a run."""
+    strategy = method["strategy"]
+    size = SIZE_FIELDS.get(strategy["name"])
+    options = [f"{k}={v}" for k, v in sorted(strategy["config"].items()) if k != size]
+    return ":".join([strategy["name"], ",".join(options)]) if options else strategy["name"]
+
+
+@dataclass(frozen=True)
+class PoolSet:
+    """One pool per problem: `problems` (ids, in run order) and `pools` (candidates in pool
+    order), ready for pooled.pooled_curves, diagnostics.pool_diversity and scorer_swap."""
+
+    problems: tuple[str, ...]
+    pools: tuple[tuple[PooledCandidate, ...], ...]
+
+    @property
+    def scorers(self) -> tuple[str, ...]:
+        """The scorers every candidate of every pool carries, sorted."""
+        return tuple(shared_scorers(self.pools))
+
+    def prefix(self, n: int) -> PoolSet:
+        """Every pool cut to its first n candidates (shorter pools kept whole)."""
+        return PoolSet(self.problems, tuple(pool[:n] for pool in self.pools))
+
+
+def _pooled(candidate: dict[str, Any]) -> PooledCandidate:
+    scores = {name: float(v) for name, v in candidate["scores"].items()}
+    return PooledCandidate(
+        candidate["key"], bool(candidate["correct"]), scores, candidate["weight"]
+    )
+
+
+def _merge(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One pool from the records of methods sharing it: candidate i is the same in each; the
+    pool is the longest, each candidate with every score some record gave it."""
+    merged: list[dict[str, Any]] = []
+    for record in records:
+        for i, cand in enumerate(record["candidates"]):
+            if i == len(merged):
+                merged.append({**cand, "scores": dict(cand["scores"])})
+            elif (merged[i]["lineage"], merged[i]["text"]) != (cand["lineage"], cand["text"]):
+                raise ValueError(
+                    f"records of one pool differ at candidate {i} of problem {record['problem']}"
+                )
+            else:
+                merged[i]["scores"].update(cand["scores"])
+    return merged
+
+
+def _shared_pools(run: RunData, strategy: str) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """Pool key → problem → merged candidates, for every method of one strategy."""
+    groups: dict[str, list[str]] = {}
+    for mid, entry in run.methods.items():
+        if entry["strategy"]["name"] == strategy:
+            groups.setdefault(pool_key(entry), []).append(mid)
+    out = {}
+    for key, mids in groups.items():
+        out[key] = {
+            pid: _merge([run.by_method[m][pid] for m in mids if pid in run.by_method[m]])
+            for pid in run.problems
+            if any(pid in run.by_method[m] for m in mids)
+        }
+    return out
+
+
+def _pool_set(pools: dict[str, list[dict[str, Any]]]) -> PoolSet:
+    return PoolSet(tuple(pools), tuple(tuple(_pooled(c) for c in p) for p in pools.values()))
+
+
+def independent_pools(run: RunData) -> dict[str, PoolSet]:
+    """Pool key → the largest independent pool of each problem (see the module docstring)."""
+    return {key: _pool_set(pools) for key, pools in _shared_pools(run, "independent").items()}
+
+
+def pools_by_method(run: RunData) -> dict[str, PoolSet]:
+    """Method id → its final pool on each problem it has a record for, in manifest order."""
+    return {
+        mid: _pool_set({pid: recs[pid]["candidates"] for pid in run.problems if pid in recs})
+        for mid, recs in run.by_method.items()
+    }
+
+
+def final_states(run: RunData, scorer: str) -> list[ScoredState]:
+    """`scorer` on every candidate of the independent pools that carries it (mask ratio 0)."""
+    out = []
+    for pools in _shared_pools(run, "independent").values():
+        for pid, pool in pools.items():
+            out.extend(
+                ScoredState(pid, float(c["scores"][scorer]), bool(c["correct"]), 0.0)
+                for c in pool
+                if scorer in c["scores"]
+            )
+    return out
+
+
+@dataclass(frozen=True)
+class GuidedRun:
+    """One strategy run of a guided method on one problem: its pool key, the strategy's
+    configuration and one record of it (methods sharing the run share its info and pool)."""
+
+    key: str
+    problem: str
+    config: dict[str, Any]
+    record: dict[str, Any]
+
+
+def guided_methods(run: RunData) -> list[str]:
+    """Method ids whose strategy records segment or checkpoint info (prm_guided, smc)."""
+    return [mid for mid, m in run.methods.items() if m["strategy"]["name"] in GUIDED]
+
+
+def _guided_runs(run: RunData, strategy: str, method: str | None) -> Iterator[GuidedRun]:
+    """Each (pool key, problem) of `strategy` once, optionally only `method`'s pool key."""
+    if method is not None and method not in run.methods:
+        raise ValueError(f"no method {method!r} in this run (methods: {', '.join(run.methods)})")
+    only = pool_key(run.methods[method]) if method is not None else None
+    seen: set[tuple[str, str]] = set()
+    for mid, entry in run.methods.items():
+        key = pool_key(entry)
+        if entry["strategy"]["name"] != strategy or only not in (None, key):
+            continue
+        for pid in run.problems:
+            record = run.by_method[mid].get(pid)
+            if record is not None and (key, pid) not in seen:
+                seen.add((key, pid))
+                yield GuidedRun(key, pid, entry["strategy"]["config"], record)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One segment of a prm_guided run: each child's lineage, parent, mask ratio and score,
+    and the indices of the children kept."""
+
+    step: int
+    lineage: tuple[Lineage, ...]
+    parent: tuple[int, ...]
+    mask: tuple[float, ...]
+    scores: tuple[float, ...]
+    kept: tuple[int, ...]
+
+
+def segments(guided: GuidedRun) -> list[Segment] | None:
+    """The segments recorded in a prm_guided run's info (None when it holds none), with each
+    child's lineage rebuilt: (i,) in the first segment, then the parent's lineage extended by
+    the child's place among its siblings, checked against the final candidates' lineages."""
+    info = guided.record.get("info") or {}
+    if not all(name in info for name in SEGMENT_FIELDS):
+        return None
+    out: list[Segment] = []
+    for s, parents in enumerate(info["parent"]):
+        if s == 0:
+            lineage = tuple((i,) for i in range(len(parents)))
+        else:
+            lineage = tuple(
+                out[-1].lineage[p] + (c - parents.index(p),) for c, p in enumerate(parents)
+            )
+        fields = (info[name][s] for name in ("mask", "scores", "kept"))
+        out.append(Segment(info["step"][s], lineage, tuple(parents), *map(tuple, fields)))
+    finals = [list(out[-1].lineage[i]) for i in out[-1].kept]
+    if finals != [c["lineage"] for c in guided.record["candidates"]]:
+        raise ValueError(
+            f"the info of {guided.record['method']!r} on problem {guided.problem} does not "
+            "match its candidates' lineages"
+        )
+    return out
+
+
+def _continuations(run: RunData) -> dict[tuple[str, Lineage], bool]:
+    """(problem, lineage) → correctness of the independent candidate with that lineage."""
+    pools = _shared_pools(run, "independent").get("independent", {})
+    return {
+        (pid, tuple(c["lineage"])): bool(c["correct"]) for pid, pool in pools.items() for c in pool
+    }
+
+
+def _final_correct(guided: GuidedRun, segs: list[Segment], child: int) -> bool:
+    """Correctness of a final-segment child that is a recorded candidate."""
+    return bool(guided.record["candidates"][segs[-1].kept.index(child)]["correct"])
+
+
+def _continuation_label(
+    guided: GuidedRun, segs: list[Segment], s: int, child: int, crn: dict
+) -> bool | None:
+    last = s == len(segs) - 1
+    if last and guided.config.get("final") == "keep":
+        return _final_correct(guided, segs, child)
+    if s == 0:
+        return crn.get((guided.problem, segs[0].lineage[child]))
+    return None
+
+
+def _lineage_label(guided: GuidedRun, segs: list[Segment], s: int, child: int) -> bool | None:
+    frontier = {child}
+    for t in range(s + 1, len(segs)):
+        kept = set(segs[t - 1].kept)
+        frontier = {c for c, p in enumerate(segs[t].parent) if p in frontier and p in kept}
+    if not frontier or not frontier <= set(segs[-1].kept):
+        return None
+    return any(_final_correct(guided, segs, f) for f in frontier)
+
+
+def scored_states(
+    run: RunData, scorer: str = "prm", labels: str = "continuation", method: str | None = None
+) -> list[ScoredState]:
+    """Every labelled state the prm_guided runs scored with `scorer`, each distinct state once
+    (which states get labels, and how: see the module docstring)."""
+    if labels not in LABELS:
+        raise ValueError(f"labels must be one of {', '.join(LABELS)}, got {labels!r}")
+    crn = _continuations(run) if labels == "continuation" else {}
+    seen: set[tuple] = set()
+    out = []
+    for guided in _guided_runs(run, "prm_guided", method):
+        segs = segments(guided)
+        if segs is None or guided.config.get("scorer", "prm") != scorer:
+            continue
+        for s, seg in enumerate(segs):
+            for child, lineage in enumerate(seg.lineage):
+                state = (guided.problem, guided.config["every"] if s else None, seg.step, lineage)
+                if labels == "continuation":
+                    label = _continuation_label(guided, segs, s, child, crn)
+                else:
+                    label = _lineage_label(guided, segs, s, child)
+                if label is None or state in seen:
+                    continue
+                seen.add(state)
+                out.append(ScoredState(guided.problem, seg.scores[child], label, seg.mask[child]))
+    return out
+
+
+def pruning_events(run: RunData, method: str | None = None) -> list[PruningEvent]:
+    """The first cut of every prm_guided run with more than one segment, each lineage's
+    reaches_correct from its independent continuation (see the module docstring)."""
+    crn = _continuations(run)
+    out = []
+    for guided in _guided_runs(run, "prm_guided", method):
+        segs = segments(guided)
+        if segs is None or len(segs) < 2:
+            continue
+        first = segs[0]
+        reaches = {lin: crn.get((guided.problem, lin)) for lin in first.lineage}
+        if None in reaches.values():
+            continue
+        kept = frozenset(first.lineage[i] for i in first.kept)
+        out.append(PruningEvent(kept, frozenset(first.lineage) - kept, reaches))
+    return out
+
+
+def smc_checkpoints(
+    run: RunData, method: str | None = None, final: bool = False
+) -> list[SMCCheckpoint]:
+    """Every intermediate checkpoint of every smc run (and the final one with `final`)."""
+    out = []
+    for guided in _guided_runs(run, "smc", method):
+        info = guided.record.get("info") or {}
+        if not all(name in info for name in CHECKPOINT_FIELDS):
+            continue
+        for j, resampled in enumerate(info["resampled"]):
+            ancestors = info["ancestors"][j] if resampled else None
+            out.append(SMCCheckpoint(info["weights"][j], resampled, info["beta"][j], ancestors))
+        if final:
+            out.append(SMCCheckpoint(info["weights"][-1], False, info["beta"][-1]))
+    return out

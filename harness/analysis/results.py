@@ -1,0 +1,155 @@
+"""From records to results: accuracy with CIs, paired differences, pool diagnostics."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from dllmbench.analysis.stats import bootstrap_ci, entropy_bits, paired_difference, unique_answers
+from dllmbench.core.schema import (
+    SCHEMA_VERSION,
+    CandidateRecord,
+    DeltaEntry,
+    IntervalEntry,
+    MethodEntry,
+    MethodResult,
+    PoolEntry,
+    Record,
+    Results,
+)
+
+__all__ = ["SCHEMA_VERSION", "summarize"]
+
+
+@dataclass(frozen=True)
+class _Bootstrap:
+    """The bootstrap settings every interval of one summary shares."""
+
+    resamples: int
+    level: float
+    seed: int
+
+    def interval(self, values: Sequence[float] | np.ndarray) -> IntervalEntry:
+        return bootstrap_ci(
+            values, resamples=self.resamples, level=self.level, seed=self.seed
+        ).as_dict()
+
+    def difference(self, a: Sequence[float], b: Sequence[float]) -> IntervalEntry:
+        return paired_difference(
+            a, b, resamples=self.resamples, level=self.level, seed=self.seed
+        ).as_dict()
+
+
+def summarize(
+    records: Sequence[Record],
+    methods: Sequence[MethodEntry],
+    problem_ids: Sequence[str],
+    *,
+    budget: int,
+    budgets: Sequence[int] | None = None,
+    reference: str | None = None,
+    resamples: int = 2000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> Results:
+    """The content of results.json. Deterministic: no timings, records in problem order.
+
+    `methods` are the method entries of the manifest (id, family, spec, ceiling, cost,
+    budgets). `budgets` are the run's budgets (default `[budget]`); a method planned at several
+    appears once per budget, budget by budget, with the same numbers but its share of that
+    budget. A method entry without `budgets` is planned at `budget`.
+    """
+    order = {pid: i for i, pid in enumerate(problem_ids)}
+    by_method: dict[str, dict[str, Record]] = {m["id"]: {} for m in methods}
+    for rec in records:
+        if rec["method"] in by_method and rec["problem"] in order:
+            by_method[rec["method"]][rec["problem"]] = rec
+    ids = [m["id"] for m in methods]
+    if reference is None:
+        reference = "Vanilla" if "Vanilla" in ids else (ids[0] if ids else None)
+    ref_records = by_method.get(reference, {}) if reference is not None else {}
+    boot = _Bootstrap(resamples, level, seed)
+    planned_at = {m["id"]: m.get("budgets") or [budget] for m in methods}
+    entries: dict[str, MethodResult] = {}
+    for m in methods:
+        recs = sorted(by_method[m["id"]].values(), key=lambda r: order[r["problem"]])
+        entry = _method_result(m, recs, min(planned_at[m["id"]]), boot)
+        pools = [r["candidates"] for r in recs]
+        if pools and max(len(p) for p in pools) > 1:
+            entry["pool"] = _pool_entry(pools, boot)
+        if reference is not None and m["id"] != reference:
+            delta = _delta(recs, ref_records, boot)
+            if delta is not None:
+                entry["delta_vs_reference"] = delta
+        entries[m["id"]] = entry
+    run_budgets = sorted(budgets or [budget])
+    out = [
+        _at_budget(entries[m["id"]], b)
+        for b in run_budgets
+        for m in methods
+        if b in planned_at[m["id"]]
+    ]
+    return Results(
+        schema_version=SCHEMA_VERSION,
+        budget=budget,
+        budgets=run_budgets,
+        reference=reference,
+        resamples=resamples,
+        level=level,
+        methods=out,
+    )
+
+
+def _method_result(
+    m: MethodEntry, recs: list[Record], budget: int, boot: _Bootstrap
+) -> MethodResult:
+    """A method's accuracy and costs (no pool measures, no difference yet)."""
+    correct = [float(r["correct"]) for r in recs]
+    passes = [r["ledger"]["total_passes"] for r in recs]
+    planned = sum(m["cost"].values())
+    return MethodResult(
+        id=m["id"],
+        family=m.get("family"),
+        spec=m["spec"],
+        ceiling=m["ceiling"],
+        budget=budget,
+        problems=len(recs),
+        accuracy=boot.interval(correct) if recs else None,
+        passes_per_problem=float(np.mean(passes)) if recs else None,
+        planned_passes=planned,
+        share_of_budget=round(planned / budget, 6),
+    )
+
+
+def _at_budget(entry: MethodResult, budget: int) -> MethodResult:
+    """A method's entry at one of its budgets: the same numbers, its share of that budget."""
+    out = MethodResult(**entry)  # a copy, keys in the same order
+    out["budget"] = budget
+    out["share_of_budget"] = round(entry["planned_passes"] / budget, 6)
+    return out
+
+
+def _pool_entry(pools: list[list[CandidateRecord]], boot: _Bootstrap) -> PoolEntry:
+    """Pool diagnostics over the problems: size, oracle, distinct answers, entropy."""
+    answer_keys = [[c["key"] if c["valid"] else None for c in p] for p in pools]
+    oracle = [float(any(c["correct"] for c in p)) for p in pools]
+    return PoolEntry(
+        size=float(np.mean([len(p) for p in pools])),
+        oracle=boot.interval(oracle),
+        unique_answers=float(np.mean([unique_answers(k) for k in answer_keys])),
+        entropy_bits=round(float(np.mean([entropy_bits(k) for k in answer_keys])), 6),
+    )
+
+
+def _delta(
+    recs: list[Record], ref_records: dict[str, Record], boot: _Bootstrap
+) -> DeltaEntry | None:
+    """The paired difference to the reference over the problems both have; None if none."""
+    common = [r for r in recs if r["problem"] in ref_records]
+    if not common:
+        return None
+    a = [float(r["correct"]) for r in common]
+    b = [float(ref_records[r["problem"]]["correct"]) for r in common]
+    return DeltaEntry(**boot.difference(a, b), problems=len(common))

@@ -1,0 +1,363 @@
+"""Typed interfaces of the five plugin kinds, and the optional capabilities the core reads.
+
+A plugin implements one of the five kind Protocols (`Backbone`, `Scorer`, `SearchStrategy`,
+`Selector`, `Task`); its factory takes keyword configuration (a dataclass per plugin) and
+returns the object. The registry checks every built object against its kind's Protocol.
+
+Beyond the five, a plugin may offer optional capabilities, each a Protocol of its own: a
+backbone built on a transformers model (`TransformerBackbone`, which the reward scorers share),
+a scorer that can be trained (`TrainableScorer`), a backbone or Config that costs more than one
+forward per step (`MultiPass`), and so on. The core never probes a plugin with getattr/hasattr:
+it asks `isinstance(obj, Capability)` or calls one of the small readers at the bottom
+(`passes_per_step`, `shipped_scorers`, ...), which do so. The core only talks to these interfaces.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+from dllmbench.core.types import Candidate, Pool, Problem, Prompt
+
+if TYPE_CHECKING:
+    from dllmbench.api.ops import Ops
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """Rows to advance by one denoising step. Canvases may differ in length."""
+
+    tokens: Sequence[torch.Tensor]  # one 1-D long tensor per row
+    prompt_lens: Sequence[int]
+    steps: Sequence[int]  # each row's current step t (0-based) of T
+    keys: Sequence[int]
+    total_steps: int
+
+
+@dataclass(frozen=True)
+class ScoreBatch:
+    """Rows to score: partial or final canvases."""
+
+    tokens: Sequence[torch.Tensor]
+    prompt_lens: Sequence[int]
+    steps: Sequence[int]
+    total_steps: int
+
+
+@runtime_checkable
+class Backbone(Protocol):
+    """A diffusion LM and its sampler."""
+
+    mask_id: int
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        """Prompt token ids, formatted the model's way (chat template or raw)."""
+
+    def canvas(self, prompt_ids: Sequence[int], gen_length: int) -> torch.Tensor:
+        """The prompt followed by gen_length masks, as a 1-D long tensor."""
+
+    def denoise_step(self, batch: StepBatch) -> list[torch.Tensor]:
+        """One forward over the batch; each row commits tokens by the backbone's rule.
+
+        The noise of a row comes from its key and step only.
+        """
+
+    def decode(self, tokens: torch.Tensor, prompt_len: int) -> str:
+        """Generated text: up to the first end-of-sequence token, masks removed."""
+
+
+@runtime_checkable
+class Scorer(Protocol):
+    """Maps rows to one float each (a logit), higher meaning more likely correct."""
+
+    reads_partial: bool  # True for a process scorer (PRM), False for an outcome scorer (ORM)
+
+    def score(self, batch: ScoreBatch) -> np.ndarray: ...
+
+
+@runtime_checkable
+class SearchStrategy(Protocol):
+    """Per-problem search written as a coroutine over `ops`."""
+
+    scorers: tuple[str, ...]  # scorer names it calls
+    prefix_field: ClassVar[str | None]  # a size field whose smaller pools are prefixes
+
+    def cost(self, total_steps: int) -> dict[str, int]:
+        """Passes per problem by kind (`denoise`, `score:<name>`), declared before running."""
+
+    def pool_size(self) -> int: ...
+
+    def pool_scores(self) -> frozenset[str]:
+        """Scorers whose values on the final candidates the returned pool carries."""
+
+    async def search(self, problem: Problem, ops: Ops) -> Pool: ...
+
+
+@runtime_checkable
+class Selector(Protocol):
+    """Picks one candidate of a pool; a ceiling reads labels and is never a contender."""
+
+    needs: tuple[str, ...]  # scorers it reads on every candidate
+    ceiling: bool
+
+    def select(
+        self,
+        candidates: Sequence[Candidate],
+        *,
+        rng: np.random.Generator,
+        labels: Sequence[bool] | None = None,
+    ) -> int | None:
+        """Index of the chosen candidate, or None when there is nothing valid to choose."""
+
+
+@runtime_checkable
+class Task(Protocol):
+    """Loads problems, formats questions, extracts and grades answers."""
+
+    def splits(self) -> dict[str, int]:
+        """Split name → number of problems."""
+
+    def problems(self, split: str) -> list[Problem]: ...
+
+    def prompt(self, problem: Problem, style: str) -> Prompt: ...
+
+    def extract(self, text: str) -> str | None: ...
+
+    def answer_key(self, answer: str) -> Any:
+        """A hashable normal form: two answers vote together when their keys are equal."""
+
+    def grade(self, problem: Problem, answer: str | None, text: str) -> bool: ...
+
+    def data_files(self) -> dict[str, str]:
+        """Data files read, path → sha256, for the manifest."""
+
+
+# -- optional capabilities ----------------------------------------------------------------------
+
+
+@runtime_checkable
+class TransformerBackbone(Backbone, Protocol):
+    """A backbone on a transformers model whose weights a scorer may share (dream, llada)."""
+
+    transformer: torch.nn.Module  # `.model(...)` gives hidden states, `.config.hidden_size`
+    device: torch.device | str
+    stop_ids: set[int]  # tokens that end an answer: EOS and chat turn ends
+    eos_id: int | None  # the tokenizer's end-of-sequence token
+
+    def pad(self, rows: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """Left-padded ids [B, L], attention mask [B, L] and each row's left offset."""
+
+    def logits(self, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """Logits [B, L, V] of a padded batch, as the sampler reads them."""
+
+
+@runtime_checkable
+class TrainableScorer(Scorer, Protocol):
+    """A scorer `dllmbench train-scorer` can train: differentiable logits and checkpoints."""
+
+    trained: bool  # False for fresh weights, which a run refuses
+
+    def trainable(self) -> list[torch.nn.Parameter]:
+        """The parameters training updates."""
+
+    def logits(self, tokens: list[torch.Tensor], prompt_lens: list[int]) -> torch.Tensor:
+        """One logit per row, differentiable in `trainable()`."""
+
+    def train_mode(self, flag: bool) -> None: ...
+
+    def save(self, path: str | Path, extra: dict[str, Any] | None = None) -> None: ...
+
+    def load_weights(self, path: str | Path) -> None: ...
+
+
+@runtime_checkable
+class MultiPass(Protocol):
+    """A backbone, or its Config, spending more than one forward per row-step (guidance)."""
+
+    passes_per_step: int
+
+
+@runtime_checkable
+class ShipsScorers(Protocol):
+    """A backbone Config naming scorers trained for its weights: run name → (plugin, options)."""
+
+    shipped_scorers: dict[str, tuple[str, dict[str, Any]]]
+
+
+@runtime_checkable
+class CountsTokens(Protocol):
+    """A backbone that says how many tokens its denoising forward computes over rows of these
+    widths (a packing backbone computes the rows' own, not rows × the widest); compute.json's
+    padding ratio reads it. Without it a forward computes rows × the widest row."""
+
+    def computed_tokens(self, widths: Sequence[int]) -> int: ...
+
+
+@runtime_checkable
+class MaybeDeterministic(Protocol):
+    """A backbone Config that can say its samples do not depend on the key."""
+
+    deterministic: bool
+
+
+@runtime_checkable
+class MaybeTrained(Protocol):
+    """A scorer, or its Config, that can say it has no trained weights."""
+
+    trained: bool
+
+
+@runtime_checkable
+class LocatesWeights(Protocol):
+    """A plugin that read weight files (the manifest records their hashes)."""
+
+    def weight_files(self) -> dict[str, list[Path]]:
+        """Config field → the files it located."""
+
+
+@runtime_checkable
+class GradesMany(Protocol):
+    """A task that grades a whole pool at once (sandboxes or workers in parallel)."""
+
+    def grade_many(self, items: Sequence[tuple[Problem, str | None, str]]) -> Sequence[bool]: ...
+
+
+@runtime_checkable
+class NotesGrades(Protocol):
+    """A task that can say more about a grade than true or false: a line kept in the record
+    (`candidates[i].grade_note`), e.g. that a program timed out beside others and was graded
+    on a second run alone. None when there is nothing to say."""
+
+    def grade_note(self, problem: Problem, answer: str) -> str | None: ...
+
+
+@runtime_checkable
+class Configured(Protocol):
+    """A built plugin that keeps its configuration (a dataclass) as `config`."""
+
+    config: Any
+
+
+# -- what a factory may declare ------------------------------------------------------------------
+
+PluginFactory = Callable[..., Any]  # keyword configuration (and shared run objects) → a plugin
+
+
+@runtime_checkable
+class HasConfig(Protocol):
+    """A factory declaring its options as a dataclass `Config` (types, defaults, checks)."""
+
+    Config: type
+
+
+@runtime_checkable
+class HasContractConfigs(Protocol):
+    """A factory naming the configurations the contract kit runs it with."""
+
+    contract_configs: list[dict[str, Any]]
+
+
+@runtime_checkable
+class HasContractBackbone(Protocol):
+    """A scorer factory naming the backbone the contract kit builds it on: (name, options)."""
+
+    contract_backbone: tuple[str, dict[str, Any]]
+
+
+@runtime_checkable
+class HasCostFormula(Protocol):
+    """A strategy factory stating its cost in words, e.g. "denoise: n·T"."""
+
+    cost_formula: str
+
+
+@runtime_checkable
+class _Costed(Protocol):
+    def cost(self, total_steps: int) -> dict[str, int]: ...
+
+
+KIND_PROTOCOLS: dict[str, type] = {
+    "backbone": Backbone,
+    "scorer": Scorer,
+    "strategy": SearchStrategy,
+    "selector": Selector,
+    "task": Task,
+}
+
+
+def protocol_members(protocol: type) -> list[str]:
+    """The attribute and method names a Protocol declares (its bases' included)."""
+    names: set[str] = set()
+    for base in protocol.__mro__:
+        if base in (Protocol, object) or base.__name__ == "Generic":
+            continue
+        names |= set(inspect.get_annotations(base))
+        names |= {k for k, v in base.__dict__.items() if callable(v) and not k.startswith("_")}
+    return sorted(names)
+
+
+def missing_members(obj: object, protocol: type) -> list[str]:
+    """The members of `protocol` that `obj` lacks (empty: it conforms)."""
+    return [name for name in protocol_members(protocol) if not hasattr(obj, name)]
+
+
+# -- readers of the optional capabilities ---------------------------------------------------------
+
+
+def passes_per_step(obj: object) -> int:
+    """Forwards per row-step of a backbone or its Config (1 unless it is `MultiPass`)."""
+    return int(obj.passes_per_step) if isinstance(obj, MultiPass) else 1
+
+
+def shipped_scorers(config: object) -> dict[str, tuple[str, dict[str, Any]]]:
+    """The scorers a backbone Config ships with (none unless it is `ShipsScorers`)."""
+    return dict(config.shipped_scorers or {}) if isinstance(config, ShipsScorers) else {}
+
+
+def is_deterministic(config: object) -> bool:
+    return bool(config.deterministic) if isinstance(config, MaybeDeterministic) else False
+
+
+def is_trained(obj: object) -> bool:
+    """False only for a scorer (or its Config) that says it has no trained weights."""
+    return bool(obj.trained) if isinstance(obj, MaybeTrained) else True
+
+
+def weight_files(obj: object) -> dict[str, list[Path]]:
+    return obj.weight_files() if isinstance(obj, LocatesWeights) else {}
+
+
+def config_class(factory: object) -> type | None:
+    """A factory's `Config` dataclass, or None when it declares none."""
+    if isinstance(factory, HasConfig) and dataclasses.is_dataclass(factory.Config):
+        return factory.Config
+    return None
+
+
+def contract_configs(factory: object) -> list[dict[str, Any]]:
+    """The configurations the contract kit runs a factory with (default: its defaults)."""
+    if isinstance(factory, HasContractConfigs):
+        return [dict(c) for c in factory.contract_configs] or [{}]
+    return [{}]
+
+
+def contract_backbone(factory: object) -> tuple[str, dict[str, Any]] | None:
+    """The backbone (name, options) a scorer's contract checks build it on (None: the toy)."""
+    return factory.contract_backbone if isinstance(factory, HasContractBackbone) else None
+
+
+def cost_formula(factory: object) -> str | None:
+    """A strategy's cost in words: its `cost_formula`, else the first line of its cost's doc."""
+    if isinstance(factory, HasCostFormula):
+        return factory.cost_formula
+    if isinstance(factory, _Costed):  # a strategy class: its `cost` method
+        doc = inspect.getdoc(factory.cost)
+        return doc.splitlines()[0] if doc else None
+    return None

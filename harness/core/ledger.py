@@ -1,0 +1,105 @@
+"""The budget ledger: every forward pass of every model, charged to the method that owns it.
+
+A *pass* is one forward of a dLLM-scale model over one row. Passes are charged by
+(problem, method, kind) with kind `denoise` or `score:<scorer>`. Physical forwards (batched
+calls) and seconds are recorded per kind as well, so passes can be checked against time.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
+
+from dllmbench.core.errors import CostMismatch
+from dllmbench.core.schema import LedgerEntry
+from dllmbench.core.types import Owners
+
+
+class Ledger:
+    def __init__(self) -> None:
+        self._passes: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
+        self._forwards: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
+        self._seconds: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
+        self.physical_forwards: Counter[str] = Counter()
+        self.physical_seconds: Counter[str] = Counter()
+        self.physical_rows: Counter[str] = Counter()
+        # tokens the batches computed (rows × the widest row) and the rows' own tokens
+        self.physical_tokens: Counter[str] = Counter()
+        self.real_tokens: Counter[str] = Counter()
+        self.charged: Counter[str] = Counter()  # passes charged to every method, by kind
+
+    def charge(self, problem_id: str, owners: Iterable[Owners], kind: str, passes: int) -> None:
+        """Charge `passes` passes of `kind` per row to every owner of that row."""
+        for row_owners in owners:
+            for method in row_owners:
+                self._passes[problem_id, method][kind] += passes
+            self.charged[kind] += passes * len(row_owners)
+
+    def record_forward(
+        self,
+        kind: str,
+        rows: list[tuple[str, Owners]],
+        seconds: float,
+        tokens: tuple[int, int] = (0, 0),
+    ) -> None:
+        """One batched physical forward over `rows` (problem id, owners) that took `seconds`;
+        `tokens`: the tokens it computed (rows × the widest row) and the rows' own."""
+        self.physical_forwards[kind] += 1
+        self.physical_tokens[kind] += tokens[0]
+        self.real_tokens[kind] += tokens[1]
+        self.physical_seconds[kind] += seconds
+        self.physical_rows[kind] += len(rows)
+        share = seconds / max(len(rows), 1)
+        touched: set[tuple[str, str]] = set()
+        for problem_id, owners in rows:
+            for method in owners:
+                self._seconds[problem_id, method][kind] += share
+                touched.add((problem_id, method))
+        for key in touched:
+            self._forwards[key][kind] += 1
+
+    def spent(self, problem_id: str, method: str) -> dict[str, int]:
+        return dict(self._passes.get((problem_id, method), {}))
+
+    def check(self, problem_id: str, method: str, planned: Mapping[str, int]) -> None:
+        """Raise CostMismatch unless what `method` spent on the problem equals its plan."""
+        spent = {k: v for k, v in self.spent(problem_id, method).items() if v}
+        want = {k: v for k, v in planned.items() if v}
+        if spent != want:
+            raise CostMismatch(method, problem_id, want, spent)
+
+    def entry(self, problem_id: str, method: str) -> LedgerEntry:
+        """The record of one (problem, method): passes by kind, forwards, seconds."""
+        key = (problem_id, method)
+        passes = dict(sorted(self._passes.get(key, {}).items()))
+        return LedgerEntry(
+            passes=passes,
+            total_passes=sum(passes.values()),
+            forwards=dict(sorted(self._forwards.get(key, {}).items())),
+            seconds={k: round(v, 6) for k, v in sorted(self._seconds.get(key, {}).items())},
+        )
+
+    def release(self, problem_id: str, method: str) -> None:
+        """Forget a finished (problem, method) once its record is written."""
+        for table in (self._passes, self._forwards, self._seconds):
+            table.pop((problem_id, method), None)
+
+    def physical(self) -> dict[str, dict[str, float]]:
+        """Per kind: forwards, rows, seconds, tokens computed and real, and their ratio
+        (`padding`: 1.0 is no padding)."""
+        out = {}
+        for kind in sorted(self.physical_forwards):
+            out[kind] = {
+                "forwards": self.physical_forwards[kind],
+                "rows": self.physical_rows[kind],
+                "seconds": round(self.physical_seconds[kind], 6),
+                "tokens": self.physical_tokens[kind],
+                "real_tokens": self.real_tokens[kind],
+            }
+            if self.real_tokens[kind]:
+                out[kind]["padding"] = round(self.physical_tokens[kind] / self.real_tokens[kind], 6)
+        return out
+
+    def passes(self) -> dict[str, int]:
+        """Passes charged by kind, summed over every (problem, method) of the ledger's life."""
+        return dict(sorted(self.charged.items()))

@@ -1,0 +1,440 @@
+"""The engine: runs the coroutines of many problems and methods at once, in full batches.
+
+Each strategy is a coroutine per problem. An `await ops.denoise(...)` or `ops.score(...)`
+posts a request; when every live coroutine waits, the engine serves the requests together
+(`scheduler.Scheduler` holds the queues): scoring batched per scorer, and one forward per
+denoising step over every waiting row (sorted by canvas length and capped by rows and tokens).
+Coroutines resume as soon as their request is served, so new rows join the next forward.
+
+Methods whose strategy nests its pools (independent sampling) share one pool per problem,
+generated once at the largest size; each row is charged to every method whose prefix holds it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from dllmbench.api.interfaces import (
+    Backbone,
+    CountsTokens,
+    GradesMany,
+    NotesGrades,
+    ScoreBatch,
+    Scorer,
+    SearchStrategy,
+    StepBatch,
+    Task,
+    TransformerBackbone,
+    passes_per_step,
+)
+from dllmbench.api.ops import Ops
+from dllmbench.core.keys import numpy_rng
+from dllmbench.core.ledger import Ledger
+from dllmbench.core.schema import CandidateRecord, Record
+from dllmbench.core.types import Candidate, Owners, Pool, Problem
+from dllmbench.execution.method import Method
+from dllmbench.execution.scheduler import Capacity, DenoiseWait, Scheduler, StrategyRun, Wait
+from dllmbench.loading.provenance import Origins, config_data
+
+__all__ = ["Capacity", "Engine", "Sampling", "Unit", "plan_units", "sized_to_memory"]
+
+MEMORY_SHARE = 0.6  # of the GPU memory free after loading, for one forward's activations
+
+
+def sized_to_memory(capacity: Capacity, backbone: Backbone) -> Capacity:
+    """`batch_tokens` from the free memory of the backbone's GPU when it is unset: about the
+    activations of one layer of a no-grad forward per token (6 × hidden + 3 × MLP width
+    values), twice over for safety, within `MEMORY_SHARE` of what is free. Unchanged on a
+    CPU, for a backbone that is not a transformer, or when `batch_tokens` is given."""
+    if capacity.batch_tokens is not None or not isinstance(backbone, TransformerBackbone):
+        return capacity
+    device = torch.device(backbone.device)
+    if device.type != "cuda":
+        return capacity
+    free, _ = torch.cuda.mem_get_info(device)
+    config = backbone.transformer.config
+    hidden = int(config.hidden_size)
+    width = int(getattr(config, "intermediate_size", 4 * hidden))
+    itemsize = next(backbone.transformer.parameters()).element_size()
+    per_token = 2 * (6 * hidden + 3 * width) * itemsize
+    return dataclasses.replace(capacity, batch_tokens=max(1, int(free * MEMORY_SHARE) // per_token))
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """The sampling protocol shared by every method of a run."""
+
+    total_steps: int = 128
+    gen_length: int = 512  # the paper's canvas
+    prompt_style: str = "chat"
+    seed: int = 0
+
+
+@dataclass
+class Unit:
+    """One strategy run on one problem, serving every method that shares its pool.
+
+    Methods with the same strategy and configuration share one run. Methods whose strategy
+    nests its pools (`prefix_field`) share one run at the largest size: copy i belongs to
+    the methods whose pool is larger than i. Every row is charged to each method it belongs
+    to, as if that method had run alone.
+    """
+
+    problem: Problem
+    strategy: SearchStrategy
+    members: list[tuple[Method, int]]  # (method, the size of its pool)
+    nested: bool = False
+
+    @property
+    def strategy_name(self) -> str:
+        return self.members[0][0].spec.strategy
+
+    @property
+    def pool_size(self) -> int:
+        return max(size for _, size in self.members)
+
+    def owners(self, rows: int) -> list[Owners]:
+        """The owners of the first `rows` rows the strategy starts."""
+        if not self.nested:
+            return [tuple(m.id for m, _ in self.members)] * rows
+        return [tuple(m.id for m, size in self.members if i < size) for i in range(rows)]
+
+
+def plan_units(problem: Problem, methods: Iterable[Method]) -> list[Unit]:
+    """Group methods into strategy runs: same strategy and configuration, or nested pools."""
+    groups: dict[str, list[tuple[Method, int]]] = {}
+    nested: dict[str, bool] = {}
+    for method in methods:
+        config = config_data(method.strategy)
+        field_name = method.strategy.prefix_field
+        size = int(config.pop(field_name)) if field_name else method.strategy.pool_size()
+        key = json.dumps([method.spec.strategy, field_name, config], sort_keys=True, default=str)
+        groups.setdefault(key, []).append((method, size))
+        nested[key] = field_name is not None
+    units = []
+    for key, members in groups.items():
+        largest = max(members, key=lambda ms: ms[1])[0]
+        units.append(Unit(problem, largest.strategy, members, nested[key]))
+    return units
+
+
+@dataclass(frozen=True)
+class _Judged:
+    """A finished pool as the task sees it: decoded once, extracted, keyed and graded."""
+
+    texts: list[str]
+    answers: list[str | None]
+    answer_keys: list[Any]  # task.answer_key per candidate; None when invalid
+    labels: list[bool]
+    notes: list[str | None]  # what the task said of each grade (`NotesGrades`), if anything
+
+
+class Engine:
+    def __init__(
+        self,
+        *,
+        backbone: Backbone,
+        scorers: dict[str, Scorer],
+        task: Task,
+        methods: list[Method],
+        sampling: Sampling,
+        capacity: Capacity | None = None,
+        ledger: Ledger | None = None,
+        origins: Origins | None = None,
+    ):
+        self.backbone = backbone
+        self.scorers = scorers
+        self.task = task
+        self.methods = methods
+        self.sampling = sampling
+        self.capacity = capacity or Capacity()
+        self.ledger = ledger or Ledger()
+        self.origins = origins or Origins()
+        self.passes_per_step = passes_per_step(backbone)
+        self._costs = {m.id: m.cost(sampling.total_steps, self.passes_per_step) for m in methods}
+        if len(self._costs) != len(methods):
+            raise ValueError("two methods of a run share one id; give each a distinct label")
+
+    # -- running -------------------------------------------------------------------------
+    def run(
+        self,
+        problems: Iterable[Problem],
+        *,
+        skip: Collection[tuple[str, str]] = frozenset(),
+        on_record: Callable[[Record], None] | None = None,
+    ) -> list[Record]:
+        """Run every method on every problem; return (and pass on) one record per pair."""
+        records: list[Record] = []
+        pending = iter(problems)
+        queue = Scheduler(self.capacity)
+        self._admit(queue, pending, skip)
+        while queue.busy:
+            for run, pool in queue.resume():
+                for record in self._finish(run.unit, pool):
+                    records.append(record)
+                    if on_record is not None:
+                        on_record(record)
+                if queue.finished(run):
+                    self._admit(queue, pending, skip)
+            groups = queue.round()
+            for group in groups:
+                self._serve(group)
+            queue.served(groups)
+        return records
+
+    def _admit(
+        self, queue: Scheduler, pending: Iterator[Problem], skip: Collection[tuple[str, str]]
+    ) -> None:
+        """Admit problems while there is room: one strategy run per unit of each."""
+        while queue.has_room:
+            problem = next(pending, None)
+            if problem is None:
+                return
+            todo = [m for m in self.methods if (problem.id, m.id) not in skip]
+            if not todo:
+                continue
+            if queue.in_flight(problem.id):
+                raise ValueError(f"problem id {problem.id!r} appears twice")
+            queue.admit(self._start(problem, todo))
+
+    def _start(self, problem: Problem, methods: list[Method]) -> list[StrategyRun]:
+        """Format the prompt, build the canvas, and start one coroutine per unit."""
+        prompt_ids = self.backbone.encode(self.task.prompt(problem, self.sampling.prompt_style))
+        canvas = self.backbone.canvas(prompt_ids, self.sampling.gen_length)
+        runs = []
+        for unit in plan_units(problem, methods):
+            ops = Ops(
+                problem=problem,
+                seed=self.sampling.seed,
+                total_steps=self.sampling.total_steps,
+                canvas=canvas,
+                prompt_len=len(prompt_ids),
+                ledger=self.ledger,
+                scorers={n: bool(s.reads_partial) for n, s in self.scorers.items()},
+                passes_per_step=self.passes_per_step,
+                owners=unit.owners,
+            )
+            name = unit.strategy_name
+            dist = self.origins.distribution("strategy", name)
+            runs.append(StrategyRun(unit, self._strategy_run(unit, ops), name, dist))
+        return runs
+
+    async def _strategy_run(self, unit: Unit, ops: Ops) -> Pool:
+        """The strategy's search, then the scores its pool lacks for the members' selectors."""
+        pool = self._checked(unit, await unit.strategy.search(unit.problem, ops))
+        await self._selector_scores(unit, pool, ops)
+        return pool
+
+    def _checked(self, unit: Unit, pool: Any) -> Pool:
+        """The pool a strategy returned, once it is a Pool of the size it declared."""
+        if not isinstance(pool, Pool):
+            what = f"search() returned a {type(pool).__name__}, not a Pool"
+            raise self.origins.violation("strategy", unit.strategy_name, what)
+        if len(pool) != unit.pool_size:
+            what = f"search() returned {len(pool)} candidates but declared {unit.pool_size}"
+            raise self.origins.violation("strategy", unit.strategy_name, what)
+        return pool
+
+    # -- serving requests ----------------------------------------------------------------
+    def _serve(self, waits: list[Wait]) -> None:
+        """One round of requests of one kind: rows that are the same computation are computed
+        once, the rest sorted by canvas length and cut into batches within the caps."""
+        if not waits:
+            return
+        kind = "denoise" if isinstance(waits[0], DenoiseWait) else f"score:{waits[0].scorer}"
+        flat = [(wait, i) for wait in waits for i in range(len(wait.rows))]
+        same = _identical(wait.same_computation(i) for wait, i in flat)
+        owners = [(wait.rows.problem.id, wait.rows.owners[i]) for wait, i in flat]
+        lengths = [flat[rows[0]][0].tokens.shape[1] for rows in same]
+        for batch in self.capacity.batches(lengths):
+            items = [flat[same[j][0]] for j in batch]
+            start = time.perf_counter()
+            outputs = self._forward(waits[0], items)
+            seconds = time.perf_counter() - start
+            for j, output in zip(batch, outputs, strict=True):
+                for wait, i in (flat[n] for n in same[j]):
+                    wait.put(i, output)
+            widths = [lengths[j] for j in batch]
+            self.ledger.record_forward(
+                kind,
+                [_charged(owners, same[j]) for j in batch],
+                seconds,
+                tokens=(self._computed_tokens(kind, widths), sum(widths)),
+            )
+
+    def _computed_tokens(self, kind: str, widths: list[int]) -> int:
+        """Tokens one forward over rows of these widths computed: the backbone's own count
+        when it packs rows (`CountsTokens`), else rows × the widest row."""
+        if kind == "denoise" and isinstance(self.backbone, CountsTokens):
+            return self.backbone.computed_tokens(widths)
+        return len(widths) * max(widths)
+
+    def _forward(self, like: Wait, items: list[tuple[Any, int]]) -> Sequence[Any]:
+        """One physical call over the rows `items` (wait, row): the backbone's denoising step
+        or the scorer's scores, one output per row."""
+        tokens = [wait.tokens[i] for wait, i in items]
+        prompt_lens = [wait.rows.prompt_len for wait, _ in items]
+        steps = [wait.steps[i] for wait, i in items]
+        total_steps = self.sampling.total_steps
+        if isinstance(like, DenoiseWait):
+            rng_keys = [wait.rng_keys[i] for wait, i in items]
+            out = self.backbone.denoise_step(
+                StepBatch(tokens, prompt_lens, steps, rng_keys, total_steps)
+            )
+            if len(out) != len(items):
+                what = f"denoise_step() returned {len(out)} rows for a batch of {len(items)}"
+                raise self.origins.violation("backbone", self.origins.backbone, what)
+            return out
+        values = np.asarray(
+            self.scorers[like.scorer].score(ScoreBatch(tokens, prompt_lens, steps, total_steps)),
+            dtype=np.float64,
+        )
+        if values.shape != (len(items),):
+            what = f"score() returned shape {values.shape} for a batch of {len(items)} rows"
+            raise self.origins.violation("scorer", self.origins.scorer(like.scorer), what)
+        return values
+
+    async def _selector_scores(self, unit: Unit, pool: Pool, ops: Ops) -> None:
+        """Score the pool for selectors that need a scorer it does not carry: each scorer once,
+        on the first candidates of the largest member that needs it."""
+        needed = sorted({s for m, _ in unit.members for s in m.selector_scoring()})
+        for scorer in needed:
+            needy = [(m, size) for m, size in unit.members if scorer in m.selector_scoring()]
+            upto = max(size for _, size in needy)
+            owners = [tuple(m.id for m, size in needy if i < size) for i in range(upto)]
+            values = await ops.score(pool.rows.take(range(upto)).owned_by(owners), scorer)
+            full = np.full(len(pool), np.nan)
+            full[:upto] = values
+            pool.scores[scorer] = full
+
+    # -- finishing -----------------------------------------------------------------------
+    def _judge(self, problem: Problem, pool: Pool) -> _Judged:
+        """Decode every candidate once, extract and key its answer, grade the pool."""
+        rows = pool.rows
+        texts = [self.backbone.decode(rows.tokens[i], rows.prompt_len) for i in range(len(pool))]
+        answers = [self.task.extract(text) for text in texts]
+        answer_keys = [None if a is None else self.task.answer_key(a) for a in answers]
+        labels = self._grade([(problem, a, t) for a, t in zip(answers, texts, strict=True)])
+        notes: list[str | None] = [None] * len(answers)
+        if isinstance(self.task, NotesGrades):
+            notes = [None if a is None else self.task.grade_note(problem, a) for a in answers]
+        return _Judged(texts, answers, answer_keys, labels, notes)
+
+    def _grade(self, items: list[tuple[Problem, str | None, str]]) -> list[bool]:
+        """A pool's grades: all at once through the task's optional `grade_many` (MBPP's
+        sandboxes and MATH-500's workers grade in parallel), else one `grade` at a time."""
+        if not isinstance(self.task, GradesMany):
+            return [bool(self.task.grade(*item)) for item in items]
+        labels = [bool(x) for x in self.task.grade_many(items)]
+        if len(labels) != len(items):
+            what = f"grade_many() returned {len(labels)} grades for {len(items)} candidates"
+            raise self.origins.violation("task", self.origins.task, what)
+        return labels
+
+    def _finish(self, unit: Unit, pool: Pool) -> list[Record]:
+        """Judge the pool once; let each member method select and write its record."""
+        problem = unit.problem
+        judged = self._judge(problem, pool)
+        records = []
+        for method, size in unit.members:
+            # a method sees only the scores it paid for, whatever else shares its pool
+            paid = set(method.selector.needs) | method.strategy.pool_scores()
+            candidates = [
+                Candidate(
+                    index=i,
+                    text=judged.texts[i],
+                    answer=judged.answers[i],
+                    answer_key=judged.answer_keys[i],
+                    lineage=pool.rows.lineage[i],
+                    scores={s: float(v[i]) for s, v in pool.scores.items() if s in paid},
+                    weight=None if pool.weights is None else float(pool.weights[i]),
+                )
+                for i in range(size)
+            ]
+            chosen = self._select(problem, method, candidates, judged.labels[:size])
+            self.ledger.check(problem.id, method.id, self._costs[method.id])
+            records.append(self._record(problem, method, chosen, candidates, judged, pool))
+            self.ledger.release(problem.id, method.id)
+        return records
+
+    def _select(
+        self, problem: Problem, method: Method, candidates: list[Candidate], labels: list[bool]
+    ) -> int | None:
+        """The selector's choice, once it is None or an index into `candidates`."""
+        rng = numpy_rng(self.sampling.seed, problem.id, "select", method.id)
+        chosen = method.selector.select(
+            candidates, rng=rng, labels=labels if method.ceiling else None
+        )
+        if chosen is None:
+            return None
+        size = len(candidates)
+        if isinstance(chosen, bool) or not isinstance(chosen, int | np.integer):
+            what = f"select() returned a {type(chosen).__name__}, not an index or None"
+        elif not 0 <= chosen < size:
+            what = f"select() returned index {chosen} for a pool of {size} candidates"
+        else:
+            return int(chosen)
+        raise self.origins.violation("selector", method.spec.selector, what)
+
+    def _record(
+        self,
+        problem: Problem,
+        method: Method,
+        chosen: int | None,
+        candidates: list[Candidate],
+        judged: _Judged,
+        pool: Pool,
+    ) -> Record:
+        return Record(
+            problem=problem.id,
+            method=method.id,
+            budgets=list(method.budgets),
+            selected=chosen,
+            answer=None if chosen is None else judged.answers[chosen],
+            correct=False if chosen is None else judged.labels[chosen],
+            ceiling=method.ceiling,
+            candidates=[
+                _candidate_record(c, judged.labels[c.index], judged.notes[c.index])
+                for c in candidates
+            ],
+            ledger=self.ledger.entry(problem.id, method.id),
+            info=pool.info,
+        )
+
+
+def _candidate_record(candidate: Candidate, correct: bool, note: str | None) -> CandidateRecord:
+    record = CandidateRecord(
+        text=candidate.text,
+        answer=candidate.answer,
+        valid=candidate.answer_key is not None,
+        key=None if candidate.answer_key is None else str(candidate.answer_key),
+        correct=correct,
+        scores=candidate.scores,
+        weight=candidate.weight,
+        lineage=list(candidate.lineage),
+    )
+    if note is not None:
+        record["grade_note"] = note
+    return record
+
+
+def _identical(rows: Iterable[tuple[Any, ...]]) -> list[list[int]]:
+    """Group rows whose forward is the same computation: equal key or step fields and equal
+    tokens (the last field). Groups are in order of first appearance."""
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for n, (*fields, tokens) in enumerate(rows):
+        groups.setdefault((*fields, tokens.numpy().tobytes()), []).append(n)
+    return list(groups.values())
+
+
+def _charged(owners: list[tuple[str, Owners]], same: list[int]) -> tuple[str, Owners]:
+    """(problem id, owners) of one computed row: every owner of every row it stands for."""
+    return owners[same[0]][0], tuple(o for n in same for o in owners[n][1])

@@ -1,0 +1,169 @@
+"""A method: one strategy, one selector and the scorers they use — one leaderboard row.
+
+Methods are written as specs: `strategy[:key=value,...][+selector[:key=value,...]]`, e.g.
+`independent:n=8+argmax:scorer=orm`. A value `*` marks the size the planner chooses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from dllmbench.api.interfaces import SearchStrategy, Selector
+from dllmbench.core.errors import UserError
+from dllmbench.core.schema import MethodEntry, PluginEntry
+from dllmbench.loading.provenance import config_data
+from dllmbench.loading.registry import Registry
+
+FREE = "*"
+
+
+def _value(text: str) -> Any:
+    if text == FREE:
+        return FREE
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _format_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def parse_part(text: str) -> tuple[str, dict[str, Any]]:
+    name, _, rest = text.strip().partition(":")
+    if not name:
+        raise UserError(f"method spec part {text!r} has no plugin name; e.g. independent:n=8")
+    config: dict[str, Any] = {}
+    for item in filter(None, (s.strip() for s in rest.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise UserError(f"method spec option {item!r} is not key=value; e.g. n=8")
+        config[key.strip()] = _value(value.strip())
+    return name.strip(), config
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A strategy and a selector by name, with their configuration."""
+
+    strategy: str
+    strategy_config: dict[str, Any] = field(default_factory=dict)
+    selector: str = "first"
+    selector_config: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, text: str) -> MethodSpec:
+        parts = text.split("+")
+        if len(parts) > 2:
+            raise UserError(
+                f"method spec {text!r} has more than one '+'; "
+                "write strategy[:k=v,...][+selector[:k=v,...]]"
+            )
+        strategy, sconf = parse_part(parts[0])
+        selector, selconf = parse_part(parts[1]) if len(parts) == 2 else ("first", {})
+        return cls(strategy, sconf, selector, selconf)
+
+    def free_field(self) -> str | None:
+        free = [k for k, v in self.strategy_config.items() if v == FREE]
+        if len(free) > 1:
+            raise UserError(f"method spec {self.text()!r} leaves more than one size free")
+        return free[0] if free else None
+
+    def with_size(self, size: int) -> MethodSpec:
+        key = self.free_field()
+        if key is None:
+            return self
+        return MethodSpec(
+            self.strategy,
+            {**self.strategy_config, key: size},
+            self.selector,
+            dict(self.selector_config),
+        )
+
+    def text(self) -> str:
+        def fmt(name: str, config: dict[str, Any]) -> str:
+            opts = ",".join(f"{k}={_format_value(v)}" for k, v in config.items())
+            return f"{name}:{opts}" if opts else name
+
+        return (
+            f"{fmt(self.strategy, self.strategy_config)}+{fmt(self.selector, self.selector_config)}"
+        )
+
+
+@dataclass
+class Method:
+    """A built method, ready to run."""
+
+    id: str
+    spec: MethodSpec
+    strategy: SearchStrategy
+    selector: Selector
+    family: str | None = None
+    budgets: tuple[int, ...] = ()  # the budgets the planner planned it at, ascending
+
+    @classmethod
+    def build(
+        cls,
+        registry: Registry,
+        spec: MethodSpec,
+        label: str | None = None,
+        family: str | None = None,
+    ) -> Method:
+        if spec.free_field() is not None:
+            raise UserError(
+                f"method {spec.text()!r} has a free size '*'; give --budget to "
+                "choose it or write a number"
+            )
+        strategy = registry.strategy(spec.strategy, **spec.strategy_config)
+        selector = registry.selector(spec.selector, **spec.selector_config)
+        return cls(label or spec.text(), spec, strategy, selector, family)
+
+    @property
+    def ceiling(self) -> bool:
+        return bool(self.selector.ceiling)
+
+    def scorers(self) -> set[str]:
+        return set(self.strategy.scorers) | set(self.selector.needs)
+
+    def selector_scoring(self) -> tuple[str, ...]:
+        """Scorers the selector needs that the strategy's pool does not already carry."""
+        have = self.strategy.pool_scores()
+        return tuple(s for s in self.selector.needs if s not in have)
+
+    def cost(self, total_steps: int, passes_per_step: int = 1) -> dict[str, int]:
+        """Declared passes per problem by kind.
+
+        `passes_per_step` is the backbone's forwards per row-step (2 with classifier-free
+        guidance); it multiplies the denoising passes.
+        """
+        cost = dict(self.strategy.cost(total_steps))
+        if "denoise" in cost:
+            cost["denoise"] *= passes_per_step
+        for scorer in self.selector_scoring():
+            kind = f"score:{scorer}"
+            cost[kind] = cost.get(kind, 0) + self.strategy.pool_size()
+        return {k: v for k, v in sorted(cost.items()) if v}
+
+    def total_cost(self, total_steps: int, passes_per_step: int = 1) -> int:
+        return sum(self.cost(total_steps, passes_per_step).values())
+
+    def manifest_entry(self) -> MethodEntry:
+        """The method as the manifest records it (the runner adds `cost` and where its plugins
+        came from)."""
+        return MethodEntry(
+            id=self.id,
+            family=self.family,
+            spec=self.spec.text(),
+            strategy=PluginEntry(name=self.spec.strategy, config=config_data(self.strategy)),
+            selector=PluginEntry(name=self.spec.selector, config=config_data(self.selector)),
+            ceiling=self.ceiling,
+        )

@@ -1,0 +1,334 @@
+"""Budget planner: each method family takes its largest configuration that fits the budget.
+
+Method families (built-in and third-party alike) come from the registry, registered through
+the `dllmbench_register_methods` hook. `all` (and no entry at all) means every family whose
+strategy and selector are available. Several budgets plan every entry at each budget; a method
+planned identically at two budgets is one method carrying both (`Method.budgets`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from dllmbench.core.errors import PluginError, UserError
+from dllmbench.execution.method import Method, MethodSpec
+from dllmbench.loading.manager import MethodFamily
+from dllmbench.loading.provenance import config_data
+from dllmbench.loading.registry import Registry
+
+
+def half_steps(total_steps: int) -> int:
+    """The guided families' segment length: two segments, as b=64 at the paper's T=128."""
+    return max(1, total_steps // 2)
+
+
+def default_budget(total_steps: int) -> int:
+    """The headline budget: what PRM Guided K=8 with two segments spends (1040 at T=128)."""
+    return 8 * total_steps + 8 * math.ceil(total_steps / half_steps(total_steps))
+
+
+@dataclass
+class Planned:
+    method: Method
+    cost: dict[str, int]
+
+    @property
+    def passes(self) -> int:
+        return sum(self.cost.values())
+
+    @property
+    def budgets(self) -> list[int]:
+        """The budgets the method is planned at, ascending."""
+        return list(self.method.budgets)
+
+
+@dataclass
+class LeftOut:
+    family: str
+    reason: str
+    min_budget: int | None = None
+    missing: tuple[str, ...] = ()  # scorers the run lacks, when that is the reason
+    budget: int | None = None  # the budget it does not fit; None when that is not the reason
+
+
+@dataclass
+class Plan:
+    budget: int  # the largest budget
+    total_steps: int
+    methods: list[Planned] = field(default_factory=list)
+    left_out: list[LeftOut] = field(default_factory=list)
+    budgets: list[int] = field(default_factory=list)  # ascending; [budget] for one budget
+
+    def __post_init__(self) -> None:
+        self.budgets = self.budgets or [self.budget]
+
+    def at(self, budget: int) -> list[Planned]:
+        """The methods planned at `budget`, in plan order."""
+        return [p for p in self.methods if budget in p.method.budgets]
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "budget": self.budget,
+            "budgets": self.budgets,
+            "steps": self.total_steps,
+            "methods": [
+                {
+                    "id": p.method.id,
+                    "family": p.method.family,
+                    "spec": p.method.spec.text(),
+                    "budgets": p.budgets,
+                    "passes": p.passes,
+                    # of the smallest budget the method is planned at
+                    "share": round(p.passes / p.budgets[0], 4),
+                    "cost": p.cost,
+                    "ceiling": p.method.ceiling,
+                }
+                for p in self.methods
+            ],
+            "left_out": [
+                {"family": x.family, "reason": x.reason, "min_budget": x.min_budget}
+                for x in self.left_out
+            ],
+        }
+
+
+def _label(template: str | None, method: Method) -> str:
+    if template is None:
+        return method.spec.text()
+    try:
+        return template.format(**config_data(method.strategy))
+    except (KeyError, IndexError):
+        return template
+
+
+def _try_build(
+    registry: Registry, spec: MethodSpec, label: str | None, family: str | None
+) -> Method | PluginError:
+    try:
+        method = Method.build(registry, spec, family=family)
+    except PluginError as exc:
+        return exc  # e.g. a size the strategy's constraints rule out (k not divisible by keep)
+    method.id = _label(label, method)
+    return method
+
+
+def fit(
+    registry: Registry,
+    spec: MethodSpec,
+    label: str | None,
+    family: str | None,
+    budget: int,
+    total_steps: int,
+    passes_per_step: int = 1,
+) -> tuple[Method | None, int | None]:
+    """The largest configuration of `spec` costing at most `budget`, and the smallest cost.
+
+    A free size that no size from 1 to budget + 1 accepts is the plugin's error.
+    """
+    free = spec.free_field()
+    if free is None:
+        method = Method.build(registry, spec, family=family)
+        method.id = _label(label, method)
+        cost = method.total_cost(total_steps, passes_per_step)
+        return (method if cost <= budget else None), cost
+    best, smallest, error = None, None, None
+    for size in range(1, budget + 2):
+        method = _try_build(registry, spec.with_size(size), label, family)
+        if isinstance(method, PluginError):
+            error = error or method
+            continue
+        cost = method.total_cost(total_steps, passes_per_step)
+        if smallest is None:
+            smallest = cost
+        if cost > budget:
+            break
+        best = method
+    if smallest is None and error is not None:
+        raise error
+    return best, smallest
+
+
+ALL = "all"
+
+
+def family_spec(family: MethodFamily, total_steps: int) -> MethodSpec:
+    return MethodSpec.parse(family.spec.format(half=half_steps(total_steps)))
+
+
+def available_families(registry: Registry, total_steps: int) -> list[str]:
+    """Every registered family whose strategy and selector are registered and not broken."""
+    have = {kind: set(registry.names(kind)) for kind in ("strategy", "selector")}
+    names = []
+    for family in registry.families():
+        spec = family_spec(family, total_steps)
+        if spec.strategy in have["strategy"] and spec.selector in have["selector"]:
+            names.append(family.name)
+    return names
+
+
+def expand(registry: Registry, entries: list[str] | None, total_steps: int) -> dict[str, bool]:
+    """Entry → whether it was asked for by name: `all` (or no entries) adds every available
+    family, not asked for by name, so one that lacks a scorer is only left out."""
+    out: dict[str, bool] = {}
+    for entry in entries or [ALL]:
+        for name in available_families(registry, total_steps) if entry == ALL else [entry]:
+            out[name] = out.get(name, False) or entry != ALL
+    return out
+
+
+def _spec(
+    registry: Registry, entry: str, total_steps: int
+) -> tuple[MethodSpec, MethodFamily | None]:
+    """The method spec of a family name or a spec text, its plugins and options checked."""
+    family = registry.family(entry)
+    if family is not None:
+        return family_spec(family, total_steps), family
+    if not (":" in entry or "+" in entry or entry in registry.names("strategy")):
+        known = ", ".join(f.name for f in registry.families())
+        raise UserError(
+            f"unknown method {entry!r}; families: {known}, or all; or a spec such as "
+            "independent:n=8+majority"
+        )
+    spec = MethodSpec.parse(entry)
+    free = spec.free_field()
+    registry.coerce(
+        "strategy", spec.strategy, spec.strategy_config, unchecked=[free] if free else ()
+    )
+    registry.coerce("selector", spec.selector, spec.selector_config)
+    return spec, None
+
+
+@dataclass(frozen=True)
+class Use:
+    """An entry whose methods use a scorer; `named` when asked for by name (not by `all`)."""
+
+    entry: str
+    named: bool
+
+    def __str__(self) -> str:
+        return self.entry
+
+
+def scorer_users(
+    registry: Registry, entries: list[str] | None, total_steps: int
+) -> dict[str, list[Use]]:
+    """Scorer name → the entries (families or specs) whose methods use it."""
+    users: dict[str, list[Use]] = {}
+    for entry, named in expand(registry, entries, total_steps).items():
+        spec, _ = _spec(registry, entry, total_steps)
+        method = None  # which scorers a method uses does not depend on its size: any will do
+        for size in range(1, 65) if spec.free_field() else (0,):
+            method = _try_build(registry, spec.with_size(size), None, None)
+            if isinstance(method, Method):
+                break
+        if isinstance(method, PluginError):
+            raise method
+        for scorer in sorted(method.scorers()):
+            users.setdefault(scorer, []).append(Use(entry, named))
+    return users
+
+
+def check_scorers(users: dict[str, list[Use]], scorers: set[str], requested: bool) -> None:
+    """With `users` from `scorer_users`: a requested method whose scorer the run lacks, or a
+    scorer no method uses, is an error (with no methods requested, families lacking a scorer
+    are only left out, as are the families `all` adds)."""
+    for scorer, uses in sorted(users.items()) if requested else ():
+        named = [u.entry for u in uses if u.named]
+        if scorer not in scorers and named:
+            raise UserError(
+                f"method {named[0]!r} needs scorer {scorer}, which the run does not have; "
+                f"give --scorer {scorer}=PLUGIN[:checkpoint=DIR] or drop the method"
+            )
+    for name in sorted(scorers):
+        if name not in users:
+            used = "; ".join(f"{s} by {', '.join(map(str, u))}" for s, u in sorted(users.items()))
+            raise UserError(
+                f"no requested method uses scorer {name!r}; "
+                + (
+                    f"scorers in use: {used}"
+                    if used
+                    else f"none uses a scorer; drop --scorer {name}"
+                )
+            )
+
+
+def check_budgets(budgets: list[int]) -> list[int]:
+    """Budgets ascending; a budget below 1 or given twice is an error."""
+    for budget in budgets:
+        if budget < 1:
+            raise UserError(f"--budget must be a positive number of passes, got {budget}")
+    twice = sorted({b for b in budgets if budgets.count(b) > 1})
+    if twice:
+        raise UserError(
+            f"--budget lists {twice[0]} twice; give each budget once, e.g. --budget 1040,4160"
+        )
+    if not budgets:
+        raise UserError("--budget needs at least one budget, e.g. --budget 1040")
+    return sorted(budgets)
+
+
+def _place(
+    registry: Registry,
+    entry: str,
+    named: bool,
+    budget: int,
+    total_steps: int,
+    scorers: set[str] | None,
+    passes_per_step: int,
+) -> Method | LeftOut:
+    """The method `entry` takes at `budget`, or why it is left out."""
+    spec, family = _spec(registry, entry, total_steps)
+    label, name = (family.label, family.name) if family else (None, None)
+    method, smallest = fit(registry, spec, label, name, budget, total_steps, passes_per_step)
+    if method is None:
+        at_least = f"; needs a budget of at least {smallest}" if smallest else ""
+        return LeftOut(entry, f"does not fit {budget} passes{at_least}", smallest, budget=budget)
+    missing = tuple(sorted(method.scorers() - scorers)) if scorers is not None else ()
+    if missing:
+        reason = f"needs scorer {', '.join(missing)}"
+        return LeftOut(entry, reason, missing=missing if named else ())
+    return method
+
+
+def _add(result: Plan, method: Method, budget: int, cost: dict[str, int]) -> None:
+    """Plan `method` at `budget`: a method already planned under its id carries one more
+    budget (the same method, run once); another method under the same id is an error."""
+    same = next((p for p in result.methods if p.method.id == method.id), None)
+    if same is None:
+        method.budgets = (budget,)
+        result.methods.append(Planned(method, cost))
+    elif same.method.spec.text() != method.spec.text():
+        raise UserError(
+            f"two methods are labelled {method.id!r} ({same.method.spec.text()} and "
+            f"{method.spec.text()}); give the family a label that names its size, e.g. Name@{{n}}"
+        )
+    elif budget not in same.method.budgets:
+        same.method.budgets += (budget,)
+
+
+def plan(
+    registry: Registry,
+    budget: int | list[int],
+    total_steps: int,
+    entries: list[str] | None = None,
+    scorers: set[str] | None = None,
+    passes_per_step: int = 1,
+) -> Plan:
+    """Choose every method for `budget`, or for each of several budgets. `entries` are family
+    names, `all` or method specs.
+
+    With `scorers` given, families that need a scorer outside it are left out. Methods are in
+    entry order (an entry's sizes by budget); each carries the budgets it is planned at.
+    """
+    budgets = check_budgets([budget] if isinstance(budget, int) else list(budget))
+    result = Plan(budgets[-1], total_steps, budgets=budgets)
+    for entry, named in expand(registry, entries, total_steps).items():
+        for at in budgets:
+            placed = _place(registry, entry, named, at, total_steps, scorers, passes_per_step)
+            if isinstance(placed, LeftOut):
+                if placed not in result.left_out:
+                    result.left_out.append(placed)
+                continue
+            _add(result, placed, at, placed.cost(total_steps, passes_per_step))
+    return result

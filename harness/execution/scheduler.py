@@ -1,0 +1,257 @@
+"""The engine's queues: which strategy coroutines are ready, which wait for a forward, which
+problems are in flight, and how waiting rows are cut into batches.
+
+A strategy coroutine runs until it awaits `ops.denoise` or `ops.score`; its request then waits
+here. When no coroutine is ready, the engine serves one round (`Scheduler.round`): every
+waiting scoring request, grouped by scorer, or else one denoising step of every waiting
+denoising request. A request that has had all it asked for makes its coroutine ready again,
+with the answer to send it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Coroutine, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from dllmbench.api.ops import DenoiseRequest, ScoreRequest
+from dllmbench.core.errors import PluginViolation
+from dllmbench.core.types import Pool, Rows
+
+if TYPE_CHECKING:
+    from dllmbench.execution.engine import Unit
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """How much work one forward and the engine may hold at once."""
+
+    batch_rows: int = 64  # rows per physical forward
+    batch_tokens: int | None = None  # rows × canvas length per forward
+    problems: int = 32  # problems in flight
+
+    def __post_init__(self) -> None:
+        if self.batch_rows < 1 or self.problems < 1:
+            raise ValueError("batch_rows and problems must be >= 1")
+
+    def batches(self, lengths: Sequence[int]) -> list[list[int]]:
+        """Indices sorted by canvas length, cut into batches within the row and token caps.
+
+        As many batches as filling each to the row cap takes, cut where they compute the
+        fewest tokens (rows × the widest row of each batch: `_least_padding`); filled in
+        order when that cut would break the token cap."""
+        order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+        if not order:
+            return []
+        cut = _least_padding([lengths[i] for i in order], self.batch_rows)
+        if self.batch_tokens is None or all(
+            len(b) * lengths[order[b[-1]]] <= self.batch_tokens for b in cut
+        ):
+            return [[order[k] for k in b] for b in cut]
+        return self._filled(order, lengths)
+
+    def _filled(self, order: list[int], lengths: Sequence[int]) -> list[list[int]]:
+        batches: list[list[int]] = []
+        current: list[int] = []
+        for i in order:
+            too_many = len(current) >= self.batch_rows
+            too_wide = (
+                self.batch_tokens is not None
+                and (len(current) + 1) * lengths[i] > self.batch_tokens
+            )
+            if current and (too_many or too_wide):
+                batches.append(current)
+                current = []
+            current.append(i)
+        if current:
+            batches.append(current)
+        return batches
+
+
+def _least_padding(ascending: Sequence[int], rows: int) -> list[list[int]]:
+    """Positions 0..n−1 of ascending lengths cut into the fewest batches of at most `rows`
+    (⌈n / rows⌉), contiguous, so that Σ batch size × its last (widest) length is least: a
+    dynamic programme over (batches, rows covered), one vector step per batch size."""
+    n = len(ascending)
+    widths = np.asarray(ascending, dtype=np.int64)
+    never = np.iinfo(np.int64).max // 4
+    best = np.full(n + 1, never, dtype=np.int64)
+    best[0] = 0
+    choices = []
+    for _ in range(-(-n // rows)):
+        step = np.full(n + 1, never, dtype=np.int64)
+        size = np.zeros(n + 1, dtype=np.int64)
+        for d in range(1, min(rows, n) + 1):
+            cost = best[:-d] + d * widths[d - 1 :]  # the batch ending at j = d..n holds d rows
+            better = cost < step[d:]
+            step[d:][better] = cost[better]
+            size[d:][better] = d
+        best = np.minimum(step, never)
+        choices.append(size)
+    batches, end = [], n
+    for size in reversed(choices):
+        d = int(size[end])
+        batches.append(list(range(end - d, end)))
+        end -= d
+    return batches[::-1]
+
+
+@dataclass
+class StrategyRun:
+    """One strategy coroutine: a unit of the engine on one problem, and who wrote it."""
+
+    unit: Unit
+    coroutine: Coroutine[Any, Any, Pool]
+    strategy: str  # the strategy plugin's name, to name it when it misbehaves
+    distribution: str | None = None
+
+
+@dataclass
+class DenoiseWait:
+    """A denoising request being served: its rows advance one step per round."""
+
+    run: StrategyRun
+    rows: Rows
+    remaining: int  # steps still to take
+    tokens: torch.Tensor = field(init=False)
+    steps: list[int] = field(init=False)
+    rng_keys: tuple[int, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.tokens = self.rows.tokens.clone()
+        self.steps = list(self.rows.steps)
+        self.rng_keys = self.rows.rng_keys
+
+    def same_computation(self, i: int) -> tuple[Any, ...]:
+        """What makes row i's step one computation: its key, step, prompt and tokens."""
+        return (self.rng_keys[i], self.steps[i], self.rows.prompt_len, self.tokens[i])
+
+    def put(self, i: int, tokens: torch.Tensor) -> None:
+        self.tokens[i] = tokens
+        self.steps[i] += 1
+
+    def served(self) -> bool:
+        """One round is over; True when every step asked for is taken."""
+        self.remaining -= 1
+        return self.remaining == 0
+
+    def answer(self) -> Rows:
+        return self.rows.advanced(self.tokens, self.steps)
+
+
+@dataclass
+class ScoreWait:
+    """A scoring request being served: one float per row, in one round."""
+
+    run: StrategyRun
+    rows: Rows
+    scorer: str
+    values: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.values = np.empty(len(self.rows))
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        return self.rows.tokens
+
+    @property
+    def steps(self) -> tuple[int, ...]:
+        return self.rows.steps
+
+    def same_computation(self, i: int) -> tuple[Any, ...]:
+        """What makes row i's score one computation: problem, step, prompt and tokens."""
+        return (self.rows.problem.id, self.rows.steps[i], self.rows.prompt_len, self.tokens[i])
+
+    def put(self, i: int, value: float) -> None:
+        self.values[i] = value
+
+    def served(self) -> bool:
+        return True
+
+    def answer(self) -> np.ndarray:
+        return self.values
+
+
+Wait = DenoiseWait | ScoreWait
+
+
+class Scheduler:
+    """The queue state of one engine run."""
+
+    def __init__(self, capacity: Capacity):
+        self.capacity = capacity
+        self.ready: deque[tuple[StrategyRun, Any]] = deque()
+        self.waiting: list[Wait] = []
+        self._units_left: Counter[str] = Counter()  # problem id → unfinished strategy runs
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.ready or self.waiting)
+
+    @property
+    def has_room(self) -> bool:
+        return len(self._units_left) < self.capacity.problems
+
+    def in_flight(self, problem_id: str) -> bool:
+        return problem_id in self._units_left
+
+    def admit(self, runs: Sequence[StrategyRun]) -> None:
+        """Start the strategy runs of one problem."""
+        for run in runs:
+            self._units_left[run.unit.problem.id] += 1
+            self.ready.append((run, None))
+
+    def resume(self) -> Iterator[tuple[StrategyRun, Any]]:
+        """Resume ready coroutines until each has posted a request or finished; yield each
+        finished run with what it returned. Runs admitted meanwhile are resumed too."""
+        while self.ready:
+            run, value = self.ready.popleft()
+            try:
+                request = run.coroutine.send(value)
+            except StopIteration as stop:
+                yield run, stop.value
+                continue
+            self.waiting.append(self._wait(run, request))
+
+    def finished(self, run: StrategyRun) -> bool:
+        """Count a finished run; True when it was its problem's last (the problem leaves)."""
+        problem = run.unit.problem.id
+        self._units_left[problem] -= 1
+        if self._units_left[problem]:
+            return False
+        del self._units_left[problem]
+        return True
+
+    def round(self) -> list[list[Wait]]:
+        """What to serve next, one group per physical kind: every scoring request (a group per
+        scorer, by name) if any waits, else one denoising step of every denoising request."""
+        scoring = [w for w in self.waiting if isinstance(w, ScoreWait)]
+        if scoring:
+            names = sorted({w.scorer for w in scoring})
+            return [[w for w in scoring if w.scorer == name] for name in names]
+        return [[w for w in self.waiting if isinstance(w, DenoiseWait)]]
+
+    def served(self, groups: list[list[Wait]]) -> None:
+        """After a round: a request that had all it asked for readies its coroutine."""
+        done = {id(w) for group in groups for w in group if w.served()}
+        for wait in self.waiting:
+            if id(wait) in done:
+                self.ready.append((wait.run, wait.answer()))
+        self.waiting = [w for w in self.waiting if id(w) not in done]
+
+    @staticmethod
+    def _wait(run: StrategyRun, request: Any) -> Wait:
+        if isinstance(request, DenoiseRequest):
+            return DenoiseWait(run, request.rows, request.steps)
+        if isinstance(request, ScoreRequest):
+            return ScoreWait(run, request.rows, request.scorer)
+        raise PluginViolation(
+            run.strategy,
+            run.distribution,
+            f"search() awaited a {type(request).__name__}; await only ops.denoise or ops.score",
+        )

@@ -1,0 +1,322 @@
+"""The typed façade the core uses to find and build plugins (never `pm.hook.*`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import types
+import typing
+from collections.abc import Collection
+from functools import lru_cache
+from typing import Any, Literal, Union
+
+from dllmbench.api.interfaces import (
+    KIND_PROTOCOLS,
+    Backbone,
+    Scorer,
+    SearchStrategy,
+    Selector,
+    Task,
+    config_class,
+    cost_formula,
+    missing_members,
+)
+from dllmbench.core.errors import PluginError
+from dllmbench.loading.manager import (
+    KINDS,
+    Broken,
+    Collected,
+    MethodFamily,
+    PluginInfo,
+    collect,
+    load_plugin_manager,
+)
+
+# Run objects a factory may ask for by parameter name; never configuration.
+SHARED = ("backbone",)
+
+
+def options(factory: Any) -> list[str]:
+    """Configuration field names a factory accepts."""
+    config_cls = config_class(factory)
+    if config_cls is not None:
+        return [f.name for f in dataclasses.fields(config_cls)]
+    params = inspect.signature(factory).parameters.values()
+    kinds = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [p.name for p in params if p.kind in kinds and p.name not in SHARED]
+
+
+class _Mismatch(Exception):
+    """A value does not have the type an option declares."""
+
+
+def _type_name(tp: Any) -> str:
+    """`int` → "an int", `str | None` → "a string", `Literal["a", "b"]` → "one of 'a', 'b'"."""
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp) if a is not type(None))
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (tuple, list):
+        return "a comma-free list"
+    names = {int: "an int", float: "a number", bool: "true or false", str: "a string"}
+    return names.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _coerce(value: Any, tp: Any) -> Any:
+    """`value` if it has type `tp` (an int passes for a float, a list for a tuple)."""
+    origin = typing.get_origin(tp)
+    if tp is Any or tp is object:
+        return value
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is not type(None):
+                try:
+                    return _coerce(value, arg)
+                except _Mismatch:
+                    pass
+        raise _Mismatch
+    if origin is Literal:
+        if any(value == a and type(value) is type(a) for a in typing.get_args(tp)):
+            return value
+        raise _Mismatch
+    if origin in (tuple, list) and isinstance(value, (tuple, list)):
+        return origin(value)
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if tp is str and isinstance(value, (int, float)):  # `revision=1234567`, `path=2024`
+        return ("true" if value else "false") if isinstance(value, bool) else str(value)
+    if tp is int and isinstance(value, bool):
+        raise _Mismatch
+    if isinstance(tp, type) and not isinstance(value, tp):
+        raise _Mismatch
+    return value
+
+
+def _failed(kind: str, name: str, config: dict[str, Any], exc: BaseException) -> PluginError:
+    """A factory's TypeError or ValueError as one line naming the plugin and its options."""
+    opts = ",".join(f"{k}={v}" for k, v in config.items())
+    where = f"{kind} {name!r} with {opts}" if opts else f"{kind} {name!r}"
+    return PluginError(f"{where}: {' '.join(str(exc).split()) or type(exc).__name__}")
+
+
+class Registry:
+    """Every registered plugin, by kind and name; the method families; the broken plugins."""
+
+    def __init__(
+        self,
+        table: dict[str, dict[str, PluginInfo]],
+        families: dict[str, MethodFamily] | None = None,
+        broken: list[Broken] | tuple[Broken, ...] = (),
+    ):
+        self._table = table
+        self._families = dict(families or {})
+        self._broken = list(broken)
+
+    @classmethod
+    def from_collected(cls, collected: Collected) -> Registry:
+        return cls(collected.plugins, collected.families, collected.broken)
+
+    def names(self, kind: str) -> list[str]:
+        return sorted(self._table.get(kind, {}))
+
+    def all(self) -> list[PluginInfo]:
+        return [info for kind in KINDS for info in self._table.get(kind, {}).values()]
+
+    def broken(self) -> list[Broken]:
+        """Plugins left out, with the reason: failed imports, raising hooks, clashing names."""
+        return list(self._broken)
+
+    def families(self) -> list[MethodFamily]:
+        """Every registered method family, in registration order (built-ins first)."""
+        return list(self._families.values())
+
+    def family(self, name: str) -> MethodFamily | None:
+        self._refuse_broken("method family", name)
+        return self._families.get(name)
+
+    def _refuse_broken(self, kind: str, name: str) -> None:
+        for b in self._broken:
+            if b.kind == kind and b.name == name:
+                raise PluginError(b.line())
+
+    def info(self, kind: str, name: str) -> PluginInfo:
+        self._refuse_broken(kind, name)
+        table = self._table.get(kind, {})
+        if name not in table:
+            known = ", ".join(sorted(table)) or "none installed"
+            modules = [b for b in self._broken if b.kind is None]
+            also = "; broken: " + "; ".join(b.line() for b in modules) if modules else ""
+            raise PluginError(f"unknown {kind} {name!r}; known: {known}{also}")
+        return table[name]
+
+    def coerce(
+        self, kind: str, name: str, config: dict[str, Any], *, unchecked: Collection[str] = ()
+    ) -> dict[str, Any]:
+        """`config` checked against the plugin's options: every name known and every value
+        of its declared type (from the `Config` dataclass); keys in `unchecked` skip the type
+        check (a planner's free size). A mistake is a one-line PluginError."""
+        factory = self.info(kind, name).factory
+        allowed = options(factory)
+        unknown = sorted(set(config) - set(allowed))
+        if unknown:
+            raise PluginError(
+                f"{kind} {name!r} has no option {', '.join(map(repr, unknown))}; options: "
+                f"{', '.join(allowed) or 'none'}"
+            )
+        config_cls = config_class(factory)
+        if config_cls is None:
+            return dict(config)
+        hints = typing.get_type_hints(config_cls)
+        out = {}
+        for key, value in config.items():
+            if key in unchecked or key not in hints:
+                out[key] = value
+                continue
+            try:
+                out[key] = _coerce(value, hints[key])
+            except _Mismatch:
+                raise PluginError(
+                    f"{kind} {name!r} option {key} wants {_type_name(hints[key])}, got {value!r}"
+                ) from None
+        return out
+
+    def check(self, kind: str, name: str, **config: Any) -> Any:
+        """Validate a configuration without building the plugin: names, types and the
+        `Config` dataclass's own checks. Returns the Config object (None without one)."""
+        config = self.coerce(kind, name, config)
+        config_cls = config_class(self.info(kind, name).factory)
+        if config_cls is None:
+            return None
+        try:
+            return config_cls(**config)
+        except (TypeError, ValueError) as exc:
+            raise _failed(kind, name, config, exc) from exc
+
+    def build(
+        self, kind: str, name: str, *, shared: dict[str, Any] | None = None, **config: Any
+    ) -> Any:
+        """Build a plugin from its configuration.
+
+        `shared` holds run objects (the backbone) passed to factories that ask for them by
+        parameter name; they are not configuration and never reach the manifest.
+        """
+        info = self.info(kind, name)
+        config = self.coerce(kind, name, config)
+        params = inspect.signature(info.factory).parameters
+        extra = {k: v for k, v in (shared or {}).items() if k in params}
+        try:
+            built = info.factory(**extra, **config)
+        except (TypeError, ValueError) as exc:
+            raise _failed(kind, name, config, exc) from exc
+        conform(info, built)
+        return built
+
+    def backbone(self, name: str, **config: Any) -> Backbone:
+        return self.build("backbone", name, **config)
+
+    def scorer(self, name: str, *, shared: dict[str, Any] | None = None, **config: Any) -> Scorer:
+        return self.build("scorer", name, shared=shared, **config)
+
+    def strategy(self, name: str, **config: Any) -> SearchStrategy:
+        return self.build("strategy", name, **config)
+
+    def selector(self, name: str, **config: Any) -> Selector:
+        return self.build("selector", name, **config)
+
+    def task(self, name: str, **config: Any) -> Task:
+        return self.build("task", name, **config)
+
+
+def conform(info: PluginInfo, built: Any) -> None:
+    """A built plugin must implement its kind's Protocol: a one-line error names what lacks."""
+    protocol = KIND_PROTOCOLS[info.kind]
+    missing = missing_members(built, protocol)
+    if missing:
+        raise PluginError(
+            f"{info.kind} {info.name!r} from {info.distribution} does not implement "
+            f"dllmbench.interfaces.{protocol.__name__}: it lacks {', '.join(missing)}"
+        )
+
+
+def _type_text(tp: Any) -> str:
+    """A type as a reader writes it: `int`, `str | None`, `Literal['a', 'b']`."""
+    if isinstance(tp, type):
+        return tp.__name__
+    return str(tp).replace("typing.", "").replace("NoneType", "None")
+
+
+def _plain(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return repr(value)
+
+
+def option_table(factory: Any) -> list[dict[str, Any]]:
+    """A factory's options: name, type and default (from its `Config` dataclass, else its
+    signature); a required option has no "default" key."""
+    config_cls = config_class(factory)
+    rows: list[dict[str, Any]] = []
+    if config_cls is not None:
+        hints = typing.get_type_hints(config_cls)
+        for f in dataclasses.fields(config_cls):
+            row: dict[str, Any] = {"name": f.name, "type": _type_text(hints.get(f.name, Any))}
+            if f.default is not dataclasses.MISSING:
+                row["default"] = _plain(f.default)
+            elif f.default_factory is not dataclasses.MISSING:
+                row["default"] = _plain(f.default_factory())
+            rows.append(row)
+        return rows
+    for p in inspect.signature(factory).parameters.values():
+        if p.name in options(factory):
+            row = {"name": p.name, "type": _type_text(p.annotation) if p.annotation else "any"}
+            if p.default is not inspect.Parameter.empty:
+                row["default"] = _plain(p.default)
+            rows.append(row)
+    return rows
+
+
+def _summary(factory: Any) -> str:
+    doc = inspect.getdoc(factory) or ""
+    return doc.strip().splitlines()[0] if doc.strip() else ""
+
+
+def describe_plugins(reg: Registry) -> list[dict[str, Any]]:
+    """Every plugin as plain data, for `dllmbench plugins --verbose` / `--json`: name, kind,
+    distribution, version, module, `summary` (its docstring's first line), `options` (name,
+    type, default), for strategies `cost` (its cost formula, or None), and `broken` (None, or
+    the reason it is left out; a broken plugin has no summary, options or cost)."""
+    out: list[dict[str, Any]] = []
+    for info in sorted(reg.all(), key=lambda i: (i.kind, i.name)):
+        entry: dict[str, Any] = {
+            **info.as_dict(),
+            "summary": _summary(info.factory),
+            "options": option_table(info.factory),
+            "broken": None,
+        }
+        if info.kind == "strategy":
+            entry["cost"] = cost_formula(info.factory)
+        out.append(entry)
+    for b in reg.broken():
+        out.append(
+            {
+                "name": b.name,
+                "kind": b.kind or "plugin",
+                "distribution": b.distribution,
+                "version": "",
+                "module": b.module,
+                "broken": b.reason,
+            }
+        )
+    return out
+
+
+@lru_cache(maxsize=1)
+def registry() -> Registry:
+    """The process-wide registry (built once; `registry.cache_clear()` reloads it)."""
+    return Registry.from_collected(collect(load_plugin_manager()))

@@ -1,0 +1,442 @@
+"""One benchmark run: build plugins, plan methods, run the engine into a run directory."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dllmbench import __version__
+from dllmbench.analysis.leaderboard import markdown
+from dllmbench.analysis.results import summarize
+from dllmbench.api.interfaces import (
+    MultiPass,
+    is_deterministic,
+    is_trained,
+    passes_per_step,
+    shipped_scorers,
+    weight_files,
+)
+from dllmbench.core.checksums import sha256
+from dllmbench.core.errors import UserError
+from dllmbench.execution.engine import Capacity, Engine, Sampling, sized_to_memory
+from dllmbench.execution.method import Method
+from dllmbench.execution.planner import Plan, Planned, check_budgets, default_budget, plan
+from dllmbench.loading.provenance import Origins, config_data
+from dllmbench.loading.registry import Registry, registry
+from dllmbench.running.allocator import keep_freed_memory
+from dllmbench.running.invocation import Invocation
+from dllmbench.storage.rundir import RunDir
+from dllmbench.storage.shards import Shard, claim_device, resolve, stop_children
+
+
+@dataclass
+class RunConfig:
+    task: str
+    backbone: str
+    task_config: dict[str, Any] = field(default_factory=dict)
+    backbone_config: dict[str, Any] = field(default_factory=dict)
+    # scorers by run name; None: the scorers the backbone ships with (the demo's), if any
+    scorers: dict[str, tuple[str, dict[str, Any]]] | None = None
+    split: str = "test"
+    limit: int | None = None
+    # passes per problem: one budget or several (each family planned at each); None: the
+    # run's own on resume, else `budget_factors` times `default_budget(T)`
+    budget: int | list[int] | None = None
+    budget_factors: tuple[int, ...] = (1,)
+    methods: list[str] | None = None
+    reference: str | None = None
+    sampling: Sampling = field(default_factory=Sampling)
+    capacity: Capacity = field(default_factory=Capacity)
+    resamples: int = 2000
+    out: str | None = None
+    command: list[str] = field(default_factory=list)
+    # run multi-candidate methods on a backbone that samples deterministically (copies agree)
+    allow_deterministic: bool = False
+    # `--preset`: {"name", "set", "overridden"} as presets.apply records it; None without one
+    preset: dict[str, Any] | None = None
+    # `--shard I/N`: run one share of the problems (a launcher's environment gives one too)
+    shard: Shard | None = None
+
+    def budgets(self) -> list[int]:
+        """The budgets asked for, ascending (the default when none was given)."""
+        if self.budget is None:
+            return [f * default_budget(self.sampling.total_steps) for f in self.budget_factors]
+        return check_budgets([self.budget] if isinstance(self.budget, int) else self.budget)
+
+    def run_dir(self) -> Path:
+        if self.out:
+            return Path(self.out)
+        budgets = "+".join(map(str, self.budgets()))
+        return Path("runs") / f"{self.task}-{self.backbone}-b{budgets}-seed{self.sampling.seed}"
+
+
+@dataclass
+class Outcome:
+    results: dict[str, Any] | None
+    path: Path
+    resumed: int  # records found already written
+    written: int  # records written by this call
+    plan: Plan
+    shard: Shard | None = None  # the share this call ran; results None when it did not merge
+
+
+def _git_revision() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def _versions() -> dict[str, str]:
+    import numpy
+    import torch
+
+    versions = {
+        "python": platform.python_version(),
+        "dllmbench": __version__,
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+    }
+    try:
+        import transformers
+
+        versions["transformers"] = transformers.__version__
+    except ImportError:  # pragma: no cover - a declared dependency
+        pass
+    return versions
+
+
+def _weights(obj: Any) -> dict[str, dict[str, str]]:
+    """Config field → {file: sha256} of the checkpoint files it located, from the plugin's
+    optional `weight_files()`. Files are named relative to their common folder, so a moved
+    checkpoint (or install) has the same entry and only a change of content differs."""
+    out = {}
+    for config_field, files in sorted(weight_files(obj).items()):
+        paths = [Path(f) for f in files]
+        if paths:
+            base = Path(os.path.commonpath([p.parent for p in paths]))
+            out[config_field] = {p.relative_to(base).as_posix(): sha256(p) for p in sorted(paths)}
+    return out
+
+
+def _plugin_entry(reg: Registry, kind: str, name: str, obj: Any) -> dict[str, Any]:
+    info = reg.info(kind, name)
+    entry = {
+        "name": name,
+        "distribution": info.distribution,
+        "version": info.version,
+        "config": config_data(obj),
+    }
+    weights = _weights(obj)
+    if weights:
+        entry["weights"] = weights
+    return entry
+
+
+def build_manifest(
+    cfg: RunConfig,
+    reg: Registry,
+    task: Any,
+    backbone: Any,
+    scorers: dict[str, Any],
+    chosen: Plan,
+    problem_ids: list[str],
+    budget: int,
+) -> dict[str, Any]:
+    methods = []
+    for planned in chosen.methods:
+        m: Method = planned.method
+        entry = m.manifest_entry()
+        entry["cost"] = planned.cost
+        entry["budgets"] = planned.budgets
+        entry["strategy"].update(
+            distribution=reg.info("strategy", m.spec.strategy).distribution,
+            version=reg.info("strategy", m.spec.strategy).version,
+        )
+        entry["selector"].update(
+            distribution=reg.info("selector", m.spec.selector).distribution,
+            version=reg.info("selector", m.spec.selector).version,
+        )
+        methods.append(entry)
+    return {
+        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "command": cfg.command,
+        "versions": _versions(),
+        "git_revision": _git_revision(),
+        "preset": cfg.preset,
+        "sampling": asdict(cfg.sampling),
+        "task": {
+            **_plugin_entry(reg, "task", cfg.task, task),
+            "split": cfg.split,
+            "limit": cfg.limit,
+            "problems": len(problem_ids),
+            "problem_ids": problem_ids,
+            "data_files": task.data_files(),
+        },
+        "backbone": _plugin_entry(reg, "backbone", cfg.backbone, backbone),
+        "scorers": {
+            name: _plugin_entry(reg, "scorer", plugin, scorers[name])
+            for name, (plugin, _) in sorted(cfg.scorers.items())
+        },
+        "budget": budget,
+        "budgets": chosen.budgets,
+        "methods": methods,
+        "reference": cfg.reference,
+        "statistics": {"resamples": cfg.resamples, "level": 0.95},
+        "execution": asdict(cfg.capacity),
+    }
+
+
+def prepare(cfg: RunConfig, reg: Registry | None = None, resumed: list[int] | None = None):
+    """Build every plugin and choose the methods; nothing is run or written yet.
+
+    Everything that needs no model is checked before the backbone loads: plugin options,
+    scorer checkpoints (their `Config` checks), the plan and `--reference`, the budgets of a
+    resumed run (`resumed`), and that a backbone sampling deterministically is not asked for
+    several candidates per problem.
+    """
+    reg = reg or registry()
+    if cfg.resamples < 1:
+        raise UserError(f"--resamples must be a positive integer, got {cfg.resamples}")
+    task = reg.task(cfg.task, **cfg.task_config)
+    splits = task.splits()
+    if cfg.split not in splits:
+        raise UserError(
+            f"task {cfg.task!r} has no split {cfg.split!r}; splits: {', '.join(splits)}"
+        )
+    problems = task.problems(cfg.split)
+    if cfg.limit is not None:
+        if cfg.limit < 1:
+            raise UserError(f"--limit must be >= 1, got {cfg.limit}")
+        problems = problems[: cfg.limit]
+    # the backbone's configuration says how it plans (passes per step, shipped scorers)
+    backbone_config = reg.check("backbone", cfg.backbone, **cfg.backbone_config)
+    if cfg.scorers is None:
+        cfg.scorers = shipped_scorers(backbone_config)
+    for name, (plugin, config) in cfg.scorers.items():
+        _need_trained(name, reg.check("scorer", plugin, **config))
+    passes = passes_per_step(backbone_config)
+    budgets = cfg.budgets()
+    chosen = _choose(cfg, reg, budgets, passes)
+    _refuse_budgets(cfg, chosen, resumed)
+    if is_deterministic(backbone_config) and not cfg.allow_deterministic:
+        _refuse_deterministic(cfg, backbone_config, chosen, passes)
+    backbone = reg.backbone(cfg.backbone, **cfg.backbone_config)
+    if isinstance(backbone, MultiPass) and backbone.passes_per_step != passes:
+        chosen = _choose(cfg, reg, budgets, passes_per_step(backbone))  # not known from config
+    # a scorer that asks for `backbone` shares the frozen weights instead of loading twice
+    scorers = {
+        name: reg.scorer(plugin, shared={"backbone": backbone}, **config)
+        for name, (plugin, config) in cfg.scorers.items()
+    }
+    for name, scorer in scorers.items():
+        _need_trained(name, scorer)  # a scorer whose options alone cannot tell
+    return reg, task, problems, backbone, scorers, chosen, chosen.budget
+
+
+def _need_trained(name: str, scorer_or_config: Any) -> None:
+    if not is_trained(scorer_or_config):
+        raise UserError(
+            f"scorer {name!r} has no trained weights; give checkpoint=DIR "
+            "(dllmbench train-scorer makes one)"
+        )
+
+
+def _trajectories(planned: Planned, total_steps: int, passes_per_step: int) -> int:
+    """The trajectories a planned method samples per problem: its denoising passes over one
+    trajectory's (a method sampling more than one compares candidates drawn with different
+    keys; a strategy that branches counts each branch)."""
+    per_trajectory = total_steps * passes_per_step
+    return -(-planned.cost.get("denoise", 0) // per_trajectory)
+
+
+def _refuse_deterministic(cfg: RunConfig, backbone_config: Any, chosen: Plan, passes: int) -> None:
+    """A backbone whose copies all come out the same makes every multi-candidate method a
+    costly Vanilla: refuse them (unless `allow_deterministic`)."""
+    many = [
+        (p.method.id, n)
+        for p in chosen.methods
+        if (n := _trajectories(p, cfg.sampling.total_steps, passes)) > 1
+    ]
+    if not many:
+        return
+    shown = ", ".join(f"{name} ({n} copies)" for name, n in many[:3])
+    if len(many) > 3:
+        shown += f" and {len(many) - 3} more"
+    options = (
+        dataclasses.asdict(backbone_config) if dataclasses.is_dataclass(backbone_config) else {}
+    )
+    temperature = options.get("temperature")
+    why = f" (temperature={temperature:g})" if isinstance(temperature, (int, float)) else ""
+    fix = (
+        f"sample at temperature > 0 (--backbone {cfg.backbone}:temperature=0.5, the paper's)"
+        if why
+        else "give the backbone options that sample"
+    )
+    raise UserError(
+        f"backbone {cfg.backbone!r} samples deterministically{why}: {shown} would compare "
+        f"copies of one answer; {fix}, or pass --allow-deterministic"
+    )
+
+
+def _choose(cfg: RunConfig, reg: Registry, budgets: list[int], passes_per_step: int) -> Plan:
+    """The plan; a requested method left out for a missing scorer, a budget no method fits or
+    an unknown `--reference` is an error."""
+    chosen = plan(
+        reg,
+        budgets,
+        cfg.sampling.total_steps,
+        cfg.methods,
+        set(cfg.scorers or {}),
+        passes_per_step=passes_per_step,
+    )
+    for x in chosen.left_out if cfg.methods else ():
+        if x.missing:
+            raise UserError(
+                f"method {x.family!r} needs scorer {', '.join(x.missing)}, which the run does "
+                f"not have; give --scorer {x.missing[0]}=PLUGIN[:checkpoint=DIR] or drop it"
+            )
+    for budget in chosen.budgets:
+        if not chosen.at(budget):
+            fit = [x for x in chosen.left_out if x.budget in (None, budget)]
+            reasons = "; ".join(f"{x.family}: {x.reason}" for x in fit)
+            at = f" budget {budget}" if len(chosen.budgets) > 1 else ""
+            raise UserError(f"no method fits{at}: {reasons}")
+    ids = [p.method.id for p in chosen.methods]
+    if cfg.reference is not None and cfg.reference not in ids:
+        raise UserError(f"--reference {cfg.reference!r} is not among the methods: {', '.join(ids)}")
+    return chosen
+
+
+def _origins(cfg: RunConfig, reg: Registry, methods: list[Method]) -> Origins:
+    """Who plays each part of the run, to name a plugin that breaks its contract."""
+    scorers = {name: plugin for name, (plugin, _) in (cfg.scorers or {}).items()}
+    parts = {("backbone", cfg.backbone), ("task", cfg.task)}
+    parts |= {("scorer", plugin) for plugin in scorers.values()}
+    parts |= {("strategy", m.spec.strategy) for m in methods}
+    parts |= {("selector", m.spec.selector) for m in methods}
+    return Origins(
+        backbone=cfg.backbone,
+        task=cfg.task,
+        scorers=scorers,
+        distributions={part: reg.info(*part).distribution for part in parts},
+    )
+
+
+def _resumed_budgets(cfg: RunConfig, rundir: RunDir) -> list[int] | None:
+    """The budgets of the run in `rundir`, if it holds one; with no budget given, the run
+    resumes at them (`prepare` refuses other budgets)."""
+    if not rundir.manifest_path.exists():
+        return None
+    old = json.loads(rundir.manifest_path.read_text())  # acquire() checked it is an object
+    ran = old.get("budgets", [old.get("budget")])
+    if not (isinstance(ran, list) and ran and all(isinstance(b, int) for b in ran)):
+        return None  # not a manifest of budgets: the manifest comparison names what differs
+    if cfg.budget is None:
+        cfg.budget = list(ran)
+    return sorted(ran)
+
+
+def _refuse_budgets(cfg: RunConfig, chosen: Plan, resumed: list[int] | None) -> None:
+    """A run directory keeps its budgets: another list is an error naming both."""
+    if resumed is not None and chosen.budgets != resumed:
+        given, there = ",".join(map(str, chosen.budgets)), ",".join(map(str, resumed))
+        raise UserError(
+            f"{cfg.run_dir()} was run at --budget {there}, not --budget {given}; resume it "
+            f"with --budget {there} (or no --budget), or choose another --out"
+        )
+
+
+SAVE_EVERY = 5.0  # seconds between saves of this invocation's compute.json entry
+
+
+def run(
+    cfg: RunConfig,
+    on_record: Callable[[dict[str, Any]], None] | None = None,
+    on_start: Callable[[int, int], None] | None = None,
+) -> Outcome:
+    """Run (or resume) a benchmark, or one share of it; `on_start(total, done)` and
+    `on_record` report progress."""
+    keep_freed_memory()  # a forward reuses the last one's memory instead of faulting it in
+    shard = resolve(cfg.shard)
+    try:
+        claim_device(shard)
+        # the pre-flight: a bad or busy run directory is an error before any model is built
+        with RunDir(cfg.run_dir(), shard) as rundir:
+            return _run_in(cfg, rundir, on_record, on_start)
+    finally:
+        stop_children(shard)  # the shares this process started, if it ends first
+
+
+def _run_in(
+    cfg: RunConfig,
+    rundir: RunDir,
+    on_record: Callable[[dict[str, Any]], None] | None,
+    on_start: Callable[[int, int], None] | None,
+) -> Outcome:
+    resumed = _resumed_budgets(cfg, rundir)
+    reg, task, problems, backbone, scorers, chosen, budget = prepare(cfg, resumed=resumed)
+    problem_ids = [p.id for p in problems]
+    methods = [p.method for p in chosen.methods]
+    manifest = build_manifest(cfg, reg, task, backbone, scorers, chosen, problem_ids, budget)
+    previous = rundir.open(manifest)
+    mine = rundir.shard.share(problems) if rundir.shard else problems
+    done = {(r["problem"], r["method"]) for r in previous}
+    ids = {p.id for p in mine}
+    found = sum(p in ids for p, _ in done)  # this share's records already written
+    if on_start is not None:
+        on_start(len(mine) * len(methods), found)
+    engine = Engine(
+        backbone=backbone,
+        scorers=scorers,
+        task=task,
+        methods=methods,
+        sampling=cfg.sampling,
+        capacity=sized_to_memory(cfg.capacity, backbone),
+        origins=_origins(cfg, reg, methods),
+    )
+    with Invocation(rundir, engine.ledger, manifest, on_record, SAVE_EVERY) as invocation:
+        engine.run(mine, skip=done, on_record=invocation.keep)
+        results = invocation.conclude(
+            lambda: _summarize(cfg, rundir, manifest, problem_ids, budget), problem_ids
+        )
+    return Outcome(results, rundir.path, found, invocation.written, chosen, rundir.shard)
+
+
+def _summarize(
+    cfg: RunConfig, rundir: RunDir, manifest: dict[str, Any], problem_ids: list[str], budget: int
+) -> dict[str, Any]:
+    """results.json and leaderboard.md from every record in the run directory."""
+    results = summarize(
+        rundir.read_records(),
+        manifest["methods"],
+        problem_ids,
+        budget=budget,
+        budgets=manifest.get("budgets", [budget]),
+        reference=cfg.reference,
+        resamples=cfg.resamples,
+        seed=cfg.sampling.seed,
+    )
+    results["task"] = {"name": cfg.task, "split": cfg.split, "problems": len(problem_ids)}
+    results["steps"] = cfg.sampling.total_steps
+    several = results["budgets"]
+    at = f"budgets {', '.join(map(str, several))}" if len(several) > 1 else f"budget {budget}"
+    title = f"{cfg.task} ({cfg.split}, {len(problem_ids)} problems) · {cfg.backbone} · {at}"
+    rundir.write_results(results, markdown(results, title))
+    return results

@@ -1,0 +1,1 @@
+"""Making scorers: on-policy trajectories (`collect`) and training on them (`training`)."""

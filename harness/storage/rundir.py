@@ -1,0 +1,515 @@
+"""The run directory: manifest.json, append-only samples.jsonl, results.json, leaderboard.md,
+compute.json, and `.lock` while a run holds it. A share of a sharded run (`shards.Shard`)
+appends to its own `samples.shard-I-of-N.jsonl`, counts its compute in
+`compute.shard-I-of-N.json` and holds `.lock.shard-I-of-N` (and `.lock` shared with the other
+shares); resume and the summary read every samples file.
+
+`acquire()` is the cheap pre-flight a run does before any heavy work: it checks that the
+directory can hold a run, takes its lock, and reads every file a resume will read, so a bad
+directory is one error and is left as it was. Every record is flushed and fsynced as it is
+written, so a crash or Ctrl-C loses nothing already written; a torn last line (a crash
+mid-write) is dropped on resume. Running again with the same manifest resumes; a manifest that
+differs in what changes results is refused with the differences listed.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, NoReturn
+
+from dllmbench.core.errors import UserError
+from dllmbench.storage.shards import (
+    Shard,
+    compute_name,
+    lock_name,
+    running_shares,
+    samples_name,
+    shards_in,
+)
+
+# Manifest keys that may change between an interrupted run and its resumption: provenance
+# (when, how and with which code and libraries it was started), batch limits (results do not
+# depend on them) and settings of the summary only (results.json is recomputed from every
+# record at the end of each invocation).
+VOLATILE = (
+    "created",
+    "command",
+    "git_revision",
+    "versions",
+    "execution",
+    "reference",
+    "statistics",
+)
+
+# What a record needs: the keys resume and the summary read, with their types.
+RECORD_KEYS: dict[str, type] = {
+    "problem": str,
+    "method": str,
+    "correct": bool,
+    "candidates": list,
+    "ledger": dict,
+}
+
+LOCK = ".lock"
+LOCK_RETRIES = 20  # a share's lock, tried for a second: another process may be probing it
+
+
+def record_problem(value: Any) -> str | None:
+    """What keeps `value` from being a record; None when it is one."""
+    if not isinstance(value, dict):
+        return f"a JSON {type(value).__name__}, not an object"
+    for key, kind in RECORD_KEYS.items():
+        if not isinstance(value.get(key), kind):
+            return f"no {kind.__name__} {key!r}"
+    if not isinstance(value["ledger"].get("total_passes"), int):
+        return "no int 'ledger.total_passes'"
+    return None
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: value}
+
+
+def _located(manifest: dict[str, Any]) -> set[str]:
+    """Dotted config keys of the plugins' fields that located checkpoint files (`weights`)."""
+    plugins = {"backbone": manifest.get("backbone")}
+    scorers = manifest.get("scorers")
+    if isinstance(scorers, dict):
+        plugins.update({f"scorers.{name}": entry for name, entry in scorers.items()})
+    return {
+        f"{where}.config.{field}"
+        for where, entry in plugins.items()
+        if isinstance(entry, dict) and isinstance(entry.get("weights"), dict)
+        for field in entry["weights"]
+    }
+
+
+def manifest_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """The keys (dotted) whose values differ. Volatile keys are left out, and so is a config
+    field that located checkpoint files: those are compared by their hashes under `weights`."""
+    skip = _located(old) | _located(new)
+    a = _flatten({k: v for k, v in old.items() if k not in VOLATILE})
+    b = _flatten({k: v for k, v in new.items() if k not in VOLATILE})
+    return [
+        f"{k}: {a.get(k, '(absent)')!r} → {b.get(k, '(absent)')!r}"
+        for k in sorted(set(a) | set(b))
+        if a.get(k) != b.get(k) and not any(k == s or k.startswith(f"{s}.") for s in skip)
+    ]
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _temporary(path: Path, text: str) -> Path:
+    """`text` in a fsynced temporary file beside `path`, named for this process."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return tmp
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    os.replace(_temporary(path, text), path)
+    _fsync_dir(path.parent)
+
+
+def _create_atomic(path: Path, text: str) -> bool:
+    """Write `path` whole unless it exists (two shares starting at once: one writes it)."""
+    tmp = _temporary(path, text)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        os.unlink(tmp)
+        return False
+    except OSError:  # a filesystem without hard links: replace, as before shares
+        os.replace(tmp, path)
+    else:
+        os.unlink(tmp)
+    _fsync_dir(path.parent)
+    return True
+
+
+def _read_json(path: Path, fix: str = "choose another --out") -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path} is not valid JSON ({exc}); {fix}") from exc
+
+
+def compute_document(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """compute.json: every invocation's entry (every process of a sharded run) and their
+    total: passes, physical forwards, rows, seconds and tokens per kind, with the padding
+    ratio (tokens computed over real tokens)."""
+    passes: Counter[str] = Counter()
+    physical: dict[str, Counter[str]] = {}
+    for entry in entries:
+        passes.update(entry.get("passes", {}))
+        for kind, numbers in entry.get("physical", {}).items():
+            physical.setdefault(kind, Counter()).update(
+                {k: v for k, v in numbers.items() if k != "padding"}
+            )
+    total = {
+        "processes": len(entries),
+        "records_written": sum(e.get("records_written", 0) for e in entries),
+        "wall_seconds": round(sum(e.get("wall_seconds", 0.0) for e in entries), 6),
+        "passes": dict(sorted(passes.items())),
+        "physical": {kind: _physical(physical[kind]) for kind in sorted(physical)},
+    }
+    return {"invocations": entries, "total": total}
+
+
+def _physical(numbers: Counter[str]) -> dict[str, Any]:
+    out: dict[str, Any] = dict(numbers)
+    out["seconds"] = round(numbers["seconds"], 6)
+    if numbers.get("real_tokens"):
+        out["padding"] = round(numbers["tokens"] / numbers["real_tokens"], 6)
+    return out
+
+
+class RunDir:
+    def __init__(self, path: str | os.PathLike[str], shard: Shard | None = None):
+        self.path = Path(path)
+        self.shard = shard
+        self.manifest_path = self.path / "manifest.json"
+        # this invocation's samples and compute files (a share's own, else the run's)
+        self.samples_path = self.path / (samples_name(shard) if shard else "samples.jsonl")
+        self.results_path = self.path / "results.json"
+        self.leaderboard_path = self.path / "leaderboard.md"
+        self.compute_path = self.path / (compute_name(shard) if shard else "compute.json")
+        self.total_compute_path = self.path / "compute.json"
+        self.lock_path = self.path / LOCK
+        self._lock_fd: int | None = None
+        self._share_fd: int | None = None  # a share's own lock
+        self._made: list[Path] = []  # directories acquire() created, deepest first
+        self._compute: dict[str, Any] = {"invocations": []}
+        self._slot: int | None = None  # this invocation's index in compute.json
+        self._scanned: tuple[list[dict[str, Any]], int, int] | None = None  # by acquire()
+
+    # -- pre-flight and lock ----------------------------------------------------------------
+    def acquire(self) -> None:
+        """Check the directory, hold its lock, and read what a resume reads; cheap. An error
+        leaves the directory as it was."""
+        self._check_location()
+        try:
+            self._lock()
+            self._check_contents()
+        except BaseException:
+            self.release()
+            raise
+
+    def release(self) -> None:
+        """Give the lock back, removing the lock file and any directory acquire() made that
+        is still empty. A share removes `.lock` only when no other share holds it."""
+        if self._share_fd is not None:
+            _unlock(self.path / lock_name(self.shard), self._share_fd)  # type: ignore[arg-type]
+            self._share_fd = None
+        if self._lock_fd is None:
+            return
+        try:
+            if self.shard is not None:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the last share?
+            os.unlink(self.lock_path)  # while held: a waiting opener sees it gone and retries
+            for folder in self._made:
+                os.rmdir(folder)
+        except OSError:
+            pass  # a folder that holds something stays; a lock other shares hold stays
+        finally:
+            os.close(self._lock_fd)  # closing releases the lock
+            self._lock_fd = None
+            self._made = []
+
+    def __enter__(self) -> RunDir:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def _check_location(self) -> None:
+        try:
+            if self.path.exists() and not self.path.is_dir():
+                raise UserError(
+                    f"run directory {self.path} is not a directory; choose another --out"
+                )
+            parent = next(p for p in self.path.parents if p.exists())
+        except OSError as exc:
+            raise UserError(
+                f"cannot reach run directory {self.path} ({exc.strerror}); choose another --out"
+            ) from exc
+        if not parent.is_dir():
+            raise UserError(
+                f"run directory {self.path} cannot be made: {parent} is not a directory; "
+                "choose another --out"
+            )
+
+    def _lock(self) -> None:
+        """`.lock`: exclusive for a whole run, shared by the shares of a sharded run, each of
+        which also holds its own `.lock.shard-I-of-N` exclusively."""
+        self._made = [p for p in (self.path, *self.path.parents) if not p.exists()]
+        mode = fcntl.LOCK_EX if self.shard is None else fcntl.LOCK_SH
+        try:
+            fd = _take(self.path, self.lock_path, mode)
+        except BlockingIOError as busy:
+            self._made = []
+            shares = ", ".join(s.label for s in running_shares(self.path))
+            raise UserError(
+                f"run directory {self.path} is in use by another dllmbench run "
+                f"({busy.args[0] or f'share {shares} of a sharded run'}); wait for it to "
+                "finish or choose another --out"
+            ) from None
+        self._lock_fd = fd
+        os.ftruncate(fd, 0)
+        if self.shard is None:
+            os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+            return
+        self._share_fd = self._lock_share(self.shard)
+
+    def _lock_share(self, shard: Shard) -> int:
+        path = self.path / lock_name(shard)
+        for _ in range(LOCK_RETRIES):
+            try:
+                fd = _take(self.path, path, fcntl.LOCK_EX)
+                break
+            except BlockingIOError as busy:
+                holder = busy.args[0]
+                time.sleep(0.05)
+        else:
+            raise UserError(
+                f"share {shard.label} of run directory {self.path} is already running "
+                f"({holder or 'unknown'}); wait for it to finish or run another share"
+            )
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+        return fd
+
+    def _check_contents(self) -> None:
+        try:
+            self._read_contents()
+        except OSError as exc:
+            raise UserError(
+                f"cannot read {exc.filename or self.path} ({exc.strerror}); choose another --out"
+            ) from exc
+
+    def _read_contents(self) -> None:
+        if not self.manifest_path.exists():
+            if any(not _ours(p.name) for p in self.path.iterdir()):
+                raise UserError(
+                    f"{self.path} exists and is not a run directory; choose another --out"
+                )
+            return
+        manifest = _read_json(self.manifest_path)
+        if not isinstance(manifest, dict):
+            raise UserError(
+                f"{self.manifest_path} holds a JSON {type(manifest).__name__}, not a "
+                "manifest object; choose another --out"
+            )
+        self._scanned = self._scan_all()  # open() resumes from this read: read once
+        if self.compute_path.exists():
+            fix = "move it away (it only counts compute) or choose another --out"
+            data = _read_json(self.compute_path, fix)
+            if not isinstance(data, dict) or not isinstance(data.get("invocations"), list):
+                raise UserError(
+                    f"{self.compute_path} is not an object with an 'invocations' list; {fix}"
+                )
+            # compute.json lists the shares' entries too; their own files keep them
+            own = [e for e in data["invocations"] if not (isinstance(e, dict) and e.get("shard"))]
+            self._compute = {"invocations": own}
+
+    # -- manifest and records ---------------------------------------------------------------
+    def open(self, manifest: dict[str, Any]) -> list[dict[str, Any]]:
+        """Start the run directory, or resume it; return the records already written (in
+        every samples file)."""
+        # normalise through JSON so tuples and the like compare as they will be read back
+        manifest = json.loads(json.dumps(manifest))
+        self.path.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(manifest, indent=2) + "\n"
+        if self.manifest_path.exists() or not _create_atomic(self.manifest_path, text):
+            old = _read_json(self.manifest_path)
+            diffs = manifest_differences(old, manifest)
+            if diffs:
+                raise UserError(
+                    f"{self.path} holds a different run; choose another --out. "
+                    f"Differences: {'; '.join(diffs)}"
+                )
+            records, good, size = self._scanned or self._scan_all()
+            if good < size:  # a torn last line: cut off, and its record is redone
+                with open(self.samples_path, "r+b") as fh:
+                    fh.truncate(good)
+            return records
+        self._made = []  # a run directory now: it stays
+        return []
+
+    def samples_files(self) -> list[Path]:
+        """Every samples file of the run: samples.jsonl, then the shares' in (N, I) order."""
+        files = [self.path / "samples.jsonl"]
+        files += [self.path / samples_name(s) for s in shards_in(self.path)]
+        if self.samples_path not in files:
+            files.append(self.samples_path)
+        return [f for f in files if f.exists()]
+
+    def read_records(self) -> list[dict[str, Any]]:
+        """Records of every samples file (torn last lines left out); a (problem, method)
+        written twice (two runs of different share counts at once) is taken once."""
+        return self._scan_all()[0]
+
+    def _scan_all(self) -> tuple[list[dict[str, Any]], int, int]:
+        """The records of every samples file, and the bytes the records of this invocation's
+        own file fill and its size (a torn last line is the difference)."""
+        records: list[dict[str, Any]] = []
+        seen: set[tuple[str, str]] = set()
+        good = size = 0
+        for path in self.samples_files():
+            found, filled, length = self._scan(path)
+            if path == self.samples_path:
+                good, size = filled, length
+            for record in found:
+                if (record["problem"], record["method"]) not in seen:
+                    seen.add((record["problem"], record["method"]))
+                    records.append(record)
+        return records, good, size
+
+    def _scan(self, path: Path) -> tuple[list[dict[str, Any]], int, int]:
+        """The records, the bytes they fill and the file's size: a torn last line (a crash
+        mid-write, or a share writing now) is the difference; damage before it is an error
+        naming the line."""
+        if not path.exists():
+            return [], 0, 0
+        data = path.read_bytes()
+        lines = data.splitlines(keepends=True)
+        records, good = [], 0
+        for number, line in enumerate(lines, start=1):
+            try:
+                if not line.endswith(b"\n"):
+                    raise ValueError("no newline")
+                record = json.loads(line)
+            except ValueError as exc:
+                if number == len(lines):
+                    break  # torn by a crash mid-write: dropped, and redone on resume
+                self._damaged(path, number, f"not JSON: {exc}")
+            problem = record_problem(record)
+            if problem is not None:
+                self._damaged(path, number, problem)
+            records.append(record)
+            good += len(line)
+        return records, good, len(data)
+
+    def _damaged(self, path: Path, number: int, problem: str) -> NoReturn:
+        raise UserError(
+            f"{path} line {number} is damaged ({problem}); delete that line "
+            "(its problem and method run again) or choose another --out"
+        )
+
+    def append(self, record: dict[str, Any]) -> None:
+        line = json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n"
+        new = not self.samples_path.exists()
+        with open(self.samples_path, "a", encoding="utf-8") as fh:
+            fh.write(line)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if new:
+            _fsync_dir(self.path)
+
+    def write_results(self, results: dict[str, Any], leaderboard: str) -> None:
+        _write_atomic(self.results_path, json.dumps(results, indent=2, allow_nan=False) + "\n")
+        _write_atomic(self.leaderboard_path, leaderboard)
+
+    def save_invocation(self, entry: dict[str, Any]) -> None:
+        """Write this invocation's entry of compute.json (a share's: of its own compute file):
+        appended the first time, replaced after (the run saves it as it goes, so an
+        interrupted invocation counts too)."""
+        invocations = self._compute.setdefault("invocations", [])
+        if self._slot is None:
+            self._slot = len(invocations)
+            invocations.append(entry)
+        else:
+            invocations[self._slot] = entry
+        if self.shard is not None:
+            _write_atomic(self.compute_path, json.dumps(self._compute, indent=2) + "\n")
+        else:
+            self.write_compute(invocations)
+
+    def write_compute(self, own: list[dict[str, Any]] | None = None) -> None:
+        """compute.json: the whole-run invocations (`own`, else those it holds) and every
+        share's, with their total."""
+        if own is None:
+            own = self._whole_run_invocations()
+        entries = list(own)
+        for shard in shards_in(self.path):
+            entries += _invocations(self.path / compute_name(shard))
+        document = compute_document(entries)
+        _write_atomic(self.total_compute_path, json.dumps(document, indent=2) + "\n")
+
+    def _whole_run_invocations(self) -> list[dict[str, Any]]:
+        if self.shard is None:
+            return self._compute.get("invocations", [])
+        entries = _invocations(self.total_compute_path)
+        return [e for e in entries if not e.get("shard")]
+
+
+def _ours(name: str) -> bool:
+    """A lock file, or another process's temporary file while it writes the manifest."""
+    return name.startswith(LOCK) or (name.startswith(".") and name.endswith(".tmp"))
+
+
+def _invocations(path: Path) -> list[dict[str, Any]]:
+    """The entries of a compute file; none when it is missing or not one."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    entries = data.get("invocations") if isinstance(data, dict) else None
+    return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+
+
+def _take(folder: Path, path: Path, mode: int) -> int:
+    """Open `path` (made if missing) and lock it without blocking; BlockingIOError, with the
+    holder's line, when another process holds it. A file its holder removed as we locked
+    it is opened anew."""
+    while True:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise UserError(
+                f"cannot write to run directory {folder} ({exc.strerror}); choose another --out"
+            ) from exc
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 200).decode(errors="replace").strip()
+            os.close(fd)
+            raise BlockingIOError(holder) from None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd
+        os.close(fd)
+
+
+def _unlock(path: Path, fd: int) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
