@@ -207,24 +207,6 @@ def _estimate(outcomes: np.ndarray, exact: bool) -> Estimate:
     return Estimate(float(outcomes.mean()), se, False)
 
 
-def vote_at_k(
-    keys: Sequence[Hashable | None],
-    correct: Sequence[bool],
-    weights: Sequence[float],
-    k: int,
-    *,
-    rng: np.random.Generator | None = None,
-    exact_limit: int = EXACT_LIMIT,
-    samples: int = SAMPLES,
-) -> Estimate:
-    """Expected correctness of the (weighted) vote on a uniform k-subset of one pool."""
-    rows, exact = subsets(len(keys), k, rng, exact_limit=exact_limit, samples=samples)
-    outcomes = vote_outcomes(
-        rows, key_ids(keys), np.asarray(weights, np.float64), np.asarray(correct, bool)
-    )
-    return _estimate(outcomes, exact)
-
-
 def key_groups(keys: Sequence[Hashable | None]) -> tuple[list[list[int]], int]:
     """Positions of each valid key (keys by first appearance) and the number of invalid ones."""
     groups: dict[Hashable, list[int]] = {}

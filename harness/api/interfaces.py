@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
@@ -246,9 +246,6 @@ class Configured(Protocol):
 
 
 # -- what a factory may declare ------------------------------------------------------------------
-
-PluginFactory = Callable[..., Any]  # keyword configuration (and shared run objects) → a plugin
-
 
 @runtime_checkable
 class HasConfig(Protocol):
