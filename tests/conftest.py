@@ -3,7 +3,6 @@ checks them too and the engine tests have a backbone, a task and a scorer."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -11,10 +10,49 @@ from pathlib import Path
 
 import pytest
 
-os.environ["DLLMBENCH_PLUGIN_MODULES"] = "dllmbench.testing.doubles"
-os.environ.pop("DLLMBENCH_PLUGINS", None)
-
 from dllmbench.cli import main
+from dllmbench.loading.manager import PluginSelection
+from dllmbench.loading.registry import Registry, registry, use_plugins
+
+DOUBLES = "dllmbench.testing.doubles"
+
+
+def pytest_configure(config):
+    """The doubles are plugins for the whole session: for the registry, and in the environment
+    for the command line (run here or in a child process) and the contract kit, which read
+    it. Set before collection, since the kit parametrises its checks over the plugins."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("DLLMBENCH_PLUGIN_MODULES", DOUBLES)
+    patch.delenv("DLLMBENCH_PLUGINS", raising=False)
+    patch.delenv("DLLMBENCH_DISABLE", raising=False)
+    config.stash[ENVIRONMENT] = patch
+    use_plugins(PluginSelection(modules=(DOUBLES,)))
+
+
+def pytest_unconfigure(config):
+    config.stash[ENVIRONMENT].undo()
+
+
+ENVIRONMENT = pytest.StashKey[pytest.MonkeyPatch]()
+
+
+@pytest.fixture
+def registry_with(monkeypatch):
+    """`registry_with(*modules, allow=None, disable=())`: the registry with the doubles and
+    `modules` as plugins, for one test; the environment says the same, for the command line."""
+
+    def use(*modules: str, allow: tuple[str, ...] | None = None, disable=()) -> Registry:
+        selection = PluginSelection((DOUBLES, *modules), allow, tuple(disable))
+        monkeypatch.setenv("DLLMBENCH_PLUGIN_MODULES", ",".join(selection.modules))
+        if allow is not None:
+            monkeypatch.setenv("DLLMBENCH_PLUGINS", ",".join(allow))
+        if disable:
+            monkeypatch.setenv("DLLMBENCH_DISABLE", ",".join(disable))
+        use_plugins(selection)
+        return registry()
+
+    yield use
+    use_plugins(PluginSelection(modules=(DOUBLES,)))
 
 
 def toy_argv(size: int, backbone: str = "toy", prm: bool = True) -> list[str]:

@@ -10,12 +10,13 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from conftest import TOY_RUN, assert_user_error, cli_subprocess, snapshot
 
-from dllmbench.core.errors import PluginError
+from dllmbench.core.errors import PluginCrashed, PluginError
 from dllmbench.demo import TINY_DIR
 from dllmbench.loading.manager import PluginInfo
 from dllmbench.loading.registry import Registry
@@ -200,16 +201,36 @@ def test_backbone_options_are_checked_before_it_loads(
     )
 
 
-def test_a_factory_error_with_several_lines_is_one_line():
-    class Fussy:
-        def __init__(self, level: int = 0):
+def test_a_config_error_with_several_lines_is_one_line():
+    @dataclass(frozen=True)
+    class FussyConfig:
+        level: int = 0
+
+        def __post_init__(self):
             raise ValueError("first line\nsecond line\n\nthird")
+
+    class Fussy:
+        Config = FussyConfig
 
     info = PluginInfo("fussy", "selector", Fussy, "tests", "0", __name__)
     reg = Registry({"selector": {"fussy": info}})
     with pytest.raises(PluginError) as caught:
         reg.selector("fussy", level=2)
     assert str(caught.value) == "selector 'fussy' with level=2: first line second line third"
+
+
+def test_a_factory_error_with_several_lines_is_one_line_blaming_the_plugin():
+    class Crashes:
+        def __init__(self, level: int = 0):
+            raise RuntimeError("first line\nsecond line\n\nthird")
+
+    info = PluginInfo("crashes", "selector", Crashes, "tests", "0", __name__)
+    reg = Registry({"selector": {"crashes": info}})
+    with pytest.raises(PluginCrashed) as caught:
+        reg.selector("crashes", level=2)
+    assert str(caught.value) == (
+        "selector 'crashes' (from tests) raised RuntimeError: first line second line third"
+    )
 
 
 # -- 4. unknown names and options inside a '*'-sized method --------------------------------------

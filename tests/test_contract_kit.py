@@ -19,7 +19,6 @@ import pytest
 
 from dllmbench.api.hookspecs import hookimpl
 from dllmbench.core.types import Pool, Problem
-from dllmbench.loading.registry import registry
 from dllmbench.testing import contracts
 
 pytest_plugins = ("pytester",)
@@ -146,12 +145,9 @@ def dllmbench_register_selectors(register):
 
 
 @pytest.fixture
-def kit_doubles(monkeypatch):
+def kit_doubles(registry_with):
     """The registry with this module's doubles in it, for one test."""
-    monkeypatch.setenv("DLLMBENCH_PLUGIN_MODULES", f"dllmbench.testing.doubles,{__name__}")
-    registry.cache_clear()
-    yield
-    registry.cache_clear()
+    registry_with(__name__)
 
 
 def assert_readable(message: str) -> None:

@@ -8,8 +8,6 @@ import shutil
 import tomllib
 from pathlib import Path
 
-from dllmbench.loading.registry import registry
-
 pytest_plugins = ("pytester",)
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "docs" / "plugin-template"
@@ -22,15 +20,13 @@ def test_entry_point_names_the_module():
     assert project["project"]["dependencies"] == ["dllmbench"]
 
 
-def test_template_tests_pass(pytester, monkeypatch):
+def test_template_tests_pass(pytester, monkeypatch, registry_with):
     shutil.copytree(TEMPLATE, pytester.path, dirs_exist_ok=True)
     monkeypatch.syspath_prepend(str(pytester.path / "src"))
-    monkeypatch.setenv("DLLMBENCH_PLUGIN_MODULES", "dllmbench_example")  # as if installed
-    registry.cache_clear()
-    try:
-        result = pytester.runpytest("-p", "no:cacheprovider", "-rs", "-v")
-    finally:
-        registry.cache_clear()
+    registry_with()  # the doubles again once the test is over
+    # as if installed: the kit (an entry point, like the command line) reads the environment
+    monkeypatch.setenv("DLLMBENCH_PLUGIN_MODULES", "dllmbench_example")
+    result = pytester.runpytest("-p", "no:cacheprovider", "-rs", "-v")
     out = result.stdout.str()
     assert result.ret == 0, out
     for check in (

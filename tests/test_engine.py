@@ -516,15 +516,11 @@ def dllmbench_register_selectors(register):
 
 
 @pytest.fixture
-def minus_one_plugin(tmp_path, monkeypatch):
+def minus_one_plugin(tmp_path, monkeypatch, registry_with):
     """A plugin module registering the selector `minus_one`, which always returns -1."""
     (tmp_path / "minus_one_double.py").write_text(MINUS_ONE)
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setenv("DLLMBENCH_PLUGIN_MODULES", "dllmbench.testing.doubles,minus_one_double")
-    registry.cache_clear()
-    yield
-    monkeypatch.undo()
-    registry.cache_clear()
+    registry_with("minus_one_double")
 
 
 def test_a_selector_returning_minus_one_ends_the_run_with_one_line_and_exit_3(

@@ -19,7 +19,6 @@ import pytest
 from dllmbench.api import hookspecs
 from dllmbench.api.hookspecs import hookimpl
 from dllmbench.loading.manager import KINDS
-from dllmbench.loading.registry import registry
 from dllmbench.plugins.selectors.basic import First
 from dllmbench.plugins.strategies.independent import Independent
 from dllmbench.testing.doubles import ToyBackbone, ToyScorer, ToySum
@@ -83,12 +82,9 @@ def test_every_hookspec_has_an_implementation_here():
 
 
 @pytest.fixture
-def meta_registry(monkeypatch):
-    monkeypatch.setenv("DLLMBENCH_PLUGIN_MODULES", f"dllmbench.testing.doubles,{__name__}")
-    registry.cache_clear()
+def meta_registry(registry_with):
     CALLED.clear()
-    yield registry()
-    registry.cache_clear()
+    return registry_with(__name__)
 
 
 def test_every_hookspec_is_called_through_the_manager(meta_registry):

@@ -21,7 +21,7 @@ from dllmbench.api.interfaces import (
 )
 from dllmbench.core.errors import PluginError
 from dllmbench.execution.planner import available_families, plan
-from dllmbench.loading.manager import collect, load_plugin_manager
+from dllmbench.loading.manager import PluginSelection, collect, load_plugin_manager
 from dllmbench.loading.registry import Registry, describe_plugins
 
 STRATEGY = '''
@@ -35,6 +35,10 @@ from dllmbench.api.hookspecs import hookimpl
 class PairsConfig:
     n: int = 2
 
+    def __post_init__(self):
+        if self.n % 2:
+            raise ValueError("n must be even")
+
 
 class Pairs:
     """n samples drawn as n/2 pairs that share their first half of the steps."""
@@ -45,8 +49,6 @@ class Pairs:
 
     def __init__(self, **config):
         self.config = PairsConfig(**config)
-        if self.config.n % 2:
-            raise ValueError("n must be even")
 
     def cost(self, total_steps):
         half = total_steps // 2
@@ -180,17 +182,15 @@ def test_allow_list_leaves_out_unlisted_distributions(third_party):
     assert "pairs" in {p["name"] for p in json.loads(out.stdout)}
 
 
-def _registry(tmp_path: Path, monkeypatch, modules: dict[str, str], **env: str) -> Registry:
+def _registry(
+    tmp_path: Path, monkeypatch, modules: dict[str, str], disable: tuple[str, ...] = ()
+) -> Registry:
     """A fresh registry with the doubles and `modules` (name → source) as plugin modules."""
     for name, text in modules.items():
         (tmp_path / f"{name}.py").write_text(textwrap.dedent(text))
         sys.modules.pop(name, None)  # each test imports its own module of that name afresh
     monkeypatch.syspath_prepend(str(tmp_path))
-    names = ",".join(["dllmbench.testing.doubles", *modules])
-    monkeypatch.setenv("DLLMBENCH_PLUGIN_MODULES", names)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    return Registry.from_collected(collect(load_plugin_manager()))
+    return Registry.load(PluginSelection(("dllmbench.testing.doubles", *modules), None, disable))
 
 
 CLASH = """
@@ -280,7 +280,7 @@ def test_a_broken_module_is_reported_and_named_by_a_command_needing_it(
 
 
 def test_deny_list_leaves_out_a_plugin_and_its_families(tmp_path, monkeypatch):
-    reg = _registry(tmp_path, monkeypatch, {}, DLLMBENCH_DISABLE="smc, toy_sum")
+    reg = _registry(tmp_path, monkeypatch, {}, disable=("smc", "toy_sum"))
     assert "smc" not in reg.names("strategy") and "toy_sum" not in reg.names("task")
     assert "prm_guided" in reg.names("strategy")
     families = available_families(reg, 8)

@@ -247,6 +247,7 @@ class Configured(Protocol):
 
 # -- what a factory may declare ------------------------------------------------------------------
 
+
 @runtime_checkable
 class HasConfig(Protocol):
     """A factory declaring its options as a dataclass `Config` (types, defaults, checks)."""

@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import sys
+import traceback
 
 from rich.console import Console
 
@@ -19,6 +20,8 @@ from dllmbench import __version__
 from dllmbench.cli import collect, demo, merge, plan, plugins, report, run, tasks, train_scorer
 from dllmbench.cli.common import Interrupted, Parser, Reply
 from dllmbench.core.errors import CostMismatch, PluginViolation, UserError
+from dllmbench.loading.manager import PluginSelection
+from dllmbench.loading.registry import use_plugins
 
 COMMANDS = (run, merge, report, plan, plugins, tasks, collect, train_scorer, demo)
 
@@ -39,6 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"dllmbench {__version__}")
     # `dllmbench --json plugins` as well as `dllmbench plugins --json`
     parser.add_argument("--json", dest="json_before", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--debug",
+        dest="debug_before",
+        action="store_true",
+        help="print the traceback of a user error (2) or a plugin's fault (3) too; "
+        "also DLLMBENCH_DEBUG=1",
+    )
     sub = parser.add_subparsers(dest="command", parser_class=Parser)
     for command in COMMANDS:
         command.add_parser(sub)
@@ -60,25 +70,41 @@ def _reply(args: argparse.Namespace) -> int:
     return OK
 
 
-def _error(message: str, status: int) -> int:
+def _error(message: str, status: int, debug: bool = False) -> int:
+    if debug:
+        traceback.print_exc()
     sys.stderr.write(f"dllmbench: {message}\n")
     return status
 
 
+def _debugging(args: argparse.Namespace) -> bool:
+    flags = getattr(args, "debug", False) or args.debug_before
+    return flags or os.environ.get("DLLMBENCH_DEBUG", "") not in (
+        "",
+        "0",
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Exit statuses: 0 done; 1 a dllmbench bug (its traceback); 2 a user error; 3 a plugin's
+    fault (its contract broken, or an exception raised in its code) or a failed ledger check;
+    130 interrupted. 2 and 3 are one line, with the traceback under --debug."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return USER_ERROR
+    debug = _debugging(args)
+    use_plugins(PluginSelection.from_environment(os.environ))
     try:
         return _reply(args)
     except UserError as exc:
-        return _error(f"error: {exc}", USER_ERROR)
+        return _error(f"error: {exc}", USER_ERROR, debug)
     except PluginViolation as exc:
-        return _error(f"error: {exc}", PluginViolation.EXIT_CODE)
+        hint = "" if debug or exc.__cause__ is None else " (--debug shows the traceback)"
+        return _error(f"error: {exc}{hint}", PluginViolation.EXIT_CODE, debug)
     except CostMismatch as exc:
-        return _error(f"ledger check failed: {exc}", 3)
+        return _error(f"ledger check failed: {exc}", 3, debug)
     except Interrupted as exc:
         return _error(str(exc), INTERRUPTED)
     except KeyboardInterrupt:

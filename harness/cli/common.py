@@ -54,6 +54,7 @@ def table(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> 
 
 def add_json(parser: argparse.ArgumentParser, what: str = "print JSON instead of text") -> None:
     parser.add_argument("--json", action="store_true", help=what)
+    parser.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
 
 
 def add_sampling(

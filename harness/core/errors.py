@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class UserError(Exception):
     """Something the user asked for cannot be done; the message says what would work."""
@@ -33,3 +35,34 @@ class PluginViolation(Exception):
         self.plugin, self.distribution, self.what = plugin, distribution, what
         source = f" (from {distribution})" if distribution else ""
         super().__init__(f"plugin {plugin!r}{source} broke its contract: {what}")
+
+
+class blame:
+    """Around a call into a plugin's own code: an exception it raises becomes `PluginCrashed`,
+    naming the plugin (exit status 3), unless it is one of the project's own errors (a plugin
+    may raise `UserError` to refuse what it was asked) or a coroutine's `StopIteration`."""
+
+    PASSES = (StopIteration, UserError, PluginViolation, CostMismatch)
+
+    def __init__(self, kind: str, name: str, distribution: str | None):
+        self.plugin, self.distribution = f"{kind} {name!r}", distribution
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        if isinstance(exc, Exception) and not isinstance(exc, self.PASSES):
+            raise PluginCrashed(self.plugin, self.distribution, exc) from exc
+
+
+class PluginCrashed(PluginViolation):
+    """A plugin's own code raised an exception that is not a `UserError` (a model-loading bug,
+    a strategy's `KeyError`): a bug in that plugin, named with its distribution. The command
+    line prints one line and exits with `EXIT_CODE`; `--debug` shows the traceback."""
+
+    def __init__(self, plugin: str, distribution: str | None, exc: BaseException):
+        self.plugin, self.distribution, self.exc = plugin, distribution, exc
+        source = f" (from {distribution})" if distribution else ""
+        text = " ".join(str(exc).split())
+        self.what = f"raised {type(exc).__name__}" + (f": {text}" if text else "")
+        Exception.__init__(self, f"{plugin}{source} {self.what}")

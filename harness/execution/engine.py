@@ -286,17 +286,17 @@ class Engine:
         total_steps = self.sampling.total_steps
         if isinstance(like, DenoiseWait):
             rng_keys = [wait.rng_keys[i] for wait, i in items]
-            out = self.backbone.denoise_step(
-                StepBatch(tokens, prompt_lens, steps, rng_keys, total_steps)
-            )
+            with self.origins.blame("backbone", self.origins.backbone):
+                out = self.backbone.denoise_step(
+                    StepBatch(tokens, prompt_lens, steps, rng_keys, total_steps)
+                )
             if len(out) != len(items):
                 what = f"denoise_step() returned {len(out)} rows for a batch of {len(items)}"
                 raise self.origins.violation("backbone", self.origins.backbone, what)
             return out
-        values = np.asarray(
-            self.scorers[like.scorer].score(ScoreBatch(tokens, prompt_lens, steps, total_steps)),
-            dtype=np.float64,
-        )
+        batch = ScoreBatch(tokens, prompt_lens, steps, total_steps)
+        with self.origins.blame("scorer", self.origins.scorer(like.scorer)):
+            values = np.asarray(self.scorers[like.scorer].score(batch), dtype=np.float64)
         if values.shape != (len(items),):
             what = f"score() returned shape {values.shape} for a batch of {len(items)} rows"
             raise self.origins.violation("scorer", self.origins.scorer(like.scorer), what)
@@ -319,13 +319,17 @@ class Engine:
     def _judge(self, problem: Problem, pool: Pool) -> _Judged:
         """Decode every candidate once, extract and key its answer, grade the pool."""
         rows = pool.rows
-        texts = [self.backbone.decode(rows.tokens[i], rows.prompt_len) for i in range(len(pool))]
-        answers = [self.task.extract(text) for text in texts]
-        answer_keys = [None if a is None else self.task.answer_key(a) for a in answers]
-        labels = self._grade([(problem, a, t) for a, t in zip(answers, texts, strict=True)])
-        notes: list[str | None] = [None] * len(answers)
-        if isinstance(self.task, NotesGrades):
-            notes = [None if a is None else self.task.grade_note(problem, a) for a in answers]
+        with self.origins.blame("backbone", self.origins.backbone):
+            texts = [
+                self.backbone.decode(rows.tokens[i], rows.prompt_len) for i in range(len(pool))
+            ]
+        with self.origins.blame("task", self.origins.task):
+            answers = [self.task.extract(text) for text in texts]
+            answer_keys = [None if a is None else self.task.answer_key(a) for a in answers]
+            labels = self._grade([(problem, a, t) for a, t in zip(answers, texts, strict=True)])
+            notes: list[str | None] = [None] * len(answers)
+            if isinstance(self.task, NotesGrades):
+                notes = [None if a is None else self.task.grade_note(problem, a) for a in answers]
         return _Judged(texts, answers, answer_keys, labels, notes)
 
     def _grade(self, items: list[tuple[Problem, str | None, str]]) -> list[bool]:
@@ -370,9 +374,10 @@ class Engine:
     ) -> int | None:
         """The selector's choice, once it is None or an index into `candidates`."""
         rng = numpy_rng(self.sampling.seed, problem.id, "select", method.id)
-        chosen = method.selector.select(
-            candidates, rng=rng, labels=labels if method.ceiling else None
-        )
+        with self.origins.blame("selector", method.spec.selector):
+            chosen = method.selector.select(
+                candidates, rng=rng, labels=labels if method.ceiling else None
+            )
         if chosen is None:
             return None
         size = len(candidates)

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from dllmbench.api.ops import DenoiseRequest, ScoreRequest
-from dllmbench.core.errors import PluginViolation
+from dllmbench.core.errors import PluginViolation, blame
 from dllmbench.core.types import Pool, Rows
 
 if TYPE_CHECKING:
@@ -212,7 +212,8 @@ class Scheduler:
         while self.ready:
             run, value = self.ready.popleft()
             try:
-                request = run.coroutine.send(value)
+                with blame("strategy", run.strategy, run.distribution):
+                    request = run.coroutine.send(value)
             except StopIteration as stop:
                 yield run, stop.value
                 continue

@@ -1,15 +1,18 @@
 """Plugin manager: built-ins, entry-point plugins, the allow-list and the deny-list.
 
 Built-ins register through the same hooks as third-party packages. Third-party packages
-declare `[project.entry-points.dllmbench]`; `DLLMBENCH_PLUGINS=dist-a,dist-b` loads only those
-distributions (empty: none). `DLLMBENCH_PLUGIN_MODULES=pkg.mod,...` registers modules by
-import path, for plugins that are not installed as a distribution (like pytest's -p).
-`DLLMBENCH_DISABLE=name,...` leaves out distributions, modules or registered plugin names.
+declare `[project.entry-points.dllmbench]`. A `PluginSelection` says what else to load: `allow`
+loads only those distributions' entry points (empty: none), `modules` registers modules by
+import path, for plugins that are not installed as a distribution (like pytest's -p), and
+`disable` leaves out distributions, modules or registered plugin names. Only the entry points
+(the command line, the pytest plugin) read them from the environment:
+`PluginSelection.from_environment()` (`DLLMBENCH_PLUGINS`, `DLLMBENCH_PLUGIN_MODULES`,
+`DLLMBENCH_DISABLE`).
 
 A plugin that fails to import, whose hook raises, or that registers a name another plugin
 registers too is not fatal: it is recorded as broken, with the reason, and only a command
-that needs it refuses. A name in DLLMBENCH_PLUGINS or DLLMBENCH_DISABLE that matches nothing
-is a one-line error (a typo), as is a hook implementation with a misspelt name.
+that needs it refuses. A name in `allow` or `disable` that matches nothing is a one-line error
+(a typo), as is a hook implementation with a misspelt name.
 """
 
 from __future__ import annotations
@@ -18,8 +21,8 @@ import difflib
 import functools
 import importlib
 import importlib.metadata as md
-import os
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -146,11 +149,28 @@ def _norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def _env_list(var: str) -> list[str] | None:
-    raw = os.environ.get(var)
+def _names(raw: str | None) -> tuple[str, ...] | None:
     if raw is None:
         return None
-    return [name.strip() for name in raw.split(",") if name.strip()]
+    return tuple(name.strip() for name in raw.split(",") if name.strip())
+
+
+@dataclass(frozen=True)
+class PluginSelection:
+    """Which plugins load besides the built-ins (always loaded)."""
+
+    modules: tuple[str, ...] = ()  # module paths registered as plugins (DLLMBENCH_PLUGIN_MODULES)
+    allow: tuple[str, ...] | None = None  # distributions whose entry points load; None: all
+    disable: tuple[str, ...] = ()  # distributions, modules or plugin names left out
+
+    @classmethod
+    def from_environment(cls, env: Mapping[str, str]) -> PluginSelection:
+        """What `DLLMBENCH_PLUGIN_MODULES`, `DLLMBENCH_PLUGINS` and `DLLMBENCH_DISABLE` say."""
+        return cls(
+            modules=_names(env.get("DLLMBENCH_PLUGIN_MODULES")) or (),
+            allow=_names(env.get("DLLMBENCH_PLUGINS")),
+            disable=_names(env.get("DLLMBENCH_DISABLE")) or (),
+        )
 
 
 def _reason(exc: BaseException) -> str:
@@ -206,18 +226,19 @@ def _drop_unknown_hooks(loaded: Loaded) -> None:
             loaded.broken.append(Broken(name, None, source.distribution, name, reason))
 
 
-def load_plugin_manager() -> Loaded:
+def load_plugin_manager(selection: PluginSelection | None = None) -> Loaded:
     """A plugin manager with built-ins, allowed entry points and named modules registered."""
+    selection = selection or PluginSelection()
     pm = pluggy.PluginManager("dllmbench")
     pm.add_hookspecs(hookspecs)
-    loaded = Loaded(pm, {}, disabled={_norm(n) for n in _env_list("DLLMBENCH_DISABLE") or []})
+    loaded = Loaded(pm, {}, disabled={_norm(n) for n in selection.disable})
     core = Source("dllmbench", _version("dllmbench"))
     for modname in BUILTIN_MODULES:
         _add(loaded, modname, lambda m=modname: importlib.import_module(m), core)
 
     entry_points = list(md.entry_points(group="dllmbench"))
     dists = {ep.dist.name if ep.dist is not None else "unknown" for ep in entry_points}
-    allow = _env_list("DLLMBENCH_PLUGINS")
+    allow = selection.allow
     if allow is not None:
         _unknown("DLLMBENCH_PLUGINS", allow, dists)
     loaded.known |= dists | {ep.name for ep in entry_points}
@@ -232,7 +253,7 @@ def load_plugin_manager() -> Loaded:
         version = ep.dist.version if ep.dist is not None else "unknown"
         _add(loaded, f"{dist}:{ep.name}", ep.load, Source(dist, version))
 
-    for modname in _env_list("DLLMBENCH_PLUGIN_MODULES") or []:
+    for modname in selection.modules:
         loaded.known.add(modname)
         if _norm(modname) not in loaded.disabled:
             load = lambda m=modname: importlib.import_module(m)  # noqa: E731

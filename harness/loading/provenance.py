@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dllmbench.api.interfaces import Configured
-from dllmbench.core.errors import PluginViolation
+from dllmbench.core.errors import PluginViolation, blame
 
 
 def config_data(plugin: Any) -> dict[str, Any]:
@@ -44,6 +44,11 @@ class Origins:
     def violation(self, kind: str, name: str, what: str) -> PluginViolation:
         """The error for plugin `name` of `kind` having done `what`."""
         return PluginViolation(name, self.distribution(kind, name), what)
+
+    def blame(self, kind: str, name: str) -> blame:
+        """Around a call into plugin `name` of `kind`: what it raises (not a dllmbench error)
+        is `PluginCrashed`, naming it and its distribution."""
+        return blame(kind, name, self.distribution(kind, name))
 
     def scorer(self, run_name: str) -> str:
         return self.scorers.get(run_name, run_name)

@@ -7,7 +7,6 @@ import inspect
 import types
 import typing
 from collections.abc import Collection
-from functools import lru_cache
 from typing import Any, Literal, Union
 
 from dllmbench.api.interfaces import (
@@ -21,13 +20,14 @@ from dllmbench.api.interfaces import (
     cost_formula,
     missing_members,
 )
-from dllmbench.core.errors import PluginError
+from dllmbench.core.errors import PluginError, blame
 from dllmbench.loading.manager import (
     KINDS,
     Broken,
     Collected,
     MethodFamily,
     PluginInfo,
+    PluginSelection,
     collect,
     load_plugin_manager,
 )
@@ -97,7 +97,7 @@ def _coerce(value: Any, tp: Any) -> Any:
 
 
 def _failed(kind: str, name: str, config: dict[str, Any], exc: BaseException) -> PluginError:
-    """A factory's TypeError or ValueError as one line naming the plugin and its options."""
+    """A configuration's TypeError or ValueError as one line naming the plugin and its options."""
     opts = ",".join(f"{k}={v}" for k, v in config.items())
     where = f"{kind} {name!r} with {opts}" if opts else f"{kind} {name!r}"
     return PluginError(f"{where}: {' '.join(str(exc).split()) or type(exc).__name__}")
@@ -119,6 +119,11 @@ class Registry:
     @classmethod
     def from_collected(cls, collected: Collected) -> Registry:
         return cls(collected.plugins, collected.families, collected.broken)
+
+    @classmethod
+    def load(cls, selection: PluginSelection | None = None) -> Registry:
+        """Load the built-ins and what `selection` names, and collect what they register."""
+        return cls.from_collected(collect(load_plugin_manager(selection or PluginSelection())))
 
     def names(self, kind: str) -> list[str]:
         return sorted(self._table.get(kind, {}))
@@ -188,6 +193,11 @@ class Registry:
         """Validate a configuration without building the plugin: names, types and the
         `Config` dataclass's own checks. Returns the Config object (None without one)."""
         config = self.coerce(kind, name, config)
+        return self._config_object(kind, name, config)
+
+    def _config_object(self, kind: str, name: str, config: dict[str, Any]) -> Any:
+        """The plugin's `Config` built from checked options (None without a Config class):
+        a TypeError or ValueError here is a bad option, the user's to fix."""
         config_cls = config_class(self.info(kind, name).factory)
         if config_cls is None:
             return None
@@ -203,15 +213,23 @@ class Registry:
 
         `shared` holds run objects (the backbone) passed to factories that ask for them by
         parameter name; they are not configuration and never reach the manifest.
+
+        Who is at fault: a configuration its `Config` refuses, or that the factory's
+        signature cannot take, is a bad option (`PluginError`, exit status 2); an exception the
+        factory raises is that plugin's bug (`PluginCrashed`, exit status 3), unless it is a
+        `UserError` the plugin raised on purpose.
         """
         info = self.info(kind, name)
         config = self.coerce(kind, name, config)
-        params = inspect.signature(info.factory).parameters
-        extra = {k: v for k, v in (shared or {}).items() if k in params}
+        self._config_object(kind, name, config)
+        signature = inspect.signature(info.factory)
+        extra = {k: v for k, v in (shared or {}).items() if k in signature.parameters}
         try:
-            built = info.factory(**extra, **config)
-        except (TypeError, ValueError) as exc:
+            signature.bind(**extra, **config)
+        except TypeError as exc:
             raise _failed(kind, name, config, exc) from exc
+        with blame(kind, name, info.distribution):
+            built = info.factory(**extra, **config)
         conform(info, built)
         return built
 
@@ -316,7 +334,23 @@ def describe_plugins(reg: Registry) -> list[dict[str, Any]]:
     return out
 
 
-@lru_cache(maxsize=1)
+class _Current:
+    """The process-wide registry: loaded once, with the selection the entry point set."""
+
+    selection = PluginSelection()
+    loaded: Registry | None = None
+
+
+def use_plugins(selection: PluginSelection) -> None:
+    """Make `registry()` load these plugins (the command line passes what the environment
+    says). The same selection again keeps the registry already loaded."""
+    if selection != _Current.selection:
+        _Current.selection, _Current.loaded = selection, None
+
+
 def registry() -> Registry:
-    """The process-wide registry (built once; `registry.cache_clear()` reloads it)."""
-    return Registry.from_collected(collect(load_plugin_manager()))
+    """The process-wide registry: the built-ins, the entry points and the modules of the
+    selection `use_plugins` set (none set: built-ins and every installed entry point)."""
+    if _Current.loaded is None:
+        _Current.loaded = Registry.load(_Current.selection)
+    return _Current.loaded

@@ -8,8 +8,11 @@ per configuration in its factory's `contract_configs` (default: the defaults), r
 
 from __future__ import annotations
 
-from dllmbench.loading.manager import KINDS
+import os
 
+# Every pytest session in an environment with dllmbench installed loads this module: it
+# imports nothing of dllmbench (nor torch) until a test asks for a plugin fixture.
+KINDS = ("backbone", "scorer", "strategy", "selector", "task")  # = manager.KINDS (tested)
 FIXTURES = {f"dllmbench_{kind}": kind for kind in KINDS}
 
 
@@ -28,8 +31,11 @@ def pytest_generate_tests(metafunc):
         if fixture not in metafunc.fixturenames:
             continue
         from dllmbench.api.interfaces import contract_configs
-        from dllmbench.loading.registry import registry
+        from dllmbench.loading.manager import PluginSelection
+        from dllmbench.loading.registry import registry, use_plugins
 
+        # an entry point like the command line: the environment says which plugins load
+        use_plugins(PluginSelection.from_environment(os.environ))
         reg = registry()
         params, ids = [], []
         for name in reg.names(kind):

@@ -16,6 +16,8 @@ from peft import LoraConfig, inject_adapter_in_model
 from peft.tuners.lora import LoraLayer
 from peft.tuners.tuners_utils import BaseTunerLayer
 
+from dllmbench.core.errors import UserError
+
 
 def tuner_layers(net: torch.nn.Module) -> list[BaseTunerLayer]:
     return [m for m in net.modules() if isinstance(m, BaseTunerLayer)]
@@ -52,7 +54,7 @@ def inject(
         torch.manual_seed(seed)
         inject_adapter_in_model(config, net, adapter_name=name)
     if not any(name in layer.lora_A for layer in lora_layers(net)):
-        raise ValueError(f"no module of the backbone matches target_modules {list(targets)}")
+        raise UserError(f"no module of the backbone matches target_modules {list(targets)}")
     for param in net.parameters():  # the base stays frozen; adapters train only when asked
         param.requires_grad_(False)
     net.eval()  # the new LoRA dropout modules start in training mode

@@ -245,7 +245,7 @@ class RewardScorer:
             if asked is None:
                 continue
             if key in CHOICES and asked not in CHOICES[key]:
-                raise ValueError(f"{key} must be one of {', '.join(CHOICES[key])}, got {asked!r}")
+                raise UserError(f"{key} must be one of {', '.join(CHOICES[key])}, got {asked!r}")
             if saved is not None and asked != saved[key]:
                 raise UserError(
                     f"{self.config.checkpoint} was trained with {key}={saved[key]!r}, not {asked!r}"
