@@ -37,7 +37,8 @@ class FillRows(Capacity):
 
 
 def measure(prepared, cfg, capacity: Capacity) -> dict:
-    _, task, problems, backbone, scorers, chosen, _ = prepared
+    task, problems, backbone = prepared.task, prepared.problems, prepared.backbone
+    scorers, chosen = prepared.scorers, prepared.plan
     engine = Engine(
         backbone=backbone,
         scorers=scorers,
@@ -73,7 +74,7 @@ def main() -> None:
         (r["problem"], r["method"], r["selected"], r["answer"]) for r in after["records"]
     ]
     print(
-        f"demo: {args.limit} problems, {len(prepared[5].methods)} methods at budget "
+        f"demo: {args.limit} problems, {len(prepared.plan.methods)} methods at budget "
         f"{args.budget}, batch rows {args.batch_rows}, {args.max_problems} problems in flight"
     )
     for kind in sorted(after["physical"]):

@@ -326,11 +326,27 @@ def test_scorers_that_ask_for_the_backbone_share_it(tmp_path):
     from dllmbench.running.runner import prepare
 
     cfg = config(tmp_path / "r")
-    _, _, _, backbone, scorers, _, _ = prepare(cfg)
+    prepared = prepare(cfg)
+    backbone, scorers = prepared.backbone, prepared.scorers
     assert scorers["prm"].backbone is backbone and scorers["orm"].backbone is backbone
     out = run(cfg)
     manifest = json.loads((out.path / "manifest.json").read_text())
     assert "backbone" not in manifest["scorers"]["prm"]["config"]
+
+
+def test_prepare_leaves_its_configuration_as_it_was(tmp_path):
+    """The shipped scorers and the budgets are resolved into what prepare returns, not
+    written into the RunConfig it was given."""
+    import copy
+
+    from dllmbench.running.runner import prepare
+
+    cfg = RunConfig(task="arith", backbone="tiny", limit=2, out=str(tmp_path / "r"))
+    before = copy.deepcopy(cfg)
+    prepared = prepare(cfg)
+    assert cfg == before and cfg.scorers is None and cfg.budget is None
+    assert set(prepared.scorer_specs) == {"prm", "orm"}  # the tiny backbone's own
+    assert prepared.budget == max(cfg.budgets())
 
 
 def tiny_config(out, model) -> RunConfig:

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from dllmbench.core.errors import UserError
-from dllmbench.storage.rundir import RunDir, _read_json
+from dllmbench.running.summary import summarize_run
+from dllmbench.storage.rundir import RunDir
 from dllmbench.storage.shards import Shard, running_shares, shards_in
 
 
@@ -57,9 +58,6 @@ def check_complete(rundir: RunDir, manifest: dict[str, Any], ids: list[str]) -> 
 def merge(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """Write the results of the run directory `path` from every share; return the results
     and the manifest."""
-    from dllmbench.execution.engine import Sampling
-    from dllmbench.running.runner import RunConfig, _summarize
-
     if not (path / "manifest.json").is_file():
         raise UserError(f"{path} holds no run (no manifest.json); give a run directory")
     busy = [s.label for s in running_shares(path)]
@@ -68,18 +66,15 @@ def merge(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
             f"share {', '.join(busy)} of {path} is still running; merge when it has finished"
         )
     with RunDir(path) as rundir:
-        manifest = _read_json(rundir.manifest_path)
+        manifest = rundir.read_manifest()
         ids = problem_ids(manifest)
         check_complete(rundir, manifest, ids)
-        task = manifest["task"]
-        cfg = RunConfig(
-            task=task["name"],
-            backbone=manifest["backbone"]["name"],
-            split=task["split"],
+        results = summarize_run(
+            rundir,
+            manifest,
+            ids,
             reference=manifest.get("reference"),
             resamples=manifest["statistics"]["resamples"],
-            sampling=Sampling(**manifest["sampling"]),
         )
-        results = _summarize(cfg, rundir, manifest, ids, manifest["budget"])
         rundir.write_compute()
     return results, manifest

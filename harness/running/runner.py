@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import json
 import os
 import platform
 import subprocess
@@ -14,8 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from dllmbench import __version__
-from dllmbench.analysis.leaderboard import markdown
-from dllmbench.analysis.results import summarize
 from dllmbench.api.interfaces import (
     MultiPass,
     is_deterministic,
@@ -33,6 +30,7 @@ from dllmbench.loading.provenance import Origins, config_data
 from dllmbench.loading.registry import Registry, registry
 from dllmbench.running.allocator import keep_freed_memory
 from dllmbench.running.invocation import Invocation
+from dllmbench.running.summary import summarize_run
 from dllmbench.storage.rundir import RunDir
 from dllmbench.storage.shards import Shard, claim_device, resolve, stop_children
 
@@ -86,6 +84,31 @@ class Outcome:
     written: int  # records written by this call
     plan: Plan
     shard: Shard | None = None  # the share this call ran; results None when it did not merge
+
+
+ScorerSpecs = dict[str, tuple[str, dict[str, Any]]]  # run name → (plugin, options)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What `prepare` built and chose for a run: nothing is run or written yet."""
+
+    registry: Registry
+    task: Any
+    problems: list[Any]
+    backbone: Any
+    scorer_specs: ScorerSpecs  # the run's scorers: asked for, else the backbone's shipped ones
+    scorers: dict[str, Any]  # the scorers built, by run name
+    plan: Plan
+
+    @property
+    def budget(self) -> int:
+        """The largest budget of the plan."""
+        return self.plan.budget
+
+    @property
+    def problem_ids(self) -> list[str]:
+        return [p.id for p in self.problems]
 
 
 def _git_revision() -> str | None:
@@ -149,16 +172,9 @@ def _plugin_entry(reg: Registry, kind: str, name: str, obj: Any) -> dict[str, An
     return entry
 
 
-def build_manifest(
-    cfg: RunConfig,
-    reg: Registry,
-    task: Any,
-    backbone: Any,
-    scorers: dict[str, Any],
-    chosen: Plan,
-    problem_ids: list[str],
-    budget: int,
-) -> dict[str, Any]:
+def build_manifest(cfg: RunConfig, prepared: Prepared) -> dict[str, Any]:
+    reg, task, chosen = prepared.registry, prepared.task, prepared.plan
+    problem_ids = prepared.problem_ids
     methods = []
     for planned in chosen.methods:
         m: Method = planned.method
@@ -189,12 +205,12 @@ def build_manifest(
             "problem_ids": problem_ids,
             "data_files": task.data_files(),
         },
-        "backbone": _plugin_entry(reg, "backbone", cfg.backbone, backbone),
+        "backbone": _plugin_entry(reg, "backbone", cfg.backbone, prepared.backbone),
         "scorers": {
-            name: _plugin_entry(reg, "scorer", plugin, scorers[name])
-            for name, (plugin, _) in sorted(cfg.scorers.items())
+            name: _plugin_entry(reg, "scorer", plugin, prepared.scorers[name])
+            for name, (plugin, _) in sorted(prepared.scorer_specs.items())
         },
-        "budget": budget,
+        "budget": prepared.budget,
         "budgets": chosen.budgets,
         "methods": methods,
         "reference": cfg.reference,
@@ -203,8 +219,11 @@ def build_manifest(
     }
 
 
-def prepare(cfg: RunConfig, reg: Registry | None = None, resumed: list[int] | None = None):
-    """Build every plugin and choose the methods; nothing is run or written yet.
+def prepare(
+    cfg: RunConfig, reg: Registry | None = None, resumed: list[int] | None = None
+) -> Prepared:
+    """Build every plugin and choose the methods; nothing is run or written yet, and `cfg`
+    is left as it is.
 
     Everything that needs no model is checked before the backbone loads: plugin options,
     scorer checkpoints (their `Config` checks), the plan and `--reference`, the budgets of a
@@ -227,27 +246,27 @@ def prepare(cfg: RunConfig, reg: Registry | None = None, resumed: list[int] | No
         problems = problems[: cfg.limit]
     # the backbone's configuration says how it plans (passes per step, shipped scorers)
     backbone_config = reg.check("backbone", cfg.backbone, **cfg.backbone_config)
-    if cfg.scorers is None:
-        cfg.scorers = shipped_scorers(backbone_config)
-    for name, (plugin, config) in cfg.scorers.items():
+    specs = cfg.scorers if cfg.scorers is not None else shipped_scorers(backbone_config)
+    for name, (plugin, config) in specs.items():
         _need_trained(name, reg.check("scorer", plugin, **config))
     passes = passes_per_step(backbone_config)
     budgets = cfg.budgets()
-    chosen = _choose(cfg, reg, budgets, passes)
+    chosen = _choose(cfg, reg, budgets, passes, set(specs))
     _refuse_budgets(cfg, chosen, resumed)
     if is_deterministic(backbone_config) and not cfg.allow_deterministic:
         _refuse_deterministic(cfg, backbone_config, chosen, passes)
     backbone = reg.backbone(cfg.backbone, **cfg.backbone_config)
     if isinstance(backbone, MultiPass) and backbone.passes_per_step != passes:
-        chosen = _choose(cfg, reg, budgets, passes_per_step(backbone))  # not known from config
+        # not known from the configuration alone
+        chosen = _choose(cfg, reg, budgets, passes_per_step(backbone), set(specs))
     # a scorer that asks for `backbone` shares the frozen weights instead of loading twice
     scorers = {
         name: reg.scorer(plugin, shared={"backbone": backbone}, **config)
-        for name, (plugin, config) in cfg.scorers.items()
+        for name, (plugin, config) in specs.items()
     }
     for name, scorer in scorers.items():
         _need_trained(name, scorer)  # a scorer whose options alone cannot tell
-    return reg, task, problems, backbone, scorers, chosen, chosen.budget
+    return Prepared(reg, task, problems, backbone, dict(specs), scorers, chosen)
 
 
 def _need_trained(name: str, scorer_or_config: Any) -> None:
@@ -295,7 +314,9 @@ def _refuse_deterministic(cfg: RunConfig, backbone_config: Any, chosen: Plan, pa
     )
 
 
-def _choose(cfg: RunConfig, reg: Registry, budgets: list[int], passes_per_step: int) -> Plan:
+def _choose(
+    cfg: RunConfig, reg: Registry, budgets: list[int], passes_per_step: int, scorers: set[str]
+) -> Plan:
     """The plan; a requested method left out for a missing scorer, a budget no method fits or
     an unknown `--reference` is an error."""
     chosen = plan(
@@ -303,7 +324,7 @@ def _choose(cfg: RunConfig, reg: Registry, budgets: list[int], passes_per_step: 
         budgets,
         cfg.sampling.total_steps,
         cfg.methods,
-        set(cfg.scorers or {}),
+        scorers,
         passes_per_step=passes_per_step,
     )
     for x in chosen.left_out if cfg.methods else ():
@@ -324,9 +345,10 @@ def _choose(cfg: RunConfig, reg: Registry, budgets: list[int], passes_per_step: 
     return chosen
 
 
-def _origins(cfg: RunConfig, reg: Registry, methods: list[Method]) -> Origins:
+def _origins(cfg: RunConfig, prepared: Prepared) -> Origins:
     """Who plays each part of the run, to name a plugin that breaks its contract."""
-    scorers = {name: plugin for name, (plugin, _) in (cfg.scorers or {}).items()}
+    reg, methods = prepared.registry, [p.method for p in prepared.plan.methods]
+    scorers = {name: plugin for name, (plugin, _) in prepared.scorer_specs.items()}
     parts = {("backbone", cfg.backbone), ("task", cfg.task)}
     parts |= {("scorer", plugin) for plugin in scorers.values()}
     parts |= {("strategy", m.spec.strategy) for m in methods}
@@ -344,12 +366,9 @@ def _resumed_budgets(cfg: RunConfig, rundir: RunDir) -> list[int] | None:
     resumes at them (`prepare` refuses other budgets)."""
     if not rundir.manifest_path.exists():
         return None
-    old = json.loads(rundir.manifest_path.read_text())  # acquire() checked it is an object
-    ran = old.get("budgets", [old.get("budget")])
+    ran = rundir.read_manifest().get("budgets")
     if not (isinstance(ran, list) and ran and all(isinstance(b, int) for b in ran)):
         return None  # not a manifest of budgets: the manifest comparison names what differs
-    if cfg.budget is None:
-        cfg.budget = list(ran)
     return sorted(ran)
 
 
@@ -391,10 +410,12 @@ def _run_in(
     on_start: Callable[[int, int], None] | None,
 ) -> Outcome:
     resumed = _resumed_budgets(cfg, rundir)
-    reg, task, problems, backbone, scorers, chosen, budget = prepare(cfg, resumed=resumed)
-    problem_ids = [p.id for p in problems]
-    methods = [p.method for p in chosen.methods]
-    manifest = build_manifest(cfg, reg, task, backbone, scorers, chosen, problem_ids, budget)
+    if resumed is not None and cfg.budget is None:  # no budget given: the run's own
+        cfg = dataclasses.replace(cfg, budget=resumed)
+    prepared = prepare(cfg, resumed=resumed)
+    problems, problem_ids = prepared.problems, prepared.problem_ids
+    methods = [p.method for p in prepared.plan.methods]
+    manifest = build_manifest(cfg, prepared)
     previous = rundir.open(manifest)
     mine = rundir.shard.share(problems) if rundir.shard else problems
     done = {(r["problem"], r["method"]) for r in previous}
@@ -403,40 +424,20 @@ def _run_in(
     if on_start is not None:
         on_start(len(mine) * len(methods), found)
     engine = Engine(
-        backbone=backbone,
-        scorers=scorers,
-        task=task,
+        backbone=prepared.backbone,
+        scorers=prepared.scorers,
+        task=prepared.task,
         methods=methods,
         sampling=cfg.sampling,
-        capacity=sized_to_memory(cfg.capacity, backbone),
-        origins=_origins(cfg, reg, methods),
+        capacity=sized_to_memory(cfg.capacity, prepared.backbone),
+        origins=_origins(cfg, prepared),
     )
     with Invocation(rundir, engine.ledger, manifest, on_record, SAVE_EVERY) as invocation:
         engine.run(mine, skip=done, on_record=invocation.keep)
         results = invocation.conclude(
-            lambda: _summarize(cfg, rundir, manifest, problem_ids, budget), problem_ids
+            lambda: summarize_run(
+                rundir, manifest, problem_ids, reference=cfg.reference, resamples=cfg.resamples
+            ),
+            problem_ids,
         )
-    return Outcome(results, rundir.path, found, invocation.written, chosen, rundir.shard)
-
-
-def _summarize(
-    cfg: RunConfig, rundir: RunDir, manifest: dict[str, Any], problem_ids: list[str], budget: int
-) -> dict[str, Any]:
-    """results.json and leaderboard.md from every record in the run directory."""
-    results = summarize(
-        rundir.read_records(),
-        manifest["methods"],
-        problem_ids,
-        budget=budget,
-        budgets=manifest.get("budgets", [budget]),
-        reference=cfg.reference,
-        resamples=cfg.resamples,
-        seed=cfg.sampling.seed,
-    )
-    results["task"] = {"name": cfg.task, "split": cfg.split, "problems": len(problem_ids)}
-    results["steps"] = cfg.sampling.total_steps
-    several = results["budgets"]
-    at = f"budgets {', '.join(map(str, several))}" if len(several) > 1 else f"budget {budget}"
-    title = f"{cfg.task} ({cfg.split}, {len(problem_ids)} problems) · {cfg.backbone} · {at}"
-    rundir.write_results(results, markdown(results, title))
-    return results
+    return Outcome(results, rundir.path, found, invocation.written, prepared.plan, rundir.shard)

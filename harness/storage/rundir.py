@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from dllmbench.core.errors import UserError
+from dllmbench.core.jsonfile import read_object
 from dllmbench.storage.shards import (
     Shard,
     compute_name,
@@ -334,6 +335,10 @@ class RunDir:
             self._compute = {"invocations": own}
 
     # -- manifest and records ---------------------------------------------------------------
+    def read_manifest(self) -> dict[str, Any]:
+        """The manifest on disk; one line naming the file if it is not a JSON object."""
+        return read_object(self.manifest_path, "run the command that made it again")
+
     def open(self, manifest: dict[str, Any]) -> list[dict[str, Any]]:
         """Start the run directory, or resume it; return the records already written (in
         every samples file)."""

@@ -1,0 +1,40 @@
+"""A run directory's summary: results.json and leaderboard.md from every record in it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dllmbench.analysis.leaderboard import markdown
+from dllmbench.analysis.results import summarize
+from dllmbench.core.schema import Results
+from dllmbench.storage.rundir import RunDir
+
+
+def summarize_run(
+    rundir: RunDir,
+    manifest: dict[str, Any],
+    problem_ids: list[str],
+    *,
+    reference: str | None,
+    resamples: int,
+) -> Results:
+    """Summarise every record of the run in `rundir` (its `manifest`, the problems in order)
+    with `reference` and `resamples`, and write results.json and leaderboard.md."""
+    task, budgets = manifest["task"], manifest["budgets"]
+    results = summarize(
+        rundir.read_records(),
+        manifest["methods"],
+        problem_ids,
+        budget=manifest["budget"],
+        budgets=budgets,
+        reference=reference,
+        resamples=resamples,
+        seed=manifest["sampling"]["seed"],
+    )
+    results["task"] = {"name": task["name"], "split": task["split"], "problems": len(problem_ids)}
+    results["steps"] = manifest["sampling"]["total_steps"]
+    at = f"budgets {', '.join(map(str, budgets))}" if len(budgets) > 1 else f"budget {budgets[0]}"
+    backbone = manifest["backbone"]["name"]
+    title = f"{task['name']} ({task['split']}, {len(problem_ids)} problems) · {backbone} · {at}"
+    rundir.write_results(results, markdown(results, title))
+    return results
