@@ -19,10 +19,11 @@ from dllmbench.api.interfaces import (
     missing_members,
     passes_per_step,
 )
+from dllmbench.cli.plugins import describe_plugins
 from dllmbench.core.errors import PluginError
 from dllmbench.execution.planner import available_families, plan
 from dllmbench.loading.manager import PluginSelection, collect, load_plugin_manager
-from dllmbench.loading.registry import Registry, describe_plugins
+from dllmbench.loading.registry import Registry
 
 STRATEGY = '''
 """A third-party strategy: best-of-n with a twist of lineage, for the plugin test."""

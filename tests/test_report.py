@@ -11,7 +11,7 @@ import pytest
 from conftest import assert_user_error, snapshot, toy_argv
 from matplotlib.image import imread
 
-from dllmbench.analysis import report as rep
+from dllmbench.analysis import report_sections as sections
 from dllmbench.cli import main
 from dllmbench.core import schema
 
@@ -209,8 +209,8 @@ def test_unfinished_or_foreign_directories_are_one_line(two_budgets, tmp_path, c
 
 
 def test_merge_new_counts_states_shared_by_runs_once():
-    assert rep.merge_new([[1, 1, 2], [1, 2, 3], [3, 4]]) == [1, 1, 2, 3, 4]
-    assert rep.merge_new([[1], [1, 1]]) == [1, 1]
+    assert sections.merge_new([[1, 1, 2], [1, 2, 3], [3, 4]]) == [1, 1, 2, 3, 4]
+    assert sections.merge_new([[1], [1, 1]]) == [1, 1]
 
 
 def test_cost_model_is_the_manifest_cost_per_candidate():
@@ -223,7 +223,7 @@ def test_cost_model_is_the_manifest_cost_per_candidate():
             },
         ]
     }
-    model = rep.cost_model(manifest, "independent")
+    model = sections.cost_model(manifest, "independent")
     assert model.passes("oracle", 3) == 3 * 48
     assert model.passes("majority", 8) == 8 * 48
     assert model.passes("argmax:orm", 5) == 5 * 49

@@ -5,12 +5,16 @@ a strategy, its cost formula."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import inspect
+import typing
 from typing import Any
 
 from rich.console import Console
 
+from dllmbench.api.interfaces import config_class, cost_formula
 from dllmbench.cli.common import Reply, add_json, table
-from dllmbench.loading.registry import describe_plugins, registry
+from dllmbench.loading.registry import Registry, options, registry
 
 COLUMNS = ("kind", "name", "distribution", "version", "module")
 
@@ -72,3 +76,80 @@ def _show_verbose(console: Console, entries: list[dict[str, Any]]) -> None:
         lines.append("  options:" if entry["options"] else "  options: none")
         lines += [_option(option) for option in entry["options"]]
         console.print("\n".join(lines) + "\n", markup=False, highlight=False, soft_wrap=True)
+
+
+# -- each plugin as plain data ------------------------------------------------------------
+
+
+def _type_text(tp: Any) -> str:
+    """A type as a reader writes it: `int`, `str | None`, `Literal['a', 'b']`."""
+    if isinstance(tp, type):
+        return tp.__name__
+    return str(tp).replace("typing.", "").replace("NoneType", "None")
+
+
+def _plain(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return repr(value)
+
+
+def option_table(factory: Any) -> list[dict[str, Any]]:
+    """A factory's options: name, type and default (from its `Config` dataclass, else its
+    signature); a required option has no "default" key."""
+    config_cls = config_class(factory)
+    rows: list[dict[str, Any]] = []
+    if config_cls is not None:
+        hints = typing.get_type_hints(config_cls)
+        for f in dataclasses.fields(config_cls):
+            row: dict[str, Any] = {"name": f.name, "type": _type_text(hints.get(f.name, Any))}
+            if f.default is not dataclasses.MISSING:
+                row["default"] = _plain(f.default)
+            elif f.default_factory is not dataclasses.MISSING:
+                row["default"] = _plain(f.default_factory())
+            rows.append(row)
+        return rows
+    for p in inspect.signature(factory).parameters.values():
+        if p.name in options(factory):
+            row = {"name": p.name, "type": _type_text(p.annotation) if p.annotation else "any"}
+            if p.default is not inspect.Parameter.empty:
+                row["default"] = _plain(p.default)
+            rows.append(row)
+    return rows
+
+
+def _summary(factory: Any) -> str:
+    doc = inspect.getdoc(factory) or ""
+    return doc.strip().splitlines()[0] if doc.strip() else ""
+
+
+def describe_plugins(reg: Registry) -> list[dict[str, Any]]:
+    """Every plugin as plain data, for `dllmbench plugins --verbose` / `--json`: name, kind,
+    distribution, version, module, `summary` (its docstring's first line), `options` (name,
+    type, default), for strategies `cost` (its cost formula, or None), and `broken` (None, or
+    the reason it is left out; a broken plugin has no summary, options or cost)."""
+    out: list[dict[str, Any]] = []
+    for info in sorted(reg.all(), key=lambda i: (i.kind, i.name)):
+        entry: dict[str, Any] = {
+            **info.as_dict(),
+            "summary": _summary(info.factory),
+            "options": option_table(info.factory),
+            "broken": None,
+        }
+        if info.kind == "strategy":
+            entry["cost"] = cost_formula(info.factory)
+        out.append(entry)
+    for b in reg.broken():
+        out.append(
+            {
+                "name": b.name,
+                "kind": b.kind or "plugin",
+                "distribution": b.distribution,
+                "version": "",
+                "module": b.module,
+                "broken": b.reason,
+            }
+        )
+    return out

@@ -1,0 +1,316 @@
+"""report.md, rendered from report.json's content alone (`schema.Report`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from dllmbench.analysis.report_sections import selector_scorers
+from dllmbench.core.schema import (
+    IntervalEntry,
+    Report,
+)
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}"
+
+
+def _ci(entry: IntervalEntry | None) -> str:
+    if entry is None:
+        return "–"
+    return f"{_pct(entry['value'])} [{_pct(entry['low'])}, {_pct(entry['high'])}]"
+
+
+def _delta(entry: IntervalEntry | None) -> str:
+    if entry is None:
+        return "–"
+    v, lo, hi = (100 * entry[k] for k in ("value", "low", "high"))
+    return f"{v:+.1f} [{lo:+.1f}, {hi:+.1f}]"
+
+
+def _num(entry: IntervalEntry | None, digits: int = 2) -> str:
+    if entry is None:
+        return "–"
+    return f"{entry['value']:.{digits}f} [{entry['low']:.{digits}f}, {entry['high']:.{digits}f}]"
+
+
+def md_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
+    return [*lines, ""]
+
+
+def md_methods(report: Report) -> list[str]:
+    """One table per budget: every method's accuracy, Δ vs the reference, pool measures."""
+    ref = report["reference"] or "reference"
+    headers = (
+        "method",
+        "configuration",
+        "passes",
+        "acc % [95% CI]",
+        f"Δ vs {ref} (pp)",
+        "oracle %",
+        "unique",
+    )
+    lines = ["## Accuracy by method and budget", ""]
+    for budget in report["budgets"]:
+        rows = []
+        for m in (m for m in report["methods"] if m["budget"] == budget):
+            pool = m.get("pool")
+            name = f"{m['id']} (ceiling)" if m["ceiling"] else m["id"]
+            passes = m["passes_per_problem"]
+            rows.append(
+                (
+                    name,
+                    f"`{m['spec']}`",
+                    "–" if passes is None else f"{passes:.0f}",
+                    _ci(m["accuracy"]),
+                    _delta(m.get("delta_vs_reference")),
+                    _pct(pool["oracle"]["value"]) if pool else "–",
+                    f"{pool['unique_answers']:.2f}" if pool else "–",
+                )
+            )
+        lines += [f"### Budget {budget} passes per problem", "", *md_table(headers, rows)]
+    return lines
+
+
+def md_pooled(report: Report) -> list[str]:
+    """The pooled curves, one row per k, and their agreement with the run at k = n."""
+    section = report["pooled"]
+    if section is None:
+        return []
+    from dllmbench.analysis.figures import selector_label
+
+    curves = section["curves"]
+    lines = [
+        "## Pooled independent curves",
+        "",
+        f"Expected accuracy of each selector on a uniformly random k-subset of the "
+        f"`{section['pool']}` pool ({section['size']} candidates on each of "
+        f"{section['problems']} problems), with 95% bootstrap intervals over problems. "
+        "passes: what an independent method of k candidates costs (k·T), and with a "
+        "selector that reads a scorer (k·T + k). "
+        "`*`: a Monte-Carlo estimate (± its standard error).",
+        "",
+    ]
+    largest = max(c["pool_size"] for c in curves)
+    plain = next(c for c in curves if not selector_scorers(c["selector"]))
+    scored = next((c for c in curves if selector_scorers(c["selector"])), None)
+    headers = ["k", "passes", "with a scorer", *(selector_label(c["selector"]) for c in curves)]
+    rows = []
+    for k in range(1, largest + 1):
+        row = [str(k), str(plain["points"][k - 1]["passes"])]
+        row.append(
+            str(scored["points"][k - 1]["passes"]) if scored and k <= scored["pool_size"] else "–"
+        )
+        for c in curves:
+            p = c["points"][k - 1] if k <= c["pool_size"] else None
+            mark = "" if p is None or p["exact"] else f" * ±{_pct(p['stderr'])}"
+            row.append("–" if p is None else f"{_ci(p['accuracy'])}{mark}")
+        rows.append(row)
+    lines += md_table(headers, rows)
+    if section["agreement"]:
+        lines += [
+            "At k = n the pooled estimate is the selector on the whole pool: it equals "
+            "the method the run planned on that pool, problem by problem.",
+            "",
+        ]
+        agree = [
+            (
+                a["method"],
+                a["selector"],
+                str(a["k"]),
+                _pct(a["pooled"]),
+                _pct(a["run"]),
+                "yes" if a["equal"] else "no",
+            )
+            for a in section["agreement"]
+        ]
+        lines += md_table(("method", "selector", "k = n", "pooled %", "run %", "equal"), agree)
+    return lines
+
+
+def md_discrimination(report: Report) -> list[str]:
+    entries = report["diagnostics"]["discrimination"]
+    if not entries:
+        return []
+    lines = [
+        "### Scorer discrimination",
+        "",
+        "ROC-AUC of each scorer's score against the correctness of the final answer, by the "
+        "mask ratio of the scored state (guided states: the guided runs' stored segment "
+        "scores; final: final candidates of the independent pools, mask 0), with 95% "
+        "bootstrap intervals over problems; n states in each bucket.",
+        "",
+    ]
+    headers = ["mask ratio", *(f"{e['scorer']} ({e['states']})" for e in entries)]
+    rows = []
+    for b in range(10):
+        cells = []
+        for e in entries:
+            bucket = e["roc_auc_by_mask"][b]
+            auc = "–" if bucket["auc"] is None else _num(bucket["interval"], 3)
+            cells.append(f"{auc} (n={bucket['n']})" if bucket["n"] else "–")
+        low, high = (
+            entries[0]["roc_auc_by_mask"][b]["low"],
+            entries[0]["roc_auc_by_mask"][b]["high"],
+        )
+        rows.append([f"[{low:.1f}, {high:.1f}{']' if b == 9 else ')'}", *cells])
+    lines += md_table(headers, rows)
+    lines += [
+        "Within-problem Kendall τ-b between score and correctness, over problems with "
+        "both correct and incorrect states:",
+        "",
+    ]
+    taus = [
+        (
+            e["scorer"],
+            e["states"],
+            str(e["count"]),
+            str(e["kendall_tau"]["problems"]),
+            "–" if e["kendall_tau"]["mean"] is None else f"{e['kendall_tau']['mean']:.3f}",
+            str(e["kendall_tau"]["undefined"]),
+        )
+        for e in entries
+    ]
+    return lines + md_table(
+        ("scorer", "states", "states n", "problems", "mean τ", "undefined"), taus
+    )
+
+
+def md_pools(report: Report) -> list[str]:
+    pools = report["diagnostics"]["pools"]
+    if not pools:
+        return []
+    rows = [
+        (
+            f"`{p['pool']}`",
+            p["kind"],
+            str(p["size"]),
+            _ci(p["oracle"]),
+            _num(p["unique_answers"]),
+            _num(p["entropy_bits"]),
+            ", ".join(p["methods"]),
+        )
+        for p in pools
+    ]
+    return [
+        "### Pools",
+        "",
+        "Oracle@K, unique valid answers and answer entropy (bits) per problem, means with 95% "
+        "bootstrap intervals; independent and guided pools side by side.",
+        "",
+        *md_table(
+            ("pool", "kind", "K", "Oracle@K %", "unique answers", "entropy bits", "methods"), rows
+        ),
+    ]
+
+
+def md_removal(report: Report) -> list[str]:
+    entries = report["diagnostics"]["removal_risk"]
+    if not entries:
+        return []
+    rows = [
+        (
+            f"`{e['pool']}`",
+            str(e["events"]),
+            str(e["at_risk"]),
+            str(e["lost"]),
+            "–" if e["rate"] is None else _pct(e["rate"]),
+        )
+        for e in entries
+    ]
+    return [
+        "### Removal risk",
+        "",
+        "At the first cut of each guided run: cuts where some first-segment lineage's own "
+        "continuation is correct (at risk), and those that removed every such lineage (lost).",
+        "",
+        *md_table(("pool", "cuts", "at risk", "lost", "rate %"), rows),
+    ]
+
+
+def md_smc(report: Report) -> list[str]:
+    entries = report["diagnostics"]["smc"]
+    if not entries:
+        return []
+
+    def opt(x: float | None) -> str:
+        return "–" if x is None else f"{x:.2f}"
+
+    rows = [
+        (
+            f"`{e['pool']}`",
+            str(e["checkpoints"]),
+            f"{e['ess_before']:.2f}",
+            f"{e['ess_after']:.2f}",
+            _pct(e["resample_rate"]),
+            f"{e['beta']['mean']:.2f} [{e['beta']['min']:.2f}, {e['beta']['max']:.2f}]",
+            opt(e["distinct_ancestors"]),
+            opt(e["ancestor_perplexity"]),
+        )
+        for e in entries
+    ]
+    headers = (
+        "pool",
+        "checkpoints",
+        "ESS before",
+        "ESS after",
+        "resampled %",
+        "β mean [min, max]",
+        "distinct ancestors",
+        "ancestor perplexity",
+    )
+    return [
+        "### SMC",
+        "",
+        "Means over every intermediate checkpoint of every problem; "
+        "ancestors over the checkpoints that resampled.",
+        "",
+        *md_table(headers, rows),
+    ]
+
+
+def md_swap(report: Report) -> list[str]:
+    swap = report["diagnostics"]["scorer_swap"]
+    if swap is None:
+        return []
+    acc = [(name, _ci(ci)) for name, ci in swap["accuracy"].items()]
+    diffs = [(f"{d['a']} − {d['b']}", _delta(d)) for d in swap["differences"]]
+    return [
+        "### Scorer swap",
+        "",
+        f"The first {swap['size']} candidates of the `{swap['pool']}` pool reranked by each "
+        "scorer (argmax) and at random (expected), with paired differences in points.",
+        "",
+        *md_table(("selector", "acc % [95% CI]"), acc),
+        *md_table(("difference", "pp [95% CI]"), diffs),
+    ]
+
+
+def markdown(report: Report) -> str:
+    """report.md: every table of the report, and the figures it links."""
+    task = report["task"]
+    runs = ", ".join(f"`{r['path']}`" for r in report["runs"])
+    lines = [
+        f"# {task['name']} ({task['split']}, {task['problems']} problems) · "
+        f"{report['backbone']} · T = {report['steps']} · seed {report['seed']}",
+        "",
+        f"Runs: {runs}. Budgets: {', '.join(map(str, report['budgets']))} passes per problem. "
+        f"Intervals: {round(100 * report['level'])}% percentile bootstrap over problems "
+        f"({report['resamples']} resamples).",
+        "",
+        *md_methods(report),
+        *md_pooled(report),
+        "## Diagnostics",
+        "",
+        *md_discrimination(report),
+        *md_pools(report),
+        *md_removal(report),
+        *md_smc(report),
+        *md_swap(report),
+    ]
+    if report["figures"]:
+        lines += ["## Figures", ""]
+        lines += [f"![{name}]({file})" for name, file in report["figures"].items()]
+    return "\n".join(lines).rstrip() + "\n"
