@@ -25,7 +25,7 @@ from dllmbench.analysis.pooled import (
     bootstrap_interval,
     paired_difference,
 )
-from dllmbench.analysis.stats import entropy_bits, resample_indices
+from dllmbench.analysis.stats import CONFIDENCE, entropy_bits, resample_indices
 
 BUCKETS = 10
 
@@ -132,7 +132,7 @@ def auc_by_mask_bucket(
     rows: Sequence[ScoredState],
     *,
     resamples: int = RESAMPLES,
-    level: float = 0.95,
+    level: float = CONFIDENCE,
     seed: int = 0,
 ) -> list[BucketAUC]:
     """ROC-AUC (sklearn's roc_auc_score) of score against label in each of the ten mask-ratio
@@ -387,7 +387,7 @@ def scorer_swap(
     scorers: Sequence[str],
     *,
     resamples: int = RESAMPLES,
-    level: float = 0.95,
+    level: float = CONFIDENCE,
     seed: int = 0,
 ) -> ScorerSwap:
     """Rerank every pool with each scorer and at random; paired differences over problems."""

@@ -13,8 +13,8 @@ COLUMNS = (
     "passes",
     "share",
     "acc %",
-    "95% CI",
-    "Δ vs {ref} [95% CI]",
+    "{level}% CI",
+    "Δ vs {ref} [{level}% CI]",
     "oracle %",
     "unique",
 )
@@ -65,7 +65,8 @@ def _cells(m: MethodResult) -> list[str]:
 
 def headers(results: Results) -> list[str]:
     ref = results.get("reference") or "reference"
-    return [c.format(ref=ref) for c in COLUMNS]
+    level = f"{100 * results['level']:g}"
+    return [c.format(ref=ref, level=level) for c in COLUMNS]
 
 
 # Columns a narrow terminal keeps, most wanted first; the method label is always shown in full.

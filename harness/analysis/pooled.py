@@ -43,7 +43,7 @@ import numpy as np
 from scipy.special import expit
 
 from dllmbench.analysis import stats
-from dllmbench.analysis.stats import Interval, bootstrap_ci
+from dllmbench.analysis.stats import CONFIDENCE, Interval, bootstrap_ci
 
 EXACT_LIMIT = 20_000
 COUNT_LIMIT = 20_000
@@ -403,7 +403,7 @@ def bootstrap_interval(
     values: Sequence[float] | np.ndarray,
     *,
     resamples: int = RESAMPLES,
-    level: float = 0.95,
+    level: float = CONFIDENCE,
     seed: int = 0,
 ) -> Interval:
     """Mean of per-problem values with a percentile bootstrap interval over problems
@@ -416,7 +416,7 @@ def paired_difference(
     b: Sequence[float] | np.ndarray,
     *,
     resamples: int = RESAMPLES,
-    level: float = 0.95,
+    level: float = CONFIDENCE,
     seed: int = 0,
 ) -> Interval:
     """mean(a − b) over the same problems, with a paired percentile bootstrap interval."""
@@ -427,7 +427,7 @@ def curve_intervals(
     points: Sequence[PooledPoint],
     *,
     resamples: int = RESAMPLES,
-    level: float = 0.95,
+    level: float = CONFIDENCE,
     seed: int = 0,
 ) -> list[Interval]:
     """A bootstrap interval over problems for each point of one curve."""
@@ -442,7 +442,7 @@ def curve_difference(
     b: Sequence[PooledPoint],
     *,
     resamples: int = RESAMPLES,
-    level: float = 0.95,
+    level: float = CONFIDENCE,
     seed: int = 0,
 ) -> list[Interval]:
     """Paired differences a − b at each shared k (points matched by k, in a's order)."""

@@ -7,7 +7,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dllmbench.analysis.stats import bootstrap_ci, entropy_bits, paired_difference, unique_answers
+from dllmbench.analysis.stats import (
+    CONFIDENCE,
+    RESAMPLES,
+    bootstrap_ci,
+    entropy_bits,
+    paired_difference,
+    unique_answers,
+)
 from dllmbench.core.schema import (
     SCHEMA_VERSION,
     CandidateRecord,
@@ -50,8 +57,8 @@ def summarize(
     budget: int,
     budgets: Sequence[int] | None = None,
     reference: str | None = None,
-    resamples: int = 2000,
-    level: float = 0.95,
+    resamples: int = RESAMPLES,
+    level: float = CONFIDENCE,
     seed: int = 0,
 ) -> Results:
     """The content of results.json. Deterministic: no timings, records in problem order.

@@ -15,6 +15,11 @@ import numpy as np
 from dllmbench.core.keys import numpy_rng
 from dllmbench.core.schema import IntervalEntry
 
+# The confidence level and the bootstrap resamples of every interval unless a caller asks
+# for others: their one source.
+CONFIDENCE = 0.95
+RESAMPLES = 2000
+
 
 @dataclass(frozen=True)
 class Interval:
@@ -45,8 +50,8 @@ def _interval(values: np.ndarray, draws: np.ndarray, level: float) -> Interval:
 def bootstrap_ci(
     values: Sequence[float] | np.ndarray,
     *,
-    resamples: int = 2000,
-    level: float = 0.95,
+    resamples: int = RESAMPLES,
+    level: float = CONFIDENCE,
     seed: int = 0,
 ) -> Interval:
     """Mean of `values` (e.g. 0/1 correctness per problem) with a percentile bootstrap CI."""
@@ -61,8 +66,8 @@ def paired_difference(
     a: Sequence[float] | np.ndarray,
     b: Sequence[float] | np.ndarray,
     *,
-    resamples: int = 2000,
-    level: float = 0.95,
+    resamples: int = RESAMPLES,
+    level: float = CONFIDENCE,
     seed: int = 0,
 ) -> Interval:
     """mean(a − b) over the same problems, with a paired bootstrap CI."""

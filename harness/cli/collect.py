@@ -9,7 +9,7 @@ from typing import Any
 from rich.console import Console
 
 from dllmbench.cli.argtypes import positive_int
-from dllmbench.cli.common import Reply, add_json, add_limit, add_sampling
+from dllmbench.cli.common import Reply, add_json, add_limit, add_sampling, field_default
 from dllmbench.cli.progress import Progress
 from dllmbench.core.errors import UserError
 from dllmbench.execution.engine import Capacity, Sampling
@@ -35,7 +35,7 @@ def add_parser(sub: Any) -> None:
     )
     add_sampling(c, defaults=True)
     add_limit(c)
-    c.add_argument("--batch-rows", type=positive_int, default=64)
+    c.add_argument("--batch-rows", type=positive_int, default=field_default(Capacity, "batch_rows"))
     c.add_argument("--out", required=True, help="collection directory (resumed if it exists)")
     add_json(c)
     c.set_defaults(execute=execute)

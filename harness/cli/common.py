@@ -4,6 +4,7 @@ the arguments several commands take (sampling, methods, scorers, preset, --json)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,11 +15,31 @@ from rich.table import Table
 
 from dllmbench.cli.argtypes import name_list, natural_int, positive_int, scorer_entry
 from dllmbench.core.errors import UserError
+from dllmbench.execution.engine import Sampling
 from dllmbench.execution.method import parse_part
 from dllmbench.running import presets
 
 # every run but the demo: the paper's T and canvas; `--preset` and explicit flags come first
-GENERAL: dict[str, Any] = {"steps": 128, "gen_length": 512, "prompt": "chat"}
+
+
+def field_default(cls: type, name: str) -> Any:
+    """The default of dataclass `cls`'s field `name`: the one source of a command-line default
+    that a configuration dataclass also has (tests/test_defaults.py checks every one)."""
+    for f in dataclasses.fields(cls):
+        if f.name == name:
+            if f.default is not dataclasses.MISSING:
+                return f.default
+            if f.default_factory is not dataclasses.MISSING:
+                return f.default_factory()
+    raise KeyError(f"{cls.__name__} has no field {name!r} with a default")
+
+
+# the sampling protocol when neither a preset nor the command line sets it: `Sampling`'s
+GENERAL: dict[str, Any] = {
+    "steps": field_default(Sampling, "total_steps"),
+    "gen_length": field_default(Sampling, "gen_length"),
+    "prompt": field_default(Sampling, "prompt_style"),
+}
 PROMPT_STYLES = ("chat", "fewshot")
 
 
@@ -86,7 +107,7 @@ def add_sampling(
         help=f"prompt style (default {GENERAL['prompt']})",
     )
     if seed:
-        parser.add_argument("--seed", type=natural_int, default=0)
+        parser.add_argument("--seed", type=natural_int, default=field_default(Sampling, "seed"))
 
 
 def add_limit(parser: argparse.ArgumentParser) -> None:

@@ -11,8 +11,9 @@ from typing import Any
 from rich.console import Console
 
 from dllmbench.cli.argtypes import natural_int, positive_int
-from dllmbench.cli.common import Parser, Reply, add_json
+from dllmbench.cli.common import Parser, Reply, add_json, field_default
 from dllmbench.core.errors import UserError
+from dllmbench.demo import RetrainConfig
 
 
 def add_parser(sub: Any) -> None:
@@ -28,22 +29,46 @@ def add_parser(sub: Any) -> None:
         "--scorer orm=orm:checkpoint=OUT/orm.",
     )
     r.add_argument("--out", type=Path, required=True, help="where the model and scorers go")
-    r.add_argument("--seed", type=natural_int, default=0)
-    r.add_argument("--pretrain-steps", type=positive_int, default=3000)
-    r.add_argument("--problems", type=positive_int, default=600, help="train problems to collect")
-    r.add_argument("--samples", type=positive_int, default=8, help="trajectories per problem")
-    r.add_argument("--scorer-steps", type=positive_int, default=600, help="PRM training steps")
-    r.add_argument("--orm-steps", type=positive_int, default=2500, help="ORM training steps")
+    r.add_argument("--seed", type=natural_int, default=field_default(RetrainConfig, "seed"))
+    r.add_argument(
+        "--pretrain-steps",
+        type=positive_int,
+        default=field_default(RetrainConfig, "pretrain_steps"),
+    )
+    r.add_argument(
+        "--problems",
+        type=positive_int,
+        default=field_default(RetrainConfig, "problems"),
+        help="train problems to collect",
+    )
+    r.add_argument(
+        "--samples",
+        type=positive_int,
+        default=field_default(RetrainConfig, "samples"),
+        help="trajectories per problem",
+    )
+    r.add_argument(
+        "--scorer-steps",
+        type=positive_int,
+        default=field_default(RetrainConfig, "scorer_steps"),
+        help="PRM training steps",
+    )
+    r.add_argument(
+        "--orm-steps",
+        type=positive_int,
+        default=field_default(RetrainConfig, "orm_steps"),
+        help="ORM training steps",
+    )
     r.add_argument(
         "--negatives",
         type=natural_int,
-        default=4000,
+        default=field_default(RetrainConfig, "negatives"),
         help="train problems the ORM also learns from, written out right and with one slip",
     )
     r.add_argument(
         "--orm-groups",
         choices=["all", "mixed", "balanced"],
-        default="all",
+        default=field_default(RetrainConfig, "orm_groups"),
         help="the ORM learns from the final states of all problems, or of those whose answers "
         "differ (mixed)",
     )
@@ -61,7 +86,7 @@ def _no_action(args: argparse.Namespace) -> Reply:
 
 
 def retrain(args: argparse.Namespace) -> Reply:
-    from dllmbench.demo.retrain import RetrainConfig, retrain  # torch and transformers: here
+    from dllmbench.demo.retrain import retrain  # torch and transformers: here
 
     cfg = RetrainConfig(
         out=args.out,

@@ -22,6 +22,7 @@ from dllmbench.cli.common import (
     add_preset,
     add_sampling,
     add_scorers,
+    field_default,
     methods_arg,
     settings,
 )
@@ -31,6 +32,7 @@ from dllmbench.demo import DEMO_TASK
 from dllmbench.execution.engine import Capacity, Sampling
 from dllmbench.execution.planner import check_scorers, scorer_users
 from dllmbench.loading.registry import Registry, registry
+from dllmbench.running.runner import RunConfig
 from dllmbench.storage.shards import parse_shard
 
 # `dllmbench run` with neither --task nor --backbone: the shipped tiny model on arith, with
@@ -53,7 +55,7 @@ DEMO_BUDGET_FACTORS = (1, 4)
 def add_parser(sub: Any) -> None:
     run = sub.add_parser("run", help="run methods on a task and print the leaderboard")
     run.add_argument("--task", help="task[:option=value,...], e.g. gsm8k or arith:test_size=50")
-    run.add_argument("--split", default="test")
+    run.add_argument("--split", default=field_default(RunConfig, "split"))
     run.add_argument("--backbone", help="backbone[:option=value,...], e.g. dream, llada or tiny")
     add_scorers(
         run,
@@ -71,16 +73,31 @@ def add_parser(sub: Any) -> None:
     add_preset(run)
     add_sampling(run)
     add_limit(run)
-    run.add_argument("--batch-rows", type=positive_int, default=64, help="rows per forward")
+    run.add_argument(
+        "--batch-rows",
+        type=positive_int,
+        default=field_default(Capacity, "batch_rows"),
+        help="rows per forward (default %(default)s)",
+    )
     run.add_argument("--batch-tokens", type=positive_int, help="rows × canvas length per forward")
-    run.add_argument("--max-problems", type=positive_int, default=32, help="problems in flight")
+    run.add_argument(
+        "--max-problems",
+        type=positive_int,
+        default=field_default(Capacity, "problems"),
+        help="problems in flight (default %(default)s)",
+    )
     run.add_argument(
         "--shard",
         type=parse_shard,
         metavar="I/N",
         help="run share I of N of the problems into --out (then: dllmbench merge --out)",
     )
-    run.add_argument("--resamples", type=positive_int, default=2000, help="bootstrap resamples")
+    run.add_argument(
+        "--resamples",
+        type=positive_int,
+        default=field_default(RunConfig, "resamples"),
+        help="bootstrap resamples (default %(default)s)",
+    )
     run.add_argument(
         "--out", help="run directory (default runs/TASK-BACKBONE-bBUDGETS-seedSEED, e.g. b1040)"
     )
@@ -114,7 +131,6 @@ def _capacity(args: argparse.Namespace) -> Capacity:
 
 def run_config(args: argparse.Namespace) -> Any:
     """The `RunConfig` these arguments ask for, checked as far as it can be without a model."""
-    from dllmbench.running.runner import RunConfig
 
     reg = registry()
     demo = not args.task and not args.backbone and not args.preset

@@ -11,7 +11,7 @@ from rich.console import Console
 
 from dllmbench.api.interfaces import TrainableScorer, missing_members
 from dllmbench.cli.argtypes import fraction, natural_int, positive_float, positive_int
-from dllmbench.cli.common import Reply, add_json
+from dllmbench.cli.common import Reply, add_json, field_default
 from dllmbench.cli.progress import Progress
 from dllmbench.core.errors import UserError
 from dllmbench.execution.method import parse_part
@@ -26,21 +26,25 @@ def add_parser(sub: Any) -> None:
     t.add_argument("--data", required=True, help="a directory made by dllmbench collect")
     t.add_argument("--backbone", help="default: the collection's backbone")
     t.add_argument("--options", default="", help="scorer options, e.g. attention=causal")
-    t.add_argument("--steps", type=positive_int, default=2000)
-    t.add_argument("--batch", type=positive_int, default=32)
-    t.add_argument("--accum", type=positive_int, default=1)
-    t.add_argument("--lr", type=positive_float, default=2e-5)
-    t.add_argument("--warmup", type=natural_int, default=0)
-    t.add_argument("--val-fraction", type=fraction, default=0.1)
-    t.add_argument("--val-every", type=positive_int, default=200)
+    t.add_argument("--steps", type=positive_int, default=field_default(TrainConfig, "steps"))
+    t.add_argument("--batch", type=positive_int, default=field_default(TrainConfig, "batch"))
+    t.add_argument("--accum", type=positive_int, default=field_default(TrainConfig, "accum"))
+    t.add_argument("--lr", type=positive_float, default=field_default(TrainConfig, "lr"))
+    t.add_argument("--warmup", type=natural_int, default=field_default(TrainConfig, "warmup"))
+    t.add_argument(
+        "--val-fraction", type=fraction, default=field_default(TrainConfig, "val_fraction")
+    )
+    t.add_argument(
+        "--val-every", type=positive_int, default=field_default(TrainConfig, "val_every")
+    )
     t.add_argument(
         "--groups",
         choices=["all", "mixed", "balanced"],
-        default="all",
+        default=field_default(TrainConfig, "groups"),
         help="mixed: only problems with both correct and incorrect trajectories; balanced: "
         "of those, as many correct as incorrect trajectories per problem",
     )
-    t.add_argument("--seed", type=natural_int, default=0)
+    t.add_argument("--seed", type=natural_int, default=field_default(TrainConfig, "seed"))
     t.add_argument("--out", required=True, help="training directory (resumed if it exists)")
     add_json(t)
     t.set_defaults(execute=execute)

@@ -8,7 +8,9 @@ This module is light: the `tiny` plugin imports it when plugins load.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal
 
 TINY_DIR = Path(__file__).parent / "tiny_model"
 SCORER_KINDS = ("prm", "orm")
@@ -18,4 +20,38 @@ SCORER_KINDS = ("prm", "orm")
 TASK_CONFIG: dict[str, int] = {"min_steps": 2, "max_steps": 3}
 DEMO_TASK = "arith:" + ",".join(f"{key}={value}" for key, value in TASK_CONFIG.items())
 
-__all__ = ["DEMO_TASK", "SCORER_KINDS", "TASK_CONFIG", "TINY_DIR"]
+
+@dataclass(frozen=True)
+class RetrainConfig:
+    out: Path
+    seed: int = 0
+    pretrain_steps: int = 3000
+    problems: int = 600  # train problems to collect trajectories on
+    samples: int = 8  # trajectories per problem
+    scorer_steps: int = 600  # PRM training steps
+    orm_steps: int = 2500
+    negatives: int = 4000  # train problems the ORM also sees written right and with a slip
+    # which problems' final states the ORM learns from: all, or those whose answers differ
+    orm_groups: Literal["all", "mixed", "balanced"] = "all"
+
+    @property
+    def work(self) -> Path:
+        """Scratch state of every stage (pretraining, trajectories, scorer training)."""
+        return self.out / "build"
+
+    def quick(self) -> RetrainConfig:
+        """A few steps of everything: checks the pipeline end to end in seconds on a CPU.
+        A 2-step model gets every answer wrong, so no problem is mixed: the ORM takes all."""
+        return replace(
+            self,
+            pretrain_steps=2,
+            problems=4,
+            samples=4,
+            scorer_steps=2,
+            orm_steps=2,
+            negatives=4,
+            orm_groups="all",
+        )
+
+
+__all__ = ["DEMO_TASK", "SCORER_KINDS", "TASK_CONFIG", "TINY_DIR", "RetrainConfig"]

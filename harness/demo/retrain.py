@@ -20,16 +20,16 @@ import random
 import shutil
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 import dllmbench
 from dllmbench.core.errors import UserError
 from dllmbench.core.types import Problem
-from dllmbench.demo import DEMO_TASK, SCORER_KINDS, TASK_CONFIG, TINY_DIR
+from dllmbench.demo import DEMO_TASK, SCORER_KINDS, TASK_CONFIG, TINY_DIR, RetrainConfig
 from dllmbench.demo.negatives import slip
 from dllmbench.demo.pretrain import PretrainConfig, answer_tokens, pretrain, word_tokenizer
 from dllmbench.execution.engine import Capacity, Sampling
@@ -45,7 +45,6 @@ from dllmbench.scoring.collect import (
 from dllmbench.scoring.training import TrainConfig, train
 
 TASK, BACKBONE = "arith", "tiny"
-SAMPLER: dict[str, Any] = {"temperature": 0.5, "alg": "maskgit_plus", "alg_temp": 0.5}
 STEPS, GEN_LENGTH = 24, 32  # the demo's sampling protocol (T and generated tokens)
 SNAPSHOTS = 6  # snapshot steps per collected trajectory
 PRETRAIN_BATCH = 64
@@ -68,39 +67,6 @@ class WorkedExamples(Protocol):
     def examples(self, split: str, start: int = 0, count: int | None = None) -> Iterator[Any]: ...
 
     def train_example(self, index: int) -> Any: ...
-
-
-@dataclass(frozen=True)
-class RetrainConfig:
-    out: Path
-    seed: int = 0
-    pretrain_steps: int = 3000
-    problems: int = 600  # train problems to collect trajectories on
-    samples: int = 8  # trajectories per problem
-    scorer_steps: int = 600  # PRM training steps
-    orm_steps: int = 2500
-    negatives: int = 4000  # train problems the ORM also sees written right and with a slip
-    # which problems' final states the ORM learns from: all, or those whose answers differ
-    orm_groups: Literal["all", "mixed", "balanced"] = "all"
-
-    @property
-    def work(self) -> Path:
-        """Scratch state of every stage (pretraining, trajectories, scorer training)."""
-        return self.out / "build"
-
-    def quick(self) -> RetrainConfig:
-        """A few steps of everything: checks the pipeline end to end in seconds on a CPU.
-        A 2-step model gets every answer wrong, so no problem is mixed: the ORM takes all."""
-        return replace(
-            self,
-            pretrain_steps=2,
-            problems=4,
-            samples=4,
-            scorer_steps=2,
-            orm_steps=2,
-            negatives=4,
-            orm_groups="all",
-        )
 
 
 def check_out(out: Path) -> None:
@@ -132,7 +98,9 @@ def retrain(cfg: RetrainConfig, log: Log = print) -> dict[str, Any]:
         return result
 
     model_dir = stage("pretraining the tiny dLLM", lambda: pretrain_model(task, cfg, log))
-    backbone = reg.backbone(BACKBONE, model=str(model_dir), **SAMPLER)
+    # sampled as the demo runs it: the tiny backbone's defaults, Dream's sampler as the paper
+    # runs it
+    backbone = reg.backbone(BACKBONE, model=str(model_dir))
     stage("collecting trajectories", lambda: collect_trajectories(reg, task, backbone, cfg))
     _, snapshots = load(cfg.work / "trajectories")
     for kind in SCORER_KINDS:

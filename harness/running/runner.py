@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dllmbench import __version__
+from dllmbench.analysis.stats import CONFIDENCE, RESAMPLES
 from dllmbench.api.interfaces import (
     MultiPass,
     is_deterministic,
@@ -53,7 +54,7 @@ class RunConfig:
     reference: str | None = None
     sampling: Sampling = field(default_factory=Sampling)
     capacity: Capacity = field(default_factory=Capacity)
-    resamples: int = 2000
+    resamples: int = RESAMPLES
     out: str | None = None
     command: list[str] = field(default_factory=list)
     # run multi-candidate methods on a backbone that samples deterministically (copies agree)
@@ -214,7 +215,7 @@ def build_manifest(cfg: RunConfig, prepared: Prepared) -> dict[str, Any]:
         "budgets": chosen.budgets,
         "methods": methods,
         "reference": cfg.reference,
-        "statistics": {"resamples": cfg.resamples, "level": 0.95},
+        "statistics": {"resamples": cfg.resamples, "level": CONFIDENCE},
         "execution": asdict(cfg.capacity),
     }
 
