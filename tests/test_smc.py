@@ -507,6 +507,7 @@ def test_readouts(smc_run):
 
 
 def test_smc_refuses_a_nan_score():
+    from dllmbench.core.errors import PluginCrashed
     from dllmbench.execution.engine import Engine, Sampling
     from dllmbench.execution.method import Method, MethodSpec
     from dllmbench.loading.registry import registry
@@ -527,5 +528,7 @@ def test_smc_refuses_a_nan_score():
         methods=[method],
         sampling=Sampling(12, 5, "fewshot", 0),
     )
-    with pytest.raises(ValueError, match="NaN"):
+    # a plugin's fault (exit status 3), named: the strategy that found the NaN says so
+    with pytest.raises(PluginCrashed, match="strategy 'smc' raised ValueError: .* NaN") as err:
         engine.run(task.problems("test"))
+    assert isinstance(err.value.__cause__, ValueError)

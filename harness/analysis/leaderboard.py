@@ -26,7 +26,7 @@ def _pct(x: float) -> str:
 
 def budgets(results: Results) -> list[int]:
     """The run's budgets, ascending."""
-    return list(results.get("budgets") or [results["budget"]])
+    return list(results["budgets"])
 
 
 def rows(results: Results, budget: int | None = None) -> list[tuple[bool, list[str]]]:

@@ -59,8 +59,8 @@ def interval(value: pooled.Interval | None) -> IntervalEntry | None:
 
 
 def method_budget(results: dict[str, Any], entry: dict[str, Any]) -> int:
-    """The budget a results.json method entry belongs to (a single-budget run: the run's)."""
-    return int(entry.get("budget", results["budget"]))
+    """The budget a results.json method entry ranks the method at."""
+    return int(entry["budget"])
 
 
 def methods_table(runs: Sequence[evidence.RunData]) -> list[ReportMethod]:
@@ -81,7 +81,7 @@ def methods_table(runs: Sequence[evidence.RunData]) -> list[ReportMethod]:
 def budgets_of(runs: Sequence[evidence.RunData]) -> list[int]:
     found: set[int] = set()
     for run in runs:
-        found.update(int(b) for b in run.results.get("budgets", [run.results["budget"]]))
+        found.update(int(b) for b in run.results["budgets"])
     return sorted(found)
 
 

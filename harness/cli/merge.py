@@ -28,13 +28,12 @@ def execute(args: argparse.Namespace) -> Reply:
     results, manifest = merge(path)
 
     def show(console: Console) -> None:
-        budgets = results.get("budgets") or [results["budget"]]
-        for budget in budgets:
+        for budget in results["budgets"]:
             title = (
                 f"{manifest['task']['name']} · {manifest['backbone']['name']} · budget {budget} "
                 f"passes/problem · {results['task']['problems']} problems"
             )
-            at = budget if len(budgets) > 1 else None
+            at = budget if len(results["budgets"]) > 1 else None
             console.print(rich_table(results, title, width=console.width, budget=at))
         console.print(f"merged: {path} (results.json, leaderboard.md, compute.json)")
 

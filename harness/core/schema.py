@@ -145,8 +145,8 @@ REPORT_SCHEMA_VERSION = 1  # `schema_version` of report.json
 
 
 class ReportMethod(MethodResult):
-    """One entry of report.json's `methods`: a results.json method entry (its `budget` is
-    the run's budget when results.json has none) and the index of its run in `runs`."""
+    """One entry of report.json's `methods`: a results.json method entry and the index of its
+    run in `runs`."""
 
     run: int
 

@@ -21,7 +21,7 @@ def problem_ids(manifest: dict[str, Any]) -> list[str]:
     ids = manifest.get("task", {}).get("problem_ids")
     if not isinstance(ids, list):
         raise UserError(
-            "the manifest lists no problem ids (a run directory of an older dllmbench); "
+            "the manifest lists no problem ids (it is damaged); "
             "run it again without --shard to finish it"
         )
     return [str(x) for x in ids]
