@@ -529,6 +529,6 @@ def test_smc_refuses_a_nan_score():
         sampling=Sampling(12, 5, "fewshot", 0),
     )
     # a plugin's fault (exit status 3), named: the strategy that found the NaN says so
-    with pytest.raises(PluginCrashed, match="strategy 'smc' raised ValueError: .* NaN") as err:
+    with pytest.raises(PluginCrashed, match=r"strategy 'smc' raised ValueError: .* NaN") as err:
         engine.run(task.problems("test"))
     assert isinstance(err.value.__cause__, ValueError)

@@ -14,11 +14,10 @@ import os
 import sys
 import traceback
 
-from rich.console import Console
 
 from dllmbench import __version__
 from dllmbench.cli import collect, demo, merge, plan, plugins, report, run, tasks, train_scorer
-from dllmbench.cli.common import Interrupted, Parser, Reply
+from dllmbench.cli.common import Interrupted, Parser, Reply, stdout_console
 from dllmbench.core.errors import CostMismatch, PluginViolation, UserError
 from dllmbench.loading.manager import PluginSelection
 from dllmbench.loading.registry import use_plugins
@@ -55,18 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _console() -> Console:
-    # piped output (a file, a log) is not cut to 80 columns unless COLUMNS says so
-    wide = sys.stdout.isatty() or os.environ.get("COLUMNS")
-    return Console() if wide else Console(width=160)
-
-
 def _reply(args: argparse.Namespace) -> int:
     reply: Reply = args.execute(args)
     if args.json or args.json_before:
         print(json.dumps(reply.data, indent=2))
     else:
-        reply.show(_console())
+        reply.show(stdout_console())
     return OK
 
 

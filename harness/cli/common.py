@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -62,6 +63,13 @@ class Reply:
 
 class Interrupted(Exception):
     """Ctrl-C in a command that keeps its finished work: the message says how to go on."""
+
+
+def stdout_console() -> Console:
+    """The console of what a command prints for a person: piped output (a file, a log) is not
+    cut to 80 columns unless COLUMNS says so."""
+    wide = sys.stdout.isatty() or os.environ.get("COLUMNS")
+    return Console() if wide else Console(width=160)
 
 
 def table(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> Table:

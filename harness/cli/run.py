@@ -25,6 +25,7 @@ from dllmbench.cli.common import (
     field_default,
     methods_arg,
     settings,
+    stdout_console,
 )
 from dllmbench.cli.progress import Progress
 from dllmbench.core.errors import UserError
@@ -172,12 +173,23 @@ def execute(args: argparse.Namespace) -> Reply:
     cfg = run_config(args)
     if args.resume and not (cfg.run_dir() / "manifest.json").exists():
         raise UserError(f"--resume: {cfg.run_dir()} holds no run to resume; drop --resume")
+    shown: list[int] = []  # budgets whose table is printed already
+
+    def early_table(results: dict[str, Any], budget: int) -> None:
+        """A budget's table as soon as its methods are done (the run goes on)."""
+        if args.json or args.json_before:
+            return  # stdout is for the JSON at the end
+        console = stdout_console()
+        console.print(_table(cfg, results, budget, several=True, width=console.width))
+        shown.append(budget)
+
     try:
         with Progress() as progress:
             outcome = run(
                 cfg,
                 on_record=lambda _r: progress.advance(),
                 on_start=lambda total, done: progress.start(f"{cfg.task} × methods", total, done),
+                on_budget=early_table,
             )
     except KeyboardInterrupt:
         raise Interrupted(
@@ -190,18 +202,23 @@ def execute(args: argparse.Namespace) -> Reply:
     def show(console: Console) -> None:
         several = len(outcome.plan.budgets) > 1
         for budget in outcome.plan.budgets:
-            title = (
-                f"{cfg.task} · {cfg.backbone} · budget {budget} passes/problem · "
-                f"{outcome.results['task']['problems']} problems"
-            )
-            at = budget if several else None
-            console.print(rich_table(outcome.results, title, width=console.width, budget=at))
+            if budget not in shown:
+                table = _table(cfg, outcome.results, budget, several, console.width)
+                console.print(table)
         for x in outcome.plan.left_out:
             console.print(f"left out: {x.family} — {x.reason}")
         note = f", {outcome.resumed} resumed" if outcome.resumed else ""
         console.print(f"run directory: {outcome.path} ({outcome.written} records written{note})")
 
     return Reply(outcome.results, show)
+
+
+def _table(cfg: Any, results: dict[str, Any], budget: int, several: bool, width: int) -> Any:
+    title = (
+        f"{cfg.task} · {cfg.backbone} · budget {budget} passes/problem · "
+        f"{results['task']['problems']} problems"
+    )
+    return rich_table(results, title, width=width, budget=budget if several else None)
 
 
 def _share_reply(outcome: Any) -> Reply:

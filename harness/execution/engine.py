@@ -41,7 +41,14 @@ from dllmbench.core.ledger import Ledger
 from dllmbench.core.schema import CandidateRecord, Record
 from dllmbench.core.types import Candidate, Owners, Pool, Problem
 from dllmbench.execution.method import Method
-from dllmbench.execution.scheduler import Capacity, DenoiseWait, Scheduler, StrategyRun, Wait
+from dllmbench.execution.scheduler import (
+    Capacity,
+    DenoiseWait,
+    FinishedRows,
+    Scheduler,
+    StrategyRun,
+    Wait,
+)
 from dllmbench.loading.provenance import Origins, config_data
 
 __all__ = ["Capacity", "Engine", "Sampling", "Unit", "plan_units", "sized_to_memory"]
@@ -159,6 +166,7 @@ class Engine:
         self.ledger = ledger or Ledger()
         self.origins = origins or Origins()
         self.passes_per_step = passes_per_step(backbone)
+        self._finished = FinishedRows()
         self._costs = {m.id: m.cost(sampling.total_steps, self.passes_per_step) for m in methods}
         if len(self._costs) != len(methods):
             raise ValueError("two methods of a run share one id; give each a distinct label")
@@ -170,11 +178,17 @@ class Engine:
         *,
         skip: Collection[tuple[str, str]] = frozenset(),
         on_record: Callable[[Record], None] | None = None,
+        keep_rows: bool = False,
     ) -> list[Record]:
-        """Run every method on every problem; return (and pass on) one record per pair."""
+        """Run every method on every problem; return (and pass on) one record per pair.
+
+        Denoised rows kept by the previous run (`keep_rows=True`) are taken instead of being
+        computed again: a run in phases, smallest budget first, computes what a run of every
+        budget at once would. This run keeps its own rows for the next when `keep_rows`."""
         records: list[Record] = []
         pending = iter(problems)
-        queue = Scheduler(self.capacity)
+        self._finished.keeping = keep_rows
+        queue = Scheduler(self.capacity, self._finished)
         self._admit(queue, pending, skip)
         while queue.busy:
             for run, pool in queue.resume():
@@ -188,6 +202,8 @@ class Engine:
             for group in groups:
                 self._serve(group)
             queue.served(groups)
+        if not keep_rows:
+            self._finished.clear()
         return records
 
     def _admit(
@@ -250,7 +266,7 @@ class Engine:
         if not waits:
             return
         kind = "denoise" if isinstance(waits[0], DenoiseWait) else f"score:{waits[0].scorer}"
-        flat = [(wait, i) for wait in waits for i in range(len(wait.rows))]
+        flat = [(wait, i) for wait in waits for i in _computed(wait)]
         same = _identical(wait.same_computation(i) for wait, i in flat)
         owners = [(wait.rows.problem.id, wait.rows.owners[i]) for wait, i in flat]
         lengths = [flat[rows[0]][0].tokens.shape[1] for rows in same]
@@ -443,3 +459,8 @@ def _identical(rows: Iterable[tuple[Any, ...]]) -> list[list[int]]:
 def _charged(owners: list[tuple[str, Owners]], same: list[int]) -> tuple[str, Owners]:
     """(problem id, owners) of one computed row: every owner of every row it stands for."""
     return owners[same[0]][0], tuple(o for n in same for o in owners[n][1])
+
+
+def _computed(wait: Wait) -> Iterable[int]:
+    """The rows of a request a round computes."""
+    return wait.computed() if isinstance(wait, DenoiseWait) else range(len(wait.rows))

@@ -10,6 +10,7 @@ with the answer to send it.
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter, deque
 from collections.abc import Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -112,7 +113,8 @@ class StrategyRun:
 
 @dataclass
 class DenoiseWait:
-    """A denoising request being served: its rows advance one step per round."""
+    """A denoising request being served: its rows advance one step per round (but for the
+    rows whose result an earlier run's request already gave: `reused`)."""
 
     run: StrategyRun
     rows: Rows
@@ -120,11 +122,18 @@ class DenoiseWait:
     tokens: torch.Tensor = field(init=False)
     steps: list[int] = field(init=False)
     rng_keys: tuple[int, ...] = field(init=False)
+    asked: int = field(init=False)  # steps the request asked for
+    reused: set[int] = field(init=False, default_factory=set)
 
     def __post_init__(self) -> None:
         self.tokens = self.rows.tokens.clone()
         self.steps = list(self.rows.steps)
         self.rng_keys = self.rows.rng_keys
+        self.asked = self.remaining
+
+    def computed(self) -> list[int]:
+        """The rows each round computes."""
+        return [i for i in range(len(self.rows)) if i not in self.reused]
 
     def same_computation(self, i: int) -> tuple[Any, ...]:
         """What makes row i's step one computation: its key, step, prompt and tokens."""
@@ -180,11 +189,64 @@ class ScoreWait:
 Wait = DenoiseWait | ScoreWait
 
 
+class FinishedRows:
+    """Denoised rows kept from one engine run for the next: a row's tokens after a request's
+    steps, by what fixes them (problem, noise key, step, steps asked, prompt, tokens at the
+    start). A run at a larger budget repeats the rows a smaller budget's run computed (keyed
+    noise gives them the same tokens): it takes them from here instead of computing them
+    again. Kept on the CPU; `clear()` once no run follows."""
+
+    def __init__(self) -> None:
+        self.keeping = False
+        self._rows: dict[tuple[Any, ...], tuple[torch.Tensor, int]] = {}
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    @staticmethod
+    def _key(wait: DenoiseWait, i: int) -> tuple[Any, ...]:
+        start = wait.rows.tokens[i].detach().to("cpu").numpy().tobytes()
+        digest = hashlib.blake2b(start, digest_size=16).digest()
+        rows = wait.rows
+        return (
+            rows.problem.id,
+            wait.rng_keys[i],
+            rows.steps[i],
+            wait.asked,
+            rows.prompt_len,
+            digest,
+        )
+
+    def fill(self, wait: DenoiseWait) -> None:
+        """Give `wait` every row kept from an earlier run; those rows are not computed."""
+        if not self._rows:
+            return
+        for i in range(len(wait.rows)):
+            kept = self._rows.get(self._key(wait, i))
+            if kept is not None:
+                wait.tokens[i] = kept[0].to(wait.tokens.device)
+                wait.steps[i] = kept[1]
+                wait.reused.add(i)
+
+    def keep(self, wait: DenoiseWait) -> None:
+        """Keep the rows `wait` computed, for a later run (while `keeping`)."""
+        if self.keeping:
+            for i in wait.computed():
+                self._rows[self._key(wait, i)] = (
+                    wait.tokens[i].to("cpu", copy=True),
+                    wait.steps[i],
+                )
+
+    def clear(self) -> None:
+        self._rows.clear()
+
+
 class Scheduler:
     """The queue state of one engine run."""
 
-    def __init__(self, capacity: Capacity):
+    def __init__(self, capacity: Capacity, finished: FinishedRows | None = None):
         self.capacity = capacity
+        self.kept_rows = finished if finished is not None else FinishedRows()
         self.ready: deque[tuple[StrategyRun, Any]] = deque()
         self.waiting: list[Wait] = []
         self._units_left: Counter[str] = Counter()  # problem id → unfinished strategy runs
@@ -217,7 +279,13 @@ class Scheduler:
             except StopIteration as stop:
                 yield run, stop.value
                 continue
-            self.waiting.append(self._wait(run, request))
+            wait = self._wait(run, request)
+            if isinstance(wait, DenoiseWait):
+                self.kept_rows.fill(wait)
+                if not wait.computed():  # every row kept from an earlier run: answered now
+                    self.ready.append((run, wait.answer()))
+                    continue
+            self.waiting.append(wait)
 
     def finished(self, run: StrategyRun) -> bool:
         """Count a finished run; True when it was its problem's last (the problem leaves)."""
@@ -242,6 +310,8 @@ class Scheduler:
         done = {id(w) for group in groups for w in group if w.served()}
         for wait in self.waiting:
             if id(wait) in done:
+                if isinstance(wait, DenoiseWait):
+                    self.kept_rows.keep(wait)
                 self.ready.append((wait.run, wait.answer()))
         self.waiting = [w for w in self.waiting if id(w) not in done]
 

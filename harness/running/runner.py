@@ -24,6 +24,7 @@ from dllmbench.api.interfaces import (
 )
 from dllmbench.core.checksums import sha256
 from dllmbench.core.errors import UserError
+from dllmbench.core.schema import Results
 from dllmbench.execution.engine import Capacity, Engine, Sampling, sized_to_memory
 from dllmbench.execution.method import Method
 from dllmbench.execution.planner import Plan, Planned, check_budgets, default_budget, plan
@@ -31,7 +32,7 @@ from dllmbench.loading.provenance import Origins, config_data
 from dllmbench.loading.registry import Registry, registry
 from dllmbench.running.allocator import keep_freed_memory
 from dllmbench.running.invocation import Invocation
-from dllmbench.running.summary import summarize_run
+from dllmbench.running.summary import summarize_records, summarize_run
 from dllmbench.storage.rundir import RunDir
 from dllmbench.storage.shards import Shard, claim_device, resolve, stop_children
 
@@ -63,6 +64,10 @@ class RunConfig:
     preset: dict[str, Any] | None = None
     # `--shard I/N`: run one share of the problems (a launcher's environment gives one too)
     shard: Shard | None = None
+    # several budgets: serve them one after another, smallest first, so that each budget's
+    # methods finish (and its table can be shown) before the next budget's start; the rows a
+    # smaller budget computed are reused, not computed again. False: all at once
+    by_budget: bool = True
 
     def budgets(self) -> list[int]:
         """The budgets asked for, ascending (the default when none was given)."""
@@ -362,6 +367,17 @@ def _origins(cfg: RunConfig, prepared: Prepared) -> Origins:
     )
 
 
+def _phases(chosen: Plan) -> list[tuple[int, list[Method]]]:
+    """(budget, the methods first planned at it), smallest budget first: once a phase and
+    those before it are done, every method planned at its budget is."""
+    phases = []
+    for budget in chosen.budgets:
+        first = [p.method for p in chosen.methods if min(p.budgets) == budget]
+        if first:
+            phases.append((budget, first))
+    return phases
+
+
 def _resumed_budgets(cfg: RunConfig, rundir: RunDir) -> list[int] | None:
     """The budgets of the run in `rundir`, if it holds one; with no budget given, the run
     resumes at them (`prepare` refuses other budgets)."""
@@ -386,20 +402,25 @@ def _refuse_budgets(cfg: RunConfig, chosen: Plan, resumed: list[int] | None) -> 
 SAVE_EVERY = 5.0  # seconds between saves of this invocation's compute.json entry
 
 
+OnBudget = Callable[[Results, int], None]
+
+
 def run(
     cfg: RunConfig,
     on_record: Callable[[dict[str, Any]], None] | None = None,
     on_start: Callable[[int, int], None] | None = None,
+    on_budget: OnBudget | None = None,
 ) -> Outcome:
     """Run (or resume) a benchmark, or one share of it; `on_start(total, done)` and
-    `on_record` report progress."""
+    `on_record` report progress; `on_budget(results, budget)` is called as soon as every
+    method planned at a budget is done, for each budget before the last (a whole run only)."""
     keep_freed_memory()  # a forward reuses the last one's memory instead of faulting it in
     shard = resolve(cfg.shard)
     try:
         claim_device(shard)
         # the pre-flight: a bad or busy run directory is an error before any model is built
         with RunDir(cfg.run_dir(), shard) as rundir:
-            return _run_in(cfg, rundir, on_record, on_start)
+            return _run_in(cfg, rundir, on_record, on_start, on_budget)
     finally:
         stop_children(shard)  # the shares this process started, if it ends first
 
@@ -409,6 +430,7 @@ def _run_in(
     rundir: RunDir,
     on_record: Callable[[dict[str, Any]], None] | None,
     on_start: Callable[[int, int], None] | None,
+    on_budget: OnBudget | None = None,
 ) -> Outcome:
     resumed = _resumed_budgets(cfg, rundir)
     if resumed is not None and cfg.budget is None:  # no budget given: the run's own
@@ -433,8 +455,24 @@ def _run_in(
         capacity=sized_to_memory(cfg.capacity, prepared.backbone),
         origins=_origins(cfg, prepared),
     )
+    phases = _phases(prepared.plan) if cfg.by_budget else [(prepared.budget, methods)]
     with Invocation(rundir, engine.ledger, manifest, on_record, SAVE_EVERY) as invocation:
-        engine.run(mine, skip=done, on_record=invocation.keep)
+        for n, (budget, _) in enumerate(phases):
+            later = {m.id for _, ms in phases[n + 1 :] for m in ms}
+            skip = done | {(p.id, m) for p in mine for m in later}
+            written = engine.run(mine, skip=skip, on_record=invocation.keep, keep_rows=bool(later))
+            done |= {(r["problem"], r["method"]) for r in written}
+            if later and on_budget is not None and rundir.shard is None:
+                on_budget(
+                    summarize_records(
+                        rundir,
+                        manifest,
+                        problem_ids,
+                        reference=cfg.reference,
+                        resamples=cfg.resamples,
+                    ),
+                    budget,
+                )
         results = invocation.conclude(
             lambda: summarize_run(
                 rundir, manifest, problem_ids, reference=cfg.reference, resamples=cfg.resamples

@@ -20,6 +20,29 @@ def summarize_run(
 ) -> Results:
     """Summarise every record of the run in `rundir` (its `manifest`, the problems in order)
     with `reference` and `resamples`, and write results.json and leaderboard.md."""
+    results = summarize_records(
+        rundir, manifest, problem_ids, reference=reference, resamples=resamples
+    )
+    rundir.write_results(results, markdown(results, title(manifest, len(problem_ids))))
+    return results
+
+
+def title(manifest: dict[str, Any], problems: int) -> str:
+    task, budgets = manifest["task"], manifest["budgets"]
+    at = f"budgets {', '.join(map(str, budgets))}" if len(budgets) > 1 else f"budget {budgets[0]}"
+    backbone = manifest["backbone"]["name"]
+    return f"{task['name']} ({task['split']}, {problems} problems) · {backbone} · {at}"
+
+
+def summarize_records(
+    rundir: RunDir,
+    manifest: dict[str, Any],
+    problem_ids: list[str],
+    *,
+    reference: str | None,
+    resamples: int,
+) -> Results:
+    """The results of every record in `rundir` so far (nothing written)."""
     task, budgets = manifest["task"], manifest["budgets"]
     results = summarize(
         rundir.read_records(),
@@ -33,8 +56,4 @@ def summarize_run(
     )
     results["task"] = {"name": task["name"], "split": task["split"], "problems": len(problem_ids)}
     results["steps"] = manifest["sampling"]["total_steps"]
-    at = f"budgets {', '.join(map(str, budgets))}" if len(budgets) > 1 else f"budget {budgets[0]}"
-    backbone = manifest["backbone"]["name"]
-    title = f"{task['name']} ({task['split']}, {len(problem_ids)} problems) · {backbone} · {at}"
-    rundir.write_results(results, markdown(results, title))
     return results
