@@ -14,7 +14,6 @@ import os
 import sys
 import traceback
 
-
 from dllmbench import __version__
 from dllmbench.cli import collect, demo, merge, plan, plugins, report, run, tasks, train_scorer
 from dllmbench.cli.common import Interrupted, Parser, Reply, stdout_console
