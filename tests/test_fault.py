@@ -12,6 +12,8 @@ import textwrap
 import pytest
 from conftest import assert_user_error
 
+pytest_plugins = ("pytester",)
+
 FAULTY = """
 from dataclasses import dataclass
 
@@ -140,3 +142,44 @@ def test_the_pytest_plugin_knows_every_kind():
     from dllmbench.testing.pytest_plugin import KINDS as FIXTURE_KINDS
 
     assert sorted(FIXTURE_KINDS) == sorted(KINDS)
+
+
+SECOND = '''
+from dllmbench.hookspecs import hookimpl
+from dllmbench.plugins.strategies.independent import Independent
+
+
+class Second(Independent):
+    """An independent pool under another name."""
+
+
+@hookimpl
+def dllmbench_register_strategies(register):
+    register("second_pool", Second)
+'''
+
+
+def test_the_pytest_plugin_gives_helpers_the_plugins_the_environment_names(
+    pytester, monkeypatch, registry_with
+):
+    """A plugin author's test that calls run_strategy (no contract fixture) sees the plugin
+    named in DLLMBENCH_PLUGIN_MODULES; the session's selection is undone when it ends."""
+    registry_with()  # the doubles again once this test is over
+    pytester.makepyfile(second_plugin=SECOND)
+    pytester.makepyfile(
+        test_second="""
+        from dllmbench.testing import run_strategy
+
+        def test_second_runs():
+            records = run_strategy("second_pool:n=2+first", problems=2)
+            assert len(records) == 2
+        """
+    )
+    monkeypatch.syspath_prepend(str(pytester.path))
+    monkeypatch.setenv("DLLMBENCH_PLUGIN_MODULES", "dllmbench.testing.doubles,second_plugin")
+    from dllmbench.loading.registry import selection
+
+    before = selection()
+    result = pytester.runpytest("-p", "no:cacheprovider", "-q")
+    assert result.ret == 0, result.stdout.str()
+    assert selection() == before

@@ -273,6 +273,11 @@ def use_plugins(selection: PluginSelection) -> None:
         _Current.selection, _Current.loaded = selection, None
 
 
+def selection() -> PluginSelection:
+    """What the process-wide registry loads (or will load)."""
+    return _Current.selection
+
+
 def registry() -> Registry:
     """The process-wide registry: the built-ins, the entry points and the modules of the
     selection `use_plugins` set (none set: built-ins and every installed entry point)."""

@@ -4,16 +4,26 @@ A test that asks for `dllmbench_strategy`, `dllmbench_selector`, `dllmbench_back
 `dllmbench_scorer` or `dllmbench_task` runs once per registered plugin of that kind and
 per configuration in its factory's `contract_configs` (default: the defaults), receiving
 (name, config). The ini option `dllmbench_plugins` (names) limits them to those plugins.
+
+Like the command line, the plugin is an entry point that reads the environment:
+`DLLMBENCH_PLUGIN_MODULES`, `DLLMBENCH_PLUGINS` and `DLLMBENCH_DISABLE` say which plugins the
+session's registry loads (for the contract checks, and for `run_strategy` and the other
+helpers). The selection a session set is undone when it ends.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+from typing import Any
+
+import pytest
 
 # Every pytest session in an environment with dllmbench installed loads this module: it
 # imports nothing of dllmbench (nor torch) until a test asks for a plugin fixture.
 KINDS = ("backbone", "scorer", "strategy", "selector", "task")  # = manager.KINDS (tested)
 FIXTURES = {f"dllmbench_{kind}": kind for kind in KINDS}
+PREVIOUS = pytest.StashKey[Any]()  # the registry's selection before this session set one
 
 
 def pytest_addoption(parser):
@@ -25,17 +35,41 @@ def pytest_addoption(parser):
     )
 
 
+def _select_from_environment(config) -> None:
+    """Point the registry at the plugins the environment names, once per session; remember
+    what it loaded before, for `pytest_unconfigure`."""
+    from dllmbench.loading.manager import PluginSelection
+    from dllmbench.loading.registry import selection, use_plugins
+
+    if PREVIOUS not in config.stash:
+        config.stash[PREVIOUS] = selection()
+    use_plugins(PluginSelection.from_environment(os.environ))
+
+
+def pytest_collection_finish(session):
+    # a session whose tests import dllmbench (helpers such as run_strategy) sees the plugins
+    # the environment names; a session that does not import it stays free of torch
+    if "dllmbench.loading.registry" in sys.modules:
+        _select_from_environment(session.config)
+
+
+def pytest_unconfigure(config):
+    previous = config.stash.get(PREVIOUS, None)
+    if previous is not None:
+        from dllmbench.loading.registry import use_plugins
+
+        use_plugins(previous)
+
+
 def pytest_generate_tests(metafunc):
     only = set(metafunc.config.getini("dllmbench_plugins"))
     for fixture, kind in FIXTURES.items():
         if fixture not in metafunc.fixturenames:
             continue
         from dllmbench.api.interfaces import contract_configs
-        from dllmbench.loading.manager import PluginSelection
-        from dllmbench.loading.registry import registry, use_plugins
+        from dllmbench.loading.registry import registry
 
-        # an entry point like the command line: the environment says which plugins load
-        use_plugins(PluginSelection.from_environment(os.environ))
+        _select_from_environment(metafunc.config)
         reg = registry()
         params, ids = [], []
         for name in reg.names(kind):
