@@ -224,3 +224,60 @@ def test_freed_memory_is_kept_for_the_next_forward():
         torch.empty(8 << 18).fill_(1.0)
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
     assert faults < 20 * (8 << 20) // 4096 // 4  # far fewer than 20 blocks' worth of pages
+
+
+def _config(out: Path, **changes):
+    import dataclasses
+
+    cfg = run_config(build_parser().parse_args([*toy(f"{SMALL},{LARGE}"), "--out", str(out)]))
+    return dataclasses.replace(cfg, **changes)
+
+
+def test_budget_by_budget_decides_as_every_budget_at_once(runs, tmp_path):
+    """The default serves the smaller budget first and reuses its rows; served all at once
+    instead, the run makes the same records and computes the same denoising rows."""
+    from dllmbench.running.runner import run
+
+    run(_config(tmp_path / "together", by_budget=False))
+    _, phased, _ = read(runs["both"])
+    _, together, _ = read(tmp_path / "together")
+    assert _decisions(phased) == _decisions(together)
+    rows = [
+        json.loads((path / "compute.json").read_text())["total"]["physical"]["denoise"]["rows"]
+        for path in (runs["both"], tmp_path / "together")
+    ]
+    assert rows[0] == rows[1] == 4 * 36 * 8
+
+
+def test_the_smaller_budgets_results_come_before_the_larger_budgets_work(tmp_path):
+    from dllmbench.running.runner import run
+
+    events: list[tuple[str, object]] = []
+    outcome = run(
+        _config(tmp_path / "r"),
+        on_record=lambda r: events.append(("record", r["method"])),
+        on_budget=lambda results, budget: events.append(("table", (results, budget))),
+    )
+    tables = [i for i, (kind, _) in enumerate(events) if kind == "table"]
+    assert len(tables) == 1  # the larger budget's table is the run's own, at the end
+    results, budget = events[tables[0]][1]
+    assert budget == SMALL
+    first_planned = {p.method.id: min(p.budgets) for p in outcome.plan.methods}
+    before = {m for kind, m in events[: tables[0]] if kind == "record"}
+    after = {m for kind, m in events[tables[0] :] if kind == "record"}
+    assert {first_planned[m] for m in before} == {SMALL}
+    assert {first_planned[m] for m in after} == {LARGE}
+    # that early table is the final one at the smaller budget
+    final = [m for m in outcome.results["methods"] if m["budget"] == SMALL]
+    early = [m for m in results["methods"] if m["budget"] == SMALL]
+    assert early == final
+
+
+def test_the_early_table_is_printed_once_and_never_into_json(cli, tmp_path):
+    shown = cli(*toy(f"{SMALL},{LARGE}"), "--out", tmp_path / "a")
+    assert shown.code == 0, shown.err
+    assert shown.out.count(f"budget {SMALL} passes/problem") == 1
+    assert shown.out.count(f"budget {LARGE} passes/problem") == 1
+    assert shown.out.index(f"budget {SMALL} ") < shown.out.index(f"budget {LARGE} ")
+    as_json = cli("--json", *toy(f"{SMALL},{LARGE}"), "--out", tmp_path / "b")
+    assert as_json.code == 0 and json.loads(as_json.out)["budgets"] == [SMALL, LARGE]
