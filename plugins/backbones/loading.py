@@ -16,18 +16,19 @@ import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
-from transformers import (
-    AutoTokenizer,
-    LlamaConfig,
-    LlamaForCausalLM,
-    PreTrainedTokenizerBase,
-    PreTrainedTokenizerFast,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-)
+
+# transformers loads when a model or tokenizer is built, not when plugins register (about
+# 2.5 s of every command's start, `dllmbench plugins` and `plan` included)
+if TYPE_CHECKING:
+    from transformers import (
+        LlamaConfig,
+        PreTrainedTokenizerBase,
+        PreTrainedTokenizerFast,
+        Qwen2Config,
+    )
 
 from dllmbench.core.errors import UserError
 from dllmbench.core.hub import hub_offline, hub_unreachable
@@ -207,6 +208,8 @@ def load_strict(model: torch.nn.Module, state: Mapping[str, torch.Tensor], where
 
 def qwen2_config(raw: dict[str, Any]) -> Qwen2Config:
     """Dream's config.json (model_type "Dream") as a bidirectional Qwen2Config."""
+    from transformers import Qwen2Config
+
     keys = (
         "hidden_size",
         "intermediate_size",
@@ -227,6 +230,8 @@ def qwen2_config(raw: dict[str, Any]) -> Qwen2Config:
 
 def llama_config(raw: dict[str, Any]) -> LlamaConfig:
     """LLaDA's config.json (OLMo naming) as a bidirectional LlamaConfig."""
+    from transformers import LlamaConfig
+
     config = LlamaConfig(
         hidden_size=raw["d_model"],
         intermediate_size=raw["mlp_hidden_size"],
@@ -248,6 +253,7 @@ def llama_config(raw: dict[str, Any]) -> LlamaConfig:
 def build(arch: str, config: Any, dtype: torch.dtype) -> torch.nn.Module:
     """The model with its parameters on the meta device (buffers real), ready to be assigned."""
     from accelerate import init_empty_weights
+    from transformers import LlamaForCausalLM, Qwen2ForCausalLM
 
     cls = Qwen2ForCausalLM if arch == "dream" else LlamaForCausalLM
     config._attn_implementation = "sdpa"
@@ -280,6 +286,7 @@ def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
     Dream ships a slow Qwen2-style BPE class of its own; its vocab.json and merges.txt load
     into transformers' Qwen2TokenizerFast.
     """
+    from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     verbosity = hf_logging.get_verbosity()
@@ -326,6 +333,7 @@ SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>")
 def char_tokenizer(extra_specials: tuple[str, ...] = ()) -> PreTrainedTokenizerFast:
     """A character-level tokenizer: printable ASCII plus chat and mask tokens."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
 
     specials = (*SPECIALS, *extra_specials)
     chars = [c for c in string.printable if c not in "\x0b\x0c\r"]
@@ -353,6 +361,8 @@ def random_model(
     layers: int = 2,
 ) -> torch.nn.Module:
     """A tiny randomly initialised model of the architecture, deterministic in `seed`."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
     vocab = len(tokenizer)
     if arch == "dream":
         config = Qwen2Config(

@@ -10,20 +10,27 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
-from peft import LoraConfig, inject_adapter_in_model
-from peft.tuners.lora import LoraLayer
-from peft.tuners.tuners_utils import BaseTunerLayer
+
+# peft (and transformers under it) loads when a scorer is built, not when plugins register
+if TYPE_CHECKING:
+    from peft.tuners.lora import LoraLayer
+    from peft.tuners.tuners_utils import BaseTunerLayer
 
 from dllmbench.core.errors import UserError
 
 
 def tuner_layers(net: torch.nn.Module) -> list[BaseTunerLayer]:
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
     return [m for m in net.modules() if isinstance(m, BaseTunerLayer)]
 
 
 def lora_layers(net: torch.nn.Module) -> list[LoraLayer]:
+    from peft.tuners.lora import LoraLayer
+
     return [m for m in net.modules() if isinstance(m, LoraLayer)]
 
 
@@ -45,6 +52,8 @@ def inject(
     seed: int,
 ) -> None:
     """Add adapter `name` (initialised from `seed`) and leave every adapter switched off."""
+    from peft import LoraConfig, inject_adapter_in_model
+
     config = LoraConfig(
         r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(targets), bias="none"
     )
