@@ -3,6 +3,7 @@ checks them too and the engine tests have a backbone, a task and a scorer."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -141,10 +142,18 @@ def cli_subprocess(*argv: str, cwd: Path | None = None, env: dict | None = None,
     return Result(proc.returncode, proc.stdout, proc.stderr)
 
 
+@pytest.fixture(scope="session")
+def finished_run_once(tmp_path_factory) -> Path:
+    """The toy run, made once per session; tests get a copy (`finished_run`)."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    assert main([*map(str, TOY_RUN), "--out", str(out)]) == 0
+    return out
+
+
 @pytest.fixture
-def finished_run(tmp_path, cli):
-    """A finished toy run directory (manifest, samples, results, leaderboard, compute)."""
+def finished_run(tmp_path, finished_run_once):
+    """A finished toy run directory (manifest, samples, results, leaderboard, compute) of this
+    test's own: a copy of the session's one run."""
     out = tmp_path / "run"
-    result = cli(*TOY_RUN, "--out", out)
-    assert result.code == 0, result.err
+    shutil.copytree(finished_run_once, out)
     return out

@@ -328,6 +328,7 @@ def test_classifier_free_guidance_is_planned_at_two_passes_per_step(cli, finishe
 # -- 7. a Hub model that is neither local nor reachable ------------------------------------------
 
 
+@pytest.mark.slow
 def test_an_offline_hub_model_is_one_quick_line(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
     started = time.monotonic()

@@ -200,6 +200,7 @@ def dllmbench_register_selectors(register):
 """
 
 
+@pytest.mark.slow
 def test_a_plugin_breaking_its_contract_is_one_line_with_exit_3(tmp_path):
     (tmp_path / "bad_selector.py").write_text(textwrap.dedent(BAD_SELECTOR))
     env = {
@@ -286,6 +287,7 @@ def test_plugins_verbose_shows_options_summary_and_cost(capsys, cli):
     assert "Optional[Literal['float32', 'bfloat16', 'float16']]" in text.out  # no markup eaten
 
 
+@pytest.mark.slow
 def test_plugins_lists_a_broken_plugin_with_its_reason_and_still_runs(tmp_path):
     (tmp_path / "needs_extra.py").write_text("raise ImportError('no module named torch_extra')\n")
     env = {

@@ -277,6 +277,7 @@ def test_diff_records_is_short_and_names_the_place():
     ]
 
 
+@pytest.mark.slow
 def test_kit_under_pytest_reports_failed_and_skipped(kit_doubles, pytester):
     """Through pytest, as a plugin author runs it: failures are one readable line in the
     summary, and checks that do not apply are SKIPPED with the reason."""

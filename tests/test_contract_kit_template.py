@@ -8,6 +8,8 @@ import shutil
 import tomllib
 from pathlib import Path
 
+import pytest
+
 pytest_plugins = ("pytester",)
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "docs" / "plugin-template"
@@ -20,6 +22,7 @@ def test_entry_point_names_the_module():
     assert project["project"]["dependencies"] == ["dllmbench"]
 
 
+@pytest.mark.slow
 def test_template_tests_pass(pytester, monkeypatch, registry_with):
     shutil.copytree(TEMPLATE, pytester.path, dirs_exist_ok=True)
     monkeypatch.syspath_prepend(str(pytester.path / "src"))

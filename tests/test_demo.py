@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from conftest import assert_user_error, snapshot
 
 import dllmbench
@@ -49,6 +50,7 @@ def test_the_package_ships_the_demo_model_and_its_scorers():
         assert validation["auc"] is not None and validation["auc"] > 0.5
 
 
+@pytest.mark.slow
 def test_run_without_arguments_runs_every_family_of_the_demo(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(["run", "--limit", "3"]) == 0
@@ -83,6 +85,7 @@ def test_plugins_hold_only_plugins_and_the_demo_has_its_own_room():
     assert tiny.TINY_DIR == TINY_DIR  # the plugin loads the demo's model
 
 
+@pytest.mark.slow
 def test_demo_retrain_quick_runs_end_to_end_and_writes_only_into_out(tmp_path, cli, monkeypatch):
     cwd, out = tmp_path / "cwd", tmp_path / "out"
     cwd.mkdir()
@@ -163,6 +166,7 @@ def test_the_demo_samples_with_the_papers_dream_settings():
     assert written["data"] == TASK_CONFIG  # the model learned the demo's problems
 
 
+@pytest.mark.slow
 def test_the_demo_gates_hold(tmp_path, cli):
     """On the demo's problems at its first budget: Vanilla 20–70%, Oracle@8 at least 15 points
     above it, and ORM Rerank@8 above it with a paired 95% interval that excludes zero."""

@@ -119,6 +119,7 @@ def test_debug_goes_before_the_command_too(cli, tmp_path, faulty):
     assert result.code == 3 and "Traceback" in result.err
 
 
+@pytest.mark.slow
 def test_the_pytest_plugin_imports_nothing_heavy(tmp_path):
     """`python -X importtime -m pytest --co` on a file that does not use dllmbench: the
     pytest11 entry point loads, and neither torch nor transformers comes with it."""

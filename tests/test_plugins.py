@@ -134,6 +134,7 @@ def _cli(site: Path, *argv: str, **env: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_installed_strategy_is_listed_with_its_distribution(third_party):
     out = _cli(third_party, "plugins", "--json")
     assert out.returncode == 0, out.stderr
@@ -143,6 +144,7 @@ def test_installed_strategy_is_listed_with_its_distribution(third_party):
     assert plugins["strategy", "independent"]["distribution"] == "dllmbench"
 
 
+@pytest.mark.slow
 def test_installed_strategy_runs_and_is_charged(third_party, tmp_path):
     out = _cli(
         third_party,
@@ -175,6 +177,7 @@ def test_installed_strategy_runs_and_is_charged(third_party, tmp_path):
     assert mine["strategy"]["distribution"] == "dllmbench-pairs"
 
 
+@pytest.mark.slow
 def test_allow_list_leaves_out_unlisted_distributions(third_party):
     out = _cli(third_party, "plugins", "--json", DLLMBENCH_PLUGINS="")
     names = {p["name"] for p in json.loads(out.stdout)}
@@ -215,6 +218,7 @@ def test_a_clash_marks_the_name_broken_naming_both_and_the_rest_works(tmp_path, 
     assert reg.strategy("smc", k=2).pool_size() == 2  # a plugin the clash does not touch
 
 
+@pytest.mark.slow
 def test_a_clash_lets_plugins_run_and_refuses_only_the_command_that_needs_it(tmp_path):
     (tmp_path / "clash_b.py").write_text(
         "from dllmbench.api.hookspecs import hookimpl\n"
@@ -290,6 +294,7 @@ def test_deny_list_leaves_out_a_plugin_and_its_families(tmp_path, monkeypatch):
         reg.strategy("smc")
 
 
+@pytest.mark.slow
 def test_deny_list_takes_a_distribution_and_leaves_it_unloaded(third_party):
     out = _cli(third_party, "plugins", "--json", DLLMBENCH_DISABLE="dllmbench-pairs")
     assert out.returncode == 0, out.stderr
@@ -303,6 +308,7 @@ def test_deny_list_takes_a_distribution_and_leaves_it_unloaded(third_party):
         ("DLLMBENCH_PLUGINS", "dllmbench-pair", "DLLMBENCH_PLUGINS names 'dllmbench-pair'"),
     ],
 )
+@pytest.mark.slow
 def test_a_typo_in_the_plugin_lists_is_one_line(third_party, var, value, needle):
     out = _cli(third_party, "plugins", **{var: value})
     assert out.returncode == 2, out.stderr
@@ -337,6 +343,7 @@ def test_a_registered_family_joins_all_with_its_label(tmp_path, monkeypatch):
     assert plan(reg, 72, 8, scorers=set()).as_dict() == chosen.as_dict()  # no entries: all
 
 
+@pytest.mark.slow
 def test_methods_all_runs_a_third_party_family_onto_the_leaderboard(tmp_path):
     (tmp_path / "pairs_family.py").write_text(FAMILY)
     out = _cli(
@@ -378,6 +385,7 @@ def test_a_family_needing_a_missing_plugin_is_an_error_only_when_named(tmp_path,
         plan(reg, 72, 8, ["beam"])
 
 
+@pytest.mark.slow
 def test_one_namespace_and_no_bare_top_level_packages(tmp_path):
     code = (
         "import importlib.util, dllmbench, dllmbench.plugins, dllmbench.tasks;"

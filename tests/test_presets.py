@@ -203,6 +203,7 @@ def test_every_preset_option_is_an_option_of_the_installed_plugin(kind, table):
             assert getattr(config, key) == value, (kind, name, key)
 
 
+@pytest.mark.slow
 def test_the_preset_module_imports_no_plugin():
     code = (
         "import sys, dllmbench.running.presets; "

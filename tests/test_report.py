@@ -295,6 +295,7 @@ def test_report_json_has_exactly_the_keys_of_the_schema_and_its_doc(reported):
     assert tables == [list(t.__annotations__) for t in documented]
 
 
+@pytest.mark.slow
 def test_demo_at_two_budgets_reports_every_table_and_figure(tmp_path, cli, monkeypatch):
     """The shipped demo (`dllmbench run --budget 208,832`, on two problems) and its report."""
     monkeypatch.delenv("DLLMBENCH_PLUGIN_MODULES", raising=False)

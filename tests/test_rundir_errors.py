@@ -130,6 +130,7 @@ def unshare_works() -> str | None:
     return None
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(unshare_works() is not None, reason=str(unshare_works()))
 def test_a_real_read_only_mount(finished_run):
     """The CLI in a child process whose view of the folder is a read-only bind mount."""
@@ -233,13 +234,13 @@ HOLD = textwrap.dedent(
 
     real = runner.run
 
-    def run_and_hold(cfg, on_record=None, on_start=None):
+    def run_and_hold(cfg, on_record=None, **callbacks):
         def hold(record):
             on_record(record)
             print("holding", flush=True)
             time.sleep(300)
 
-        return real(cfg, on_record=hold, on_start=on_start)
+        return real(cfg, on_record=hold, **callbacks)
 
     runner.run = run_and_hold
     sys.exit(main(sys.argv[1:]))
@@ -260,6 +261,7 @@ def start_holding_run(out: Path) -> subprocess.Popen:
     return child
 
 
+@pytest.mark.slow
 def test_two_runs_into_one_directory_the_second_names_the_first(tmp_path):
     out = tmp_path / "run"
     first = start_holding_run(out)
@@ -273,6 +275,7 @@ def test_two_runs_into_one_directory_the_second_names_the_first(tmp_path):
         first.wait()
 
 
+@pytest.mark.slow
 def test_a_lock_left_by_a_killed_run_is_taken_over(cli, tmp_path):
     out = tmp_path / "run"
     first = start_holding_run(out)

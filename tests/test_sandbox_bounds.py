@@ -16,6 +16,8 @@ from dllmbench.tasks import _sandbox_boot as boot
 from dllmbench.tasks import cgroups
 from dllmbench.tasks.sandbox import Limits, Sandbox
 
+pytestmark = pytest.mark.slow
+
 # The guard is the boot code's `_guard`, an audit hook that cannot be removed but whose code a
 # program can replace; every program below does that first, so only the kernel stands.
 UNGUARD = (

@@ -20,6 +20,8 @@ from dllmbench.execution.scheduler import Capacity
 from dllmbench.storage.rundir import RunDir
 from dllmbench.storage.shards import Shard, from_launcher, parse_shard, resolve
 
+pytestmark = pytest.mark.slow
+
 TESTS = Path(__file__).parent
 METHODS = "vanilla,majority,orm_rerank,prm_guided,smc_vote,oracle"
 SIZE = 7  # shares of 4 and 3 problems
@@ -226,13 +228,13 @@ def test_a_killed_share_is_resumed_by_launching_again(tmp_path):
 
 
 def test_the_demo_launched_on_two_processes_equals_one_process(tmp_path):
-    """`accelerate launch --cpu --num_processes 2 -m dllmbench run --limit 20` against
-    `dllmbench run --limit 20`: the shipped model, every family at both demo budgets."""
+    """`accelerate launch --cpu --num_processes 2 -m dllmbench run --limit 6` against
+    `dllmbench run --limit 6`: the shipped model, every family at both demo budgets."""
     env = child_env()
     env.pop("DLLMBENCH_PLUGIN_MODULES")
-    single = cli_subprocess("run", "--limit", "20", "--out", tmp_path / "B", env=env, timeout=900)
+    single = cli_subprocess("run", "--limit", "6", "--out", tmp_path / "B", env=env, timeout=900)
     assert single.code == 0, single.err
-    proc = accelerate("run", "--limit", "20", "--out", tmp_path / "A", env=env, cwd=tmp_path)
+    proc = accelerate("run", "--limit", "6", "--out", tmp_path / "A", env=env, cwd=tmp_path)
     _, stderr = proc.communicate(timeout=900)
     assert proc.returncode == 0, stderr
     a, b = RunDir(tmp_path / "A"), RunDir(tmp_path / "B")

@@ -55,6 +55,7 @@ def test_an_alias_is_the_layered_module_itself(alias: str):
     assert module.__spec__.name == real.__name__  # the alias does not rename the module
 
 
+@pytest.mark.slow
 def test_aliases_resolve_in_a_fresh_interpreter_in_any_order():
     code = (
         "from dllmbench.types import Rows\n"

@@ -285,6 +285,7 @@ def test_offline_mode_skips_the_probe(monkeypatch):
     assert calls == [("google-research-datasets/mbpp", "full", "test", "main")]
 
 
+@pytest.mark.slow
 def test_offline_hub_through_the_real_datasets_is_one_quiet_line(tmp_path):
     """HF_HUB_OFFLINE=1 and an empty cache: the real datasets library fails in seconds, one line."""
     env = {

@@ -71,6 +71,7 @@ def test_prompts(task):
     assert "\r" not in text
 
 
+@pytest.mark.slow
 def test_every_reference_solution_is_graded(task):
     problems = [p for split in task.splits() for p in task.problems(split)]
     assert len(problems) == 974
@@ -157,6 +158,7 @@ def _stray_sandboxes() -> list[int]:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("isolation", ["namespaces", "process"])
 def test_hostile_programs_fail_and_leave_everything_intact(tmp_path, isolation):
     limits = Limits(timeout=4.0, cpu_seconds=2, memory_mb=512, output_bytes=1 << 15)
@@ -313,6 +315,7 @@ def test_uids_from_threads_never_collide(tmp_path):
     assert not errors and len(held) == 160 and len(set(held)) == 160
 
 
+@pytest.mark.slow
 def test_a_uid_held_by_another_process_is_skipped(tmp_path):
     with module.allocate_uid(tmp_path, 1000, 1):
         pass  # creates the folder and the lock file
