@@ -17,6 +17,7 @@ script; the first run also pays for loading (run `--order after,before` to see t
 move).
 
     python benchmarks/bench_demo.py [--limit 20] [--order before,after]
+    python benchmarks/bench_demo.py --backbone-options device=cuda,dtype=bfloat16   # a GPU
 """
 
 from __future__ import annotations
@@ -76,14 +77,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", type=int, default=20, help="first N problems (demo: 100)")
     parser.add_argument("--order", default="before,after", help="which runs first")
+    parser.add_argument("--backbone-options", default="", help="e.g. device=cuda,dtype=bfloat16")
     args = parser.parse_args()
     cfg = run_config(build_parser().parse_args(["run", "--limit", str(args.limit)]))
+    options = dict(kv.split("=", 1) for kv in args.backbone_options.split(",") if kv)
+    cfg = dataclasses.replace(cfg, backbone_config={**cfg.backbone_config, **options})
     measured = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.order.split(","):
             measured[name] = measure(cfg, name == "after", Path(tmp) / name)
     before, after = measured["before"], measured["after"]
-    print(f"demo, {args.limit} problems, budgets {', '.join(map(str, cfg.budgets()))}")
+    print(
+        f"demo, {args.limit} problems, budgets {', '.join(map(str, cfg.budgets()))}, "
+        f"backbone options {cfg.backbone_config or 'default'}"
+    )
     keys = [k for k in before if not k.startswith("_")]
     print(f"{'':20} {'before':>10} {'after':>10} {'after/before':>13}")
     for key in keys:
