@@ -13,7 +13,7 @@ import pytest
 
 from dllmbench.cli import main
 from dllmbench.loading.manager import PluginSelection
-from dllmbench.loading.registry import Registry, registry, use_plugins
+from dllmbench.loading.registry import Registry, registry, selection, use_plugins
 
 DOUBLES = "dllmbench.testing.doubles"
 
@@ -116,13 +116,18 @@ def assert_user_error(result: Result, *needles: str) -> None:
 
 @pytest.fixture
 def cli(capsys):
-    """Run `dllmbench ARGV` in this process: exit status (SystemExit included), stdout, stderr."""
+    """Run `dllmbench ARGV` in this process: exit status (SystemExit included), stdout, stderr.
+    The command sets the process's plugins from the environment, as it does when run; the
+    test's own selection is back once it returns."""
 
     def call(*argv: str) -> Result:
+        before = selection()
         try:
             code = main([str(a) for a in argv])
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else 1
+        finally:
+            use_plugins(before)
         captured = capsys.readouterr()
         return Result(code, captured.out, captured.err)
 
