@@ -59,9 +59,7 @@ def execute(args: argparse.Namespace) -> Reply:
     )
     out = Path(args.out)
     capacity = Capacity(batch_rows=args.batch_rows)
-    cfg = CollectConfig(
-        task, backbone, description, problems, args.n, steps, sampling, capacity, shard_problems=64
-    )
+    cfg = CollectConfig(task, backbone, description, problems, args.n, steps, sampling, capacity)
     with Progress() as bar:
         done = len(done_problems(out)) if out.exists() else 0
         bar.start(f"collect {task_name}/{args.split}", len(problems), done)

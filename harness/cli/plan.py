@@ -53,7 +53,7 @@ def execute(args: argparse.Namespace) -> Reply:
     # a dry run without --scorer shows the scorers the methods use, as `run` would need them
     args.scorer_assumed = dry and args.scorer is None
     if args.scorer_assumed:
-        args.scorer = sorted(scorer_users(reg, methods_arg(args), args.steps or 128))
+        args.scorer = sorted(scorer_users(reg, methods_arg(args), args.steps or GENERAL["steps"]))
     s = settings(args, GENERAL)
     if args.budget is None:
         raise UserError(

@@ -127,7 +127,10 @@ def _capacity(args: argparse.Namespace) -> Capacity:
     try:
         return Capacity(args.batch_rows, args.batch_tokens, args.max_problems)
     except ValueError as exc:
-        raise UserError(f"{exc}; e.g. --batch-rows 64 --max-problems 32") from exc
+        default = Capacity()
+        raise UserError(
+            f"{exc}; e.g. --batch-rows {default.batch_rows} --max-problems {default.problems}"
+        ) from exc
 
 
 def run_config(args: argparse.Namespace) -> Any:
