@@ -8,6 +8,7 @@ import os
 import re
 import socket
 import struct
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -54,8 +55,9 @@ ESCAPES = {
     "inet socket": "import socket\nsocket.socket(socket.AF_INET, socket.SOCK_STREAM)",
     "raw socket": "assert not refused(libc.socket(2, 3, 1))",
     "packet socket": "assert not refused(libc.socket(17, 3, 0))",
-    "ptrace": "assert not refused(libc.ptrace(16, 1, 0, 0))",
-    "signal to init": "assert not refused(libc.kill(1, 9))",
+    # aimed at a process the test started (VICTIM), never at one of the machine's
+    "ptrace": "assert libc.ptrace(16, VICTIM, 0, 0) == 0",
+    "signal to a process outside": "assert libc.kill(VICTIM, 9) == 0",
     "signal to the group": "assert not refused(libc.kill(0, 9))",
     "keyring": "assert not refused(libc.syscall(248, b'user', b'k', b'v', 1, -3))",
     "sysv shm": "assert not refused(libc.shmget(0, 1 << 20, 0o1600))",
@@ -66,13 +68,24 @@ ESCAPES = {
 }
 
 
+@pytest.fixture
+def victim():
+    """A process of the test's own, outside the sandbox: what the attacks on other processes
+    aim at."""
+    proc = subprocess.Popen(["sleep", "120"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
 @pytest.mark.parametrize("isolation", ["namespaces", "process"])
 @pytest.mark.parametrize("name", ESCAPES)
-def test_escapes_fail_after_the_guard_is_switched_off(name, isolation):
+def test_escapes_fail_after_the_guard_is_switched_off(name, isolation, victim):
     """Each program succeeds only if its escape works; every one must fail, and fail on the
     kernel's refusal (an OSError or a refused call), not on the guard."""
-    outcome = _run(UNGUARD + ESCAPES[name], isolation)
+    outcome = _run(UNGUARD + ESCAPES[name].replace("VICTIM", str(victim.pid)), isolation)
     assert not outcome.passed, (name, outcome)
+    assert victim.poll() is None, "the sandboxed program reached a process outside it"
     assert "refuses" not in outcome.stderr  # the guard was off: the kernel refused
     assert re.search(
         r"PermissionError|AssertionError|OSError|Operation not permitted", outcome.stderr
