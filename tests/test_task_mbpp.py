@@ -119,7 +119,9 @@ def _connect(port: int) -> str:
     )
 
 
-def _hostile(victim: Path, probe: str, port: int) -> dict[str, str]:
+def _hostile(victim: Path, probe: str, port: int, bystander: int) -> dict[str, str]:
+    """Hostile programs; the processes they attack are this test's own (this process and
+    `bystander`, a process it started), never others of the machine."""
     me = os.getpid()
     return {
         "loop": "while True:\n    pass",
@@ -139,7 +141,7 @@ def _hostile(victim: Path, probe: str, port: int) -> dict[str, str]:
         "os_exit": "import os\nos._exit(0)",
         "kill_parent": f"import os, signal\nos.kill({me}, signal.SIGKILL)",
         "kill_parent_libc": LIBC
-        + f"print([libc.kill(pid, 9) for pid in ({me}, os.getppid(), 1, -1)], flush=True)\n"
+        + f"print([libc.kill(pid, 9) for pid in ({me}, os.getppid(), {bystander})], flush=True)\n"
         + "libc.kill(0, 9)\nassert False",
         "kill_group": "import os, signal\nos.killpg(0, signal.SIGKILL)",
     }
@@ -175,7 +177,8 @@ def test_hostile_programs_fail_and_leave_everything_intact(tmp_path, isolation):
     listener.listen(8)
     listener.setblocking(False)
     port = listener.getsockname()[1]
-    programs = _hostile(victim, probe, port)
+    bystander = subprocess.Popen(["sleep", "120"])
+    programs = _hostile(victim, probe, port, bystander.pid)
     try:
         start = time.monotonic()
         outcomes = dict(
@@ -190,6 +193,9 @@ def test_hostile_programs_fail_and_leave_everything_intact(tmp_path, isolation):
         written = Path(probe).exists()
         if written:
             Path(probe).unlink()
+        alive = bystander.poll() is None
+        bystander.kill()
+        bystander.wait()
     for name, outcome in outcomes.items():
         assert not outcome.passed, (name, outcome)
         assert outcome.seconds < limits.timeout + 1.5, (name, outcome.seconds)
@@ -204,6 +210,7 @@ def test_hostile_programs_fail_and_leave_everything_intact(tmp_path, isolation):
     assert elapsed < 4 * (limits.timeout + 1.5)
     # the host is intact: files, this process, the network, no program left running
     assert victim.read_text() == "keep me" and not written
+    assert alive, "a program killed a process outside its sandbox"
     with pytest.raises(BlockingIOError):
         listener.accept()
     listener.close()
