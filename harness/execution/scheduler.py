@@ -204,25 +204,28 @@ class FinishedRows:
         return len(self._rows)
 
     @staticmethod
-    def _key(wait: DenoiseWait, i: int) -> tuple[Any, ...]:
-        start = wait.rows.tokens[i].detach().to("cpu").numpy().tobytes()
-        digest = hashlib.blake2b(start, digest_size=16).digest()
-        rows = wait.rows
-        return (
-            rows.problem.id,
-            wait.rng_keys[i],
-            rows.steps[i],
-            wait.asked,
-            rows.prompt_len,
-            digest,
-        )
+    def _keys(wait: DenoiseWait, rows: list[int]) -> dict[int, tuple[Any, ...]]:
+        """Each row's key; the start tokens come to the CPU once per request, not per row."""
+        start = wait.rows.tokens.detach().to("cpu").numpy()
+        problem, prompt_len = wait.rows.problem.id, wait.rows.prompt_len
+        return {
+            i: (
+                problem,
+                wait.rng_keys[i],
+                wait.rows.steps[i],
+                wait.asked,
+                prompt_len,
+                hashlib.blake2b(start[i].tobytes(), digest_size=16).digest(),
+            )
+            for i in rows
+        }
 
     def fill(self, wait: DenoiseWait) -> None:
         """Give `wait` every row kept from an earlier run; those rows are not computed."""
         if not self._rows:
             return
-        for i in range(len(wait.rows)):
-            kept = self._rows.get(self._key(wait, i))
+        for i, key in self._keys(wait, list(range(len(wait.rows)))).items():
+            kept = self._rows.get(key)
             if kept is not None:
                 wait.tokens[i] = kept[0].to(wait.tokens.device)
                 wait.steps[i] = kept[1]
@@ -230,12 +233,11 @@ class FinishedRows:
 
     def keep(self, wait: DenoiseWait) -> None:
         """Keep the rows `wait` computed, for a later run (while `keeping`)."""
-        if self.keeping:
-            for i in wait.computed():
-                self._rows[self._key(wait, i)] = (
-                    wait.tokens[i].to("cpu", copy=True),
-                    wait.steps[i],
-                )
+        if not self.keeping:
+            return
+        final = wait.tokens.to("cpu", copy=True)
+        for i, key in self._keys(wait, wait.computed()).items():
+            self._rows[key] = (final[i], wait.steps[i])
 
     def clear(self) -> None:
         self._rows.clear()
