@@ -603,10 +603,10 @@ def test_capacity_cuts_rows_sorted_by_length_within_both_caps():
 def test_scoring_waits_are_served_before_any_denoising_step_and_resume_in_order():
     problem = ToySum(size=1).problems("test")[0]
     canvas = ToyBackbone().canvas([1, 2], GEN)
-    one = Rows(problem, 0, "sample", 2, canvas.unsqueeze(0), (0,), ((0,),), (("m",),))
+    one = Rows(problem, 0, "sample", 2, canvas.unsqueeze(0), (0,), ((0,),), (("m",),), (2,))
     queue = Scheduler(Capacity())
     waits = [
-        DenoiseWait("d1", one, 2),
+        DenoiseWait("d1", one, (2,)),
         ScoreWait("s-orm", one, "orm"),
         ScoreWait("s-prm", one, "prm"),
         ScoreWait("s-orm2", one, "orm"),

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
@@ -32,23 +32,76 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class StepBatch:
-    """Rows to advance by one denoising step. Canvases may differ in length."""
+    """Rows to advance by one denoising step. Canvases may differ in length.
+
+    Rows may differ in their sampler settings and their T: `settings[i]` holds the settings
+    row i overrides (only names its backbone lists in `row_settings`; empty: the backbone's
+    own), `totals[i]` its T. `edited[i]` says row i carries canvas edits: re-masked
+    positions a quota computed for an unedited canvas would not fill. Empty sequences mean
+    every row at the backbone's settings, at `total_steps`, unedited.
+    """
 
     tokens: Sequence[torch.Tensor]  # one 1-D long tensor per row
     prompt_lens: Sequence[int]
-    steps: Sequence[int]  # each row's current step t (0-based) of T
+    steps: Sequence[int]  # each row's current step t (0-based) of its T
     keys: Sequence[int]
-    total_steps: int
+    total_steps: int  # the run's T
+    totals: Sequence[int] = ()
+    settings: Sequence[Mapping[str, Any]] = ()
+    edited: Sequence[bool] = ()
+
+    def total(self, i: int) -> int:
+        """Row i's T."""
+        return int(self.totals[i]) if self.totals else self.total_steps
+
+    def setting(self, i: int) -> Mapping[str, Any]:
+        """The sampler settings row i overrides (empty: none)."""
+        return self.settings[i] if self.settings else {}
+
+    def was_edited(self, i: int) -> bool:
+        return bool(self.edited[i]) if self.edited else False
 
 
 @dataclass(frozen=True)
 class ScoreBatch:
-    """Rows to score: partial or final canvases."""
+    """Rows to score: partial or final canvases. `totals[i]` is row i's T (empty: every row
+    at `total_steps`)."""
 
     tokens: Sequence[torch.Tensor]
     prompt_lens: Sequence[int]
     steps: Sequence[int]
     total_steps: int
+    totals: Sequence[int] = ()
+
+    def total(self, i: int) -> int:
+        return int(self.totals[i]) if self.totals else self.total_steps
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What a strategy's records hold for the report and the diagnostics, declared in typed
+    form (docs/results-schema.md, "Evidence"). The analysis reads these declarations, which
+    the manifest keeps per method, and never a strategy's name.
+
+    - `nested`: the size field whose pool of n is the first n candidates of any larger pool
+      (pooled @k curves, shared runs); None when pools do not nest.
+    - `plain`: candidate i (lineage (i,)) is row i sampled from the fully masked canvas at the
+      run's sampler settings with no guidance, so it continues a guided run's first-segment
+      child i under common random numbers (continuation labels, removal risk).
+    - `cuts`: the scorer whose pruning cuts the record's `info` holds in the segment layout
+      (`step`, `mask`, `scores`, `parent`, `kept` per segment; first-segment children are
+      rows (i,) of the plain stream): scored states, AUC, Kendall τ, removal risk.
+    - `particles`: the scorer whose particle checkpoints `info` holds in the checkpoint layout
+      (`beta`, `resampled`, `weights`, `ancestors`): ESS and resampling diagnostics.
+    """
+
+    nested: str | None = None
+    plain: bool = False
+    cuts: str | None = None
+    particles: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
 
 @runtime_checkable
@@ -175,6 +228,40 @@ class TrainableScorer(Scorer, Protocol):
     def save(self, path: str | Path, extra: dict[str, Any] | None = None) -> None: ...
 
     def load_weights(self, path: str | Path) -> None: ...
+
+
+@runtime_checkable
+class VariesPerRow(Protocol):
+    """A backbone whose rows may carry their own sampler settings (`StepBatch.settings`).
+
+    `row_settings` names what a strategy may set per row (`ops.start(settings=...)`); the
+    name `steps` (a row's own T) is honoured through `StepBatch.totals`. Rows whose settings
+    differ share one forward. `check_row_settings` refuses a value, or a block schedule the
+    canvas cannot take, with a `UserError` naming what would work."""
+
+    row_settings: frozenset[str]
+
+    def check_row_settings(
+        self, settings: Mapping[str, Any], gen_length: int, total_steps: int
+    ) -> None: ...
+
+
+@runtime_checkable
+class ReportsConfidence(Protocol):
+    """A backbone that says, with each denoising step, the confidence of every token it
+    committed (NaN elsewhere): `ops.remask(rows, least_confident=k)` reads it."""
+
+    def denoise_step_with_confidence(
+        self, batch: StepBatch
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]: ...
+
+
+@runtime_checkable
+class DeclaresEvidence(Protocol):
+    """A strategy that declares what its records hold (`Evidence`); one that does not
+    declares only its `prefix_field` as `Evidence.nested`."""
+
+    def evidence(self) -> Evidence: ...
 
 
 @runtime_checkable
@@ -312,6 +399,21 @@ def missing_members(obj: object, protocol: type) -> list[str]:
 def passes_per_step(obj: object) -> int:
     """Forwards per row-step of a backbone or its Config (1 unless it is `MultiPass`)."""
     return int(obj.passes_per_step) if isinstance(obj, MultiPass) else 1
+
+
+def row_settings(backbone: object) -> frozenset[str]:
+    """The sampler settings a backbone lets rows vary (none unless it is `VariesPerRow`)."""
+    return frozenset(backbone.row_settings) if isinstance(backbone, VariesPerRow) else frozenset()
+
+
+def evidence_of(strategy: object) -> Evidence:
+    """A strategy's declared evidence (`DeclaresEvidence`), else its `prefix_field` alone."""
+    if isinstance(strategy, DeclaresEvidence):
+        declared = strategy.evidence()
+        if not isinstance(declared, Evidence):
+            raise TypeError(f"evidence() returned a {type(declared).__name__}, not an Evidence")
+        return declared
+    return Evidence(nested=strategy.prefix_field)  # type: ignore[attr-defined]
 
 
 def shipped_scorers(config: object) -> dict[str, tuple[str, dict[str, Any]]]:

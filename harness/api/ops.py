@@ -1,28 +1,32 @@
 """`ops`: what a strategy may do to the rows of its problem. Every call is charged here.
 
 `denoise` and `score` are awaitables: they post a request to the engine, which serves the
-requests of many problems and methods together in large batches.
+requests of many problems and methods together in large batches. `start` may give rows
+their own sampler settings and T; `remask` edits canvases (free: the passes that decode the
+re-masked positions again are charged as denoising).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from dllmbench.core.errors import PluginError
+from dllmbench.core.errors import PluginError, UserError
 from dllmbench.core.keys import numpy_rng
 from dllmbench.core.ledger import Ledger
-from dllmbench.core.types import Owners, Pool, Problem, Rows
+from dllmbench.core.types import Edit, Owners, Pool, Problem, Rows, settings_of
+
+STEPS = "steps"  # the setting that gives a row its own T
 
 
 @dataclass
 class DenoiseRequest:
     rows: Rows
-    steps: int
+    steps: tuple[int, ...]  # steps each row takes
 
 
 @dataclass
@@ -49,6 +53,11 @@ def segments(total_steps: int, every: int) -> list[int]:
     return [every] * full + ([rest] if rest else [])
 
 
+def _sampler(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """A row's settings for the backbone's sampler: all but its T."""
+    return {k: v for k, v in settings.items() if k != STEPS}
+
+
 class Ops:
     """The operations available to one strategy run on one problem."""
 
@@ -64,6 +73,9 @@ class Ops:
         scorers: dict[str, bool],
         owners: Callable[[int], list[Owners]],
         passes_per_step: int = 1,
+        row_settings: frozenset[str] = frozenset(),
+        check_settings: Callable[[Mapping[str, Any], int], None] | None = None,
+        confidences: bool = False,
     ):
         self.problem = problem
         self.seed = seed
@@ -74,13 +86,33 @@ class Ops:
         self._scorers = dict(scorers)  # name → reads partial states
         self._owners = owners
         self._passes_per_step = passes_per_step
+        self.row_settings = frozenset(row_settings) | {STEPS}
+        self._check_settings = check_settings
+        self._confidences = confidences
 
-    def start(self, problem: Problem, copies: int = 1, stream: str = "sample") -> Rows:
-        """`copies` fully masked canvases of the problem; copy i has lineage (i,)."""
+    # -- rows --------------------------------------------------------------------------------
+    def start(
+        self,
+        problem: Problem,
+        copies: int = 1,
+        stream: str = "sample",
+        settings: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+    ) -> Rows:
+        """`copies` fully masked canvases of the problem; copy i has lineage (i,).
+
+        `settings` gives the rows sampler settings of their own: one mapping for every copy,
+        or one per copy. Only names the backbone can vary per row (`ops.row_settings`) are
+        accepted; `steps` gives a row its own T. A row's noise depends only on its key, its
+        settings and its step."""
         if problem.id != self.problem.id:
-            raise ValueError("ops.start was given another problem than the one it serves")
-        if copies < 1:
-            raise ValueError(f"copies must be >= 1, got {copies}")
+            raise ValueError(
+                f"ops.start was given problem {problem.id!r}, but this search serves "
+                f"problem {self.problem.id!r}"
+            )
+        if isinstance(copies, bool) or not isinstance(copies, int) or copies < 1:
+            raise ValueError(f"ops.start needs copies >= 1, got {copies!r}")
+        per_row = self._per_row(settings, copies)
+        totals = tuple(int(s.get(STEPS, self.T)) for s in per_row)
         return Rows(
             problem=problem,
             seed=self.seed,
@@ -90,34 +122,176 @@ class Ops:
             steps=(0,) * copies,
             lineage=tuple((i,) for i in range(copies)),
             owners=tuple(self._owners(copies)),
+            totals=totals,
+            settings=tuple(
+                settings_of({k: v for k, v in s.items() if k != STEPS}) for s in per_row
+            ),
+            confidence=self._fresh_confidence(copies),
         )
+
+    def _fresh_confidence(self, copies: int) -> torch.Tensor | None:
+        if not self._confidences:
+            return None
+        return torch.full((copies, self._canvas.shape[0]), float("nan"), dtype=torch.float32)
+
+    def _per_row(
+        self, settings: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None, copies: int
+    ) -> list[Mapping[str, Any]]:
+        """One checked mapping of settings per copy."""
+        if settings is None:
+            return [{}] * copies
+        if isinstance(settings, Mapping):
+            per_row = [settings] * copies
+        else:
+            per_row = list(settings)
+            if len(per_row) != copies or not all(isinstance(s, Mapping) for s in per_row):
+                raise ValueError(
+                    f"ops.start settings: give one mapping, or one mapping per copy ({copies})"
+                )
+        checked: dict[Any, None] = {}
+        for s in per_row:
+            key = settings_of(s)
+            if key in checked:
+                continue
+            unknown = sorted(set(s) - self.row_settings)
+            if unknown:
+                raise UserError(
+                    f"a strategy set sampler setting {unknown[0]!r} per row, which this run's "
+                    f"backbone cannot vary (it can: {', '.join(sorted(self.row_settings))}); "
+                    "choose a backbone that can, e.g. dream or llada"
+                )
+            total = s.get(STEPS, self.T)
+            if isinstance(total, bool) or not isinstance(total, int) or total < 1:
+                raise ValueError(f"a row's steps must be an int >= 1, got {total!r}")
+            if self._check_settings is not None:
+                self._check_settings(_sampler(s), int(total))
+            checked[key] = None
+        return per_row
 
     def segments(self, every: int) -> list[int]:
         return segments(self.T, every)
 
-    async def denoise(self, rows: Rows, steps: int) -> Rows:
-        """Advance every row by `steps` denoising steps (one pass per row per step)."""
-        if steps < 1:
-            raise ValueError(f"denoise needs steps >= 1, got {steps}")
-        if any(s + steps > self.T for s in rows.steps):
-            raise ValueError(f"denoise past T={self.T}: rows at steps {sorted(set(rows.steps))}")
-        self._ledger.charge(self.problem.id, rows.owners, "denoise", steps * self._passes_per_step)
-        return await _Post(DenoiseRequest(rows, steps))
+    # -- passes ------------------------------------------------------------------------------
+    async def denoise(self, rows: Rows, steps: int | None = None) -> Rows:
+        """Advance every row by `steps` denoising steps, or each row to its own T when `steps`
+        is None (one pass per row per step)."""
+        self._own(rows, "ops.denoise")
+        if steps is None:
+            asked = tuple(t - s for s, t in zip(rows.steps, rows.totals, strict=True))
+            if not any(asked):
+                raise ValueError("ops.denoise: every row is already at its T")
+        else:
+            if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+                raise ValueError(f"ops.denoise needs steps >= 1, got {steps!r}")
+            if any(s + steps > t for s, t in zip(rows.steps, rows.totals, strict=True)):
+                raise ValueError(
+                    f"ops.denoise past T: rows at steps {sorted(set(rows.steps))} of "
+                    f"{sorted(set(rows.totals))} asked for {steps} more"
+                )
+            asked = (steps,) * len(rows)
+        for owners, n in zip(rows.owners, asked, strict=True):
+            self._ledger.charge(self.problem.id, [owners], "denoise", n * self._passes_per_step)
+        return await _Post(DenoiseRequest(rows, asked))
 
     async def score(self, rows: Rows, scorer: str) -> np.ndarray:
         """One float per row from the named scorer (one pass per row)."""
+        self._own(rows, "ops.score")
         if scorer not in self._scorers:
             known = ", ".join(sorted(self._scorers)) or "none"
             raise PluginError(
                 f"a strategy asked for scorer {scorer!r}, which this run lacks "
                 f"(scorers: {known}); add it with --scorer {scorer}=PLUGIN"
             )
-        if not self._scorers[scorer] and any(s != self.T for s in rows.steps):
+        if not self._scorers[scorer] and not all(rows.finished):
             raise PluginError(
                 f"scorer {scorer!r} reads final states only, but was asked to score a partial one"
             )
         self._ledger.charge(self.problem.id, rows.owners, f"score:{scorer}", 1)
         return await _Post(ScoreRequest(rows, scorer))
+
+    # -- free operations ---------------------------------------------------------------------
+    def remask(
+        self,
+        rows: Rows,
+        *,
+        positions: Sequence[int] | Sequence[Sequence[int]] | None = None,
+        sigma: float | None = None,
+        least_confident: int | None = None,
+        among: int | None = None,
+        label: str = "remask",
+    ) -> Rows:
+        """Re-mask committed generated positions of every row (a canvas edit, free of passes;
+        the steps that decode them again are charged). Exactly one policy:
+
+        - `positions`: these generated positions (0 is the first after the prompt), one list
+          for every row or one per row;
+        - `sigma`: each committed position independently with probability sigma;
+        - `least_confident=k`: the k committed positions committed with the least confidence
+          (with `among=m`: k of the m least confident, drawn at random).
+
+        Random draws come from (seed, problem, label, row key, step): the same row edited at
+        the same step draws the same positions in every method. Each edit joins the row's
+        history `(step, positions)`. A row at its T cannot be edited (no step would decode it)."""
+        self._own(rows, "ops.remask")
+        chosen = [positions is not None, sigma is not None, least_confident is not None]
+        if sum(chosen) != 1:
+            raise ValueError("ops.remask takes one of positions=, sigma= or least_confident=")
+        if any(rows.finished):
+            raise ValueError("ops.remask: a row at its T cannot be re-masked (nothing decodes it)")
+        mask_id = self.mask_id
+        gen = rows.tokens[:, rows.prompt_len :]
+        committed = gen != mask_id
+        picks: list[list[int]] = []
+        for i, key in enumerate(rows.rng_keys):
+            free = committed[i].nonzero().flatten().tolist()
+            rng = numpy_rng(self.seed, self.problem.id, "remask", label, key, rows.steps[i])
+            picks.append(self._pick(rows, i, free, rng, positions, sigma, least_confident, among))
+        tokens = rows.tokens.clone()
+        edits: list[Edit | None] = []
+        for i, pick in enumerate(picks):
+            if pick:
+                tokens[i, [rows.prompt_len + p for p in pick]] = mask_id
+            edits.append((rows.steps[i], tuple(pick)) if pick else None)
+        return rows.edited(tokens, edits)
+
+    def _pick(
+        self,
+        rows: Rows,
+        i: int,
+        free: list[int],
+        rng: np.random.Generator,
+        positions: Sequence[int] | Sequence[Sequence[int]] | None,
+        sigma: float | None,
+        least_confident: int | None,
+        among: int | None,
+    ) -> list[int]:
+        """The generated positions of row i that one remask policy re-masks, ascending."""
+        if positions is not None:
+            mine = positions[i] if positions and not np.isscalar(positions[0]) else positions
+            mine = sorted({int(p) for p in mine})  # type: ignore[union-attr]
+            width = rows.tokens.shape[1] - rows.prompt_len
+            if any(not 0 <= p < width for p in mine):
+                raise ValueError(f"ops.remask: positions must lie in 0..{width - 1}")
+            return [p for p in mine if p in set(free)]
+        if sigma is not None:
+            if not 0 <= sigma <= 1:
+                raise ValueError(f"ops.remask: sigma must be in [0, 1], got {sigma}")
+            draws = rng.random(len(free))
+            return [p for p, u in zip(free, draws, strict=True) if u < sigma]
+        k = int(least_confident or 0)
+        if k < 0 or (among is not None and among < k):
+            raise ValueError("ops.remask: need least_confident >= 0 and among >= least_confident")
+        if rows.confidence is None:
+            raise UserError(
+                "ops.remask(least_confident=...) needs a backbone that reports the confidence "
+                "of what it commits (dream, llada, tiny); this run's does not"
+            )
+        conf = rows.confidence[i, rows.prompt_len :].double().numpy()
+        known = [p for p in free if not np.isnan(conf[p])]
+        ranked = sorted(known, key=lambda p: (conf[p], p))[: among if among is not None else k]
+        if among is not None and len(ranked) > k:
+            ranked = [ranked[j] for j in rng.choice(len(ranked), size=k, replace=False)]
+        return sorted(ranked[:k])
 
     def pool(
         self,
@@ -127,14 +301,35 @@ class Ops:
         info: dict[str, Any] | None = None,
     ) -> Pool:
         """The final candidates, with any scores already computed on exactly these states."""
-        if any(s != self.T for s in rows.steps):
-            raise ValueError("a pool holds final states only; some rows are not at step T")
+        self._own(rows, "ops.pool")
+        if not all(rows.finished):
+            raise ValueError("a pool holds final states only; some rows are not at their T")
         return Pool(rows, dict(scores or {}), weights, dict(info or {}))
+
+    def _own(self, rows: Any, call: str) -> None:
+        """Refuse rows this search did not start: another problem's, or built by hand."""
+        if not isinstance(rows, Rows):
+            raise ValueError(f"{call} was given a {type(rows).__name__}, not Rows")
+        if rows.problem.id != self.problem.id or rows.seed != self.seed:
+            raise ValueError(
+                f"{call} was given rows of problem {rows.problem.id!r}, but this search "
+                f"serves problem {self.problem.id!r}; use rows from this search's ops.start"
+            )
+        if rows.prompt_len != self._prompt_len or rows.tokens.shape[1] != self._canvas.shape[0]:
+            raise ValueError(f"{call} was given rows of another canvas than this problem's")
+        if not rows.totals:
+            raise ValueError(f"{call} was given rows built outside ops.start")
+        prompt = self._canvas[: self._prompt_len].to(rows.tokens.device)
+        if not bool((rows.tokens[:, : self._prompt_len] == prompt).all()):
+            raise ValueError(f"{call} was given rows whose prompt is not this problem's")
+
+    @property
+    def mask_id(self) -> int:
+        return int(self._canvas[self._prompt_len])  # a canvas's generated positions are masks
 
     def mask_ratio(self, rows: Rows) -> np.ndarray:
         """The fraction of each row's generated positions still masked (free: no pass)."""
-        mask_id = int(self._canvas[self._prompt_len])  # a canvas's generated positions are masks
-        masked = rows.tokens[:, rows.prompt_len :] == mask_id
+        masked = rows.tokens[:, rows.prompt_len :] == self.mask_id
         return masked.double().mean(dim=1).cpu().numpy()
 
     def rng(self, label: str) -> np.random.Generator:

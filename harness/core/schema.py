@@ -59,6 +59,15 @@ class PluginEntry(TypedDict):
     version: NotRequired[str | None]
 
 
+class EvidenceEntry(TypedDict):
+    """A strategy's declared evidence (`dllmbench.interfaces.Evidence`)."""
+
+    nested: str | None
+    plain: bool
+    cuts: str | None
+    particles: str | None
+
+
 class MethodEntry(TypedDict):
     """One entry of the manifest's `methods` (the summary reads `id`, `family`, `spec`,
     `ceiling`, `cost` and `budgets`)."""
@@ -69,6 +78,7 @@ class MethodEntry(TypedDict):
     strategy: PluginEntry
     selector: PluginEntry
     ceiling: bool
+    evidence: NotRequired[EvidenceEntry]  # what its records hold for the analysis
     cost: NotRequired[dict[str, int]]
     budgets: NotRequired[list[int]]  # the budgets it is planned at, ascending
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -36,15 +36,26 @@ class Prompt:
 
 Lineage = tuple[int, ...]
 Owners = tuple[str, ...]
+Settings = tuple[tuple[str, Any], ...]  # a row's sampler settings, sorted (name, value) pairs
+Edit = tuple[int, tuple[int, ...]]  # a canvas edit: (the row's step, generated positions re-masked)
+
+
+def settings_of(mapping: Mapping[str, Any] | None) -> Settings:
+    """A row's sampler settings in their stored form: sorted, hashable (name, value) pairs."""
+    return tuple(sorted((str(k), v) for k, v in (mapping or {}).items()))
 
 
 @dataclass(frozen=True, eq=False)
 class Rows:
-    """A batch of canvases of one problem, each with its own step, key, lineage and owners.
+    """A batch of canvases of one problem, each with its own step, key, lineage and owners,
+    and its own sampler settings, number of steps T and history of canvas edits.
 
     A canvas is the prompt followed by `gen_length` generated positions. The key of a row is
     derived from (seed, problem id, stream, lineage), so two rows with the same lineage in the
-    same stream draw the same noise in every method of the run.
+    same stream draw the same noise in every method of the run. `settings` holds, per row, the
+    sampler settings it overrides (empty: the backbone's own); `totals` each row's T.
+    `confidence` (when the backbone reports it) holds, per generated position, the
+    confidence with which its token was committed (NaN while masked).
     """
 
     problem: Problem
@@ -55,11 +66,24 @@ class Rows:
     steps: tuple[int, ...]
     lineage: tuple[Lineage, ...]
     owners: tuple[Owners, ...]
+    totals: tuple[int, ...] = ()  # each row's T; () only for rows built outside `ops`
+    settings: tuple[Settings, ...] = ()  # () means every row at the backbone's settings
+    edits: tuple[tuple[Edit, ...], ...] = ()  # () means no row was edited
+    confidence: torch.Tensor | None = None  # [n, canvas_len] float32, NaN where unknown
 
     def __post_init__(self) -> None:
         n = self.tokens.shape[0]
         if not (len(self.steps) == len(self.lineage) == len(self.owners) == n):
             raise ValueError("Rows: tokens, steps, lineage and owners differ in length")
+        for name in ("settings", "edits"):
+            if not getattr(self, name):
+                object.__setattr__(self, name, ((),) * n)
+            elif len(getattr(self, name)) != n:
+                raise ValueError(f"Rows: {name} has {len(getattr(self, name))} rows, not {n}")
+        if self.totals and len(self.totals) != n:
+            raise ValueError(f"Rows: totals has {len(self.totals)} rows, not {n}")
+        if self.confidence is not None and self.confidence.shape != self.tokens.shape:
+            raise ValueError("Rows: confidence and tokens differ in shape")
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
@@ -71,16 +95,21 @@ class Rows:
             row_key(self.seed, self.problem.id, self.stream, path) for path in self.lineage
         )
 
+    def setting(self, i: int) -> dict[str, Any]:
+        """Row i's sampler settings (empty: the backbone's own)."""
+        return dict(self.settings[i])
+
+    @property
+    def finished(self) -> tuple[bool, ...]:
+        """Whether each row has taken all of its T steps."""
+        if not self.totals:
+            raise ValueError("Rows built outside ops have no T per row")
+        return tuple(s == t for s, t in zip(self.steps, self.totals, strict=True))
+
     def take(self, index: int | Sequence[int] | np.ndarray) -> Rows:
         """The rows at `index` (an int or a sequence), lineage unchanged."""
         idx = [int(index)] if np.isscalar(index) else [int(i) for i in index]
-        return replace(
-            self,
-            tokens=self.tokens[idx].clone(),
-            steps=tuple(self.steps[i] for i in idx),
-            lineage=tuple(self.lineage[i] for i in idx),
-            owners=tuple(self.owners[i] for i in idx),
-        )
+        return self._rows(idx, lineage=tuple(self.lineage[i] for i in idx))
 
     def repeat(self, k: int) -> Rows:
         """Each row becomes k children; child j extends its parent's lineage with j."""
@@ -88,12 +117,21 @@ class Rows:
             raise ValueError(f"repeat needs k >= 1, got {k}")
         n = len(self)
         parents = [i for i in range(n) for _ in range(k)]
+        lineage = tuple(self.lineage[i] + (j,) for i in range(n) for j in range(k))
+        return self._rows(parents, lineage=lineage)
+
+    def _rows(self, idx: list[int], lineage: tuple[Lineage, ...]) -> Rows:
+        pick = torch.tensor(idx, dtype=torch.long, device=self.tokens.device)
         return replace(
             self,
-            tokens=self.tokens.repeat_interleave(k, dim=0),
-            steps=tuple(self.steps[i] for i in parents),
-            lineage=tuple(self.lineage[i] + (j,) for i in range(n) for j in range(k)),
-            owners=tuple(self.owners[i] for i in parents),
+            tokens=self.tokens.index_select(0, pick),
+            steps=tuple(self.steps[i] for i in idx),
+            lineage=lineage,
+            owners=tuple(self.owners[i] for i in idx),
+            totals=tuple(self.totals[i] for i in idx) if self.totals else (),
+            settings=tuple(self.settings[i] for i in idx),
+            edits=tuple(self.edits[i] for i in idx),
+            confidence=None if self.confidence is None else self.confidence.index_select(0, pick),
         )
 
     def fork(self) -> Rows:
@@ -104,8 +142,66 @@ class Rows:
         """The same rows charged to other owners."""
         return replace(self, owners=tuple(tuple(o) for o in owners))
 
-    def advanced(self, tokens: torch.Tensor, steps: Sequence[int]) -> Rows:
-        return replace(self, tokens=tokens, steps=tuple(int(s) for s in steps))
+    @classmethod
+    def concat(cls, *parts: Rows) -> Rows:
+        """The rows of several batches of one problem and stream, in order. Lineages must stay
+        distinct (two rows with one lineage would draw the same noise)."""
+        if not parts:
+            raise ValueError("Rows.concat needs at least one batch")
+        first = parts[0]
+        for part in parts[1:]:
+            same = (part.problem.id, part.seed, part.stream, part.prompt_len)
+            if same != (first.problem.id, first.seed, first.stream, first.prompt_len):
+                raise ValueError(
+                    "Rows.concat joins rows of one problem, seed, stream and prompt only"
+                )
+            if part.tokens.shape[1] != first.tokens.shape[1]:
+                raise ValueError("Rows.concat joins canvases of one length only")
+        lineage = tuple(path for part in parts for path in part.lineage)
+        if len(set(lineage)) != len(lineage):
+            raise ValueError(
+                "Rows.concat would hold two rows with one lineage (the same noise); "
+                "fork() or repeat() one batch first"
+            )
+        if any(bool(p.totals) != bool(first.totals) for p in parts):
+            raise ValueError("Rows.concat joins rows started by ops only")
+        confidence = None
+        if all(p.confidence is not None for p in parts):
+            confidence = torch.cat([p.confidence for p in parts])  # type: ignore[misc]
+        return replace(
+            first,
+            tokens=torch.cat([p.tokens for p in parts]),
+            steps=tuple(s for p in parts for s in p.steps),
+            lineage=lineage,
+            owners=tuple(o for p in parts for o in p.owners),
+            totals=tuple(t for p in parts for t in p.totals),
+            settings=tuple(s for p in parts for s in p.settings),
+            edits=tuple(e for p in parts for e in p.edits),
+            confidence=confidence,
+        )
+
+    def advanced(
+        self,
+        tokens: torch.Tensor,
+        steps: Sequence[int],
+        confidence: torch.Tensor | None = None,
+    ) -> Rows:
+        """The same rows after denoising (the engine's answer to `ops.denoise`)."""
+        return replace(
+            self, tokens=tokens, steps=tuple(int(s) for s in steps), confidence=confidence
+        )
+
+    def edited(self, tokens: torch.Tensor, edits: Sequence[Edit | None]) -> Rows:
+        """The same rows after a canvas edit (`ops.remask`); an edit is added to each row's
+        history, None for a row left as it was."""
+        history = tuple(
+            past if new is None else (*past, new)
+            for past, new in zip(self.edits, edits, strict=True)
+        )
+        confidence = self.confidence
+        if confidence is not None:
+            confidence = confidence.masked_fill(tokens != self.tokens, float("nan"))
+        return replace(self, tokens=tokens, edits=history, confidence=confidence)
 
 
 @dataclass

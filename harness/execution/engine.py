@@ -27,13 +27,16 @@ from dllmbench.api.interfaces import (
     CountsTokens,
     GradesMany,
     NotesGrades,
+    ReportsConfidence,
     ScoreBatch,
     Scorer,
     SearchStrategy,
     StepBatch,
     Task,
     TransformerBackbone,
+    VariesPerRow,
     passes_per_step,
+    row_settings,
 )
 from dllmbench.api.ops import Ops
 from dllmbench.core.keys import numpy_rng
@@ -237,11 +240,27 @@ class Engine:
                 scorers={n: bool(s.reads_partial) for n, s in self.scorers.items()},
                 passes_per_step=self.passes_per_step,
                 owners=unit.owners,
+                row_settings=row_settings(self.backbone),
+                check_settings=self._settings_check(),
+                confidences=isinstance(self.backbone, ReportsConfidence),
             )
             name = unit.strategy_name
             dist = self.origins.distribution("strategy", name)
             runs.append(StrategyRun(unit, self._strategy_run(unit, ops), name, dist))
         return runs
+
+    def _settings_check(self) -> Callable[[Any, int], None] | None:
+        """How a row's own sampler settings are checked: by the backbone, at this canvas."""
+        backbone = self.backbone
+        if not isinstance(backbone, VariesPerRow):
+            return None
+        gen_length = self.sampling.gen_length
+
+        def check(settings: Any, total: int) -> None:
+            with self.origins.blame("backbone", self.origins.backbone):
+                backbone.check_row_settings(settings, gen_length, total)
+
+        return check
 
     async def _strategy_run(self, unit: Unit, ops: Ops) -> Pool:
         """The strategy's search, then the scores its pool lacks for the members' selectors."""
@@ -299,18 +318,32 @@ class Engine:
         tokens = [wait.tokens[i] for wait, i in items]
         prompt_lens = [wait.rows.prompt_len for wait, _ in items]
         steps = [wait.steps[i] for wait, i in items]
+        totals = [
+            wait.rows.totals[i] if wait.rows.totals else self.sampling.total_steps
+            for wait, i in items
+        ]
         total_steps = self.sampling.total_steps
         if isinstance(like, DenoiseWait):
-            rng_keys = [wait.rng_keys[i] for wait, i in items]
+            batch = StepBatch(
+                tokens,
+                prompt_lens,
+                steps,
+                [wait.rng_keys[i] for wait, i in items],
+                total_steps,
+                totals=totals,
+                settings=[wait.settings(i) for wait, i in items],
+                edited=[wait.edited(i) for wait, i in items],
+            )
             with self.origins.blame("backbone", self.origins.backbone):
-                out = self.backbone.denoise_step(
-                    StepBatch(tokens, prompt_lens, steps, rng_keys, total_steps)
-                )
+                if like.confidence is not None and isinstance(self.backbone, ReportsConfidence):
+                    out: Sequence[Any] = self.backbone.denoise_step_with_confidence(batch)
+                else:
+                    out = self.backbone.denoise_step(batch)
             if len(out) != len(items):
                 what = f"denoise_step() returned {len(out)} rows for a batch of {len(items)}"
                 raise self.origins.violation("backbone", self.origins.backbone, what)
             return out
-        batch = ScoreBatch(tokens, prompt_lens, steps, total_steps)
+        batch = ScoreBatch(tokens, prompt_lens, steps, total_steps, totals=totals)
         with self.origins.blame("scorer", self.origins.scorer(like.scorer)):
             values = np.asarray(self.scorers[like.scorer].score(batch), dtype=np.float64)
         if values.shape != (len(items),):

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dllmbench.api.interfaces import SearchStrategy, Selector
+from dllmbench.api.interfaces import SearchStrategy, Selector, evidence_of
 from dllmbench.core.errors import UserError
-from dllmbench.core.schema import MethodEntry, PluginEntry
+from dllmbench.core.schema import EvidenceEntry, MethodEntry, PluginEntry
 from dllmbench.loading.provenance import config_data
 from dllmbench.loading.registry import Registry
 
@@ -166,4 +166,5 @@ class Method:
             strategy=PluginEntry(name=self.spec.strategy, config=config_data(self.strategy)),
             selector=PluginEntry(name=self.spec.selector, config=config_data(self.selector)),
             ceiling=self.ceiling,
+            evidence=EvidenceEntry(**evidence_of(self.strategy).as_dict()),
         )

@@ -113,43 +113,69 @@ class StrategyRun:
 
 @dataclass
 class DenoiseWait:
-    """A denoising request being served: its rows advance one step per round (but for the
-    rows whose result an earlier run's request already gave: `reused`)."""
+    """A denoising request being served: each row advances one step per round until it has
+    taken the steps asked of it (but for the rows whose result an earlier run's request
+    already gave: `reused`)."""
 
     run: StrategyRun
     rows: Rows
-    remaining: int  # steps still to take
+    asked: tuple[int, ...]  # steps each row asked for
     tokens: torch.Tensor = field(init=False)
     steps: list[int] = field(init=False)
+    remaining: list[int] = field(init=False)
     rng_keys: tuple[int, ...] = field(init=False)
-    asked: int = field(init=False)  # steps the request asked for
+    confidence: torch.Tensor | None = field(init=False)
     reused: set[int] = field(init=False, default_factory=set)
 
     def __post_init__(self) -> None:
         self.tokens = self.rows.tokens.clone()
         self.steps = list(self.rows.steps)
+        self.remaining = list(self.asked)
         self.rng_keys = self.rows.rng_keys
-        self.asked = self.remaining
+        conf = self.rows.confidence
+        self.confidence = None if conf is None else conf.clone()
 
     def computed(self) -> list[int]:
-        """The rows each round computes."""
-        return [i for i in range(len(self.rows)) if i not in self.reused]
+        """The rows the next round computes."""
+        return [i for i in range(len(self.rows)) if i not in self.reused and self.remaining[i] > 0]
+
+    def settings(self, i: int) -> dict[str, Any]:
+        return self.rows.setting(i)
+
+    def edited(self, i: int) -> bool:
+        return bool(self.rows.edits[i])
 
     def same_computation(self, i: int) -> tuple[Any, ...]:
-        """What makes row i's step one computation: its key, step, prompt and tokens."""
-        return (self.rng_keys[i], self.steps[i], self.rows.prompt_len, self.tokens[i])
+        """What makes row i's step one computation: its key, step, T, settings, whether it
+        was edited, its prompt and its tokens."""
+        rows = self.rows
+        return (
+            self.rng_keys[i],
+            self.steps[i],
+            rows.totals[i],
+            rows.settings[i],
+            self.edited(i),
+            rows.prompt_len,
+            self.tokens[i],
+        )
 
-    def put(self, i: int, tokens: torch.Tensor) -> None:
+    def put(self, i: int, output: Any) -> None:
+        tokens, confidence = output if isinstance(output, tuple) else (output, None)
         self.tokens[i] = tokens
+        if self.confidence is not None and confidence is not None:
+            new = confidence.to(self.confidence.dtype)
+            self.confidence[i] = torch.where(torch.isnan(new), self.confidence[i], new)
         self.steps[i] += 1
 
     def served(self) -> bool:
-        """One round is over; True when every step asked for is taken."""
-        self.remaining -= 1
-        return self.remaining == 0
+        """One round is over (it computed `computed()`); True when every row has taken the
+        steps it asked for."""
+        for i in self.computed():
+            self.remaining[i] -= 1
+        return not self.computed()
 
     def answer(self) -> Rows:
-        return self.rows.advanced(self.tokens, self.steps)
+        return self.rows.advanced(self.tokens, self.steps, self.confidence)
 
 
 @dataclass
@@ -173,8 +199,10 @@ class ScoreWait:
         return self.rows.steps
 
     def same_computation(self, i: int) -> tuple[Any, ...]:
-        """What makes row i's score one computation: problem, step, prompt and tokens."""
-        return (self.rows.problem.id, self.rows.steps[i], self.rows.prompt_len, self.tokens[i])
+        """What makes row i's score one computation: problem, step, T, prompt and tokens."""
+        rows = self.rows
+        total = rows.totals[i] if rows.totals else None
+        return (rows.problem.id, rows.steps[i], total, rows.prompt_len, self.tokens[i])
 
     def put(self, i: int, value: float) -> None:
         self.values[i] = value
@@ -198,7 +226,7 @@ class FinishedRows:
 
     def __init__(self) -> None:
         self.keeping = False
-        self._rows: dict[tuple[Any, ...], tuple[torch.Tensor, int]] = {}
+        self._rows: dict[tuple[Any, ...], tuple[torch.Tensor, int, torch.Tensor | None]] = {}
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -213,7 +241,10 @@ class FinishedRows:
                 problem,
                 wait.rng_keys[i],
                 wait.rows.steps[i],
-                wait.asked,
+                wait.asked[i],
+                wait.rows.totals[i],
+                wait.rows.settings[i],
+                wait.edited(i),
                 prompt_len,
                 hashlib.blake2b(start[i].tobytes(), digest_size=16).digest(),
             )
@@ -227,8 +258,13 @@ class FinishedRows:
         for i, key in self._keys(wait, list(range(len(wait.rows)))).items():
             kept = self._rows.get(key)
             if kept is not None:
-                wait.tokens[i] = kept[0].to(wait.tokens.device)
-                wait.steps[i] = kept[1]
+                tokens, steps, confidence = kept
+                wait.tokens[i] = tokens.to(wait.tokens.device)
+                wait.steps[i] = steps
+                if wait.confidence is not None and confidence is not None:
+                    new = confidence.to(wait.confidence.device)
+                    wait.confidence[i] = torch.where(torch.isnan(new), wait.confidence[i], new)
+                wait.remaining[i] = 0
                 wait.reused.add(i)
 
     def keep(self, wait: DenoiseWait) -> None:
@@ -236,8 +272,13 @@ class FinishedRows:
         if not self.keeping:
             return
         final = wait.tokens.to("cpu", copy=True)
-        for i, key in self._keys(wait, wait.computed()).items():
-            self._rows[key] = (final[i], wait.steps[i])
+        start = wait.rows.tokens.to("cpu")
+        conf = None if wait.confidence is None else wait.confidence.to("cpu", copy=True)
+        computed = [i for i in range(len(wait.rows)) if i not in wait.reused]
+        for i, key in self._keys(wait, computed).items():
+            # the confidence of what the request committed (NaN where it committed nothing)
+            new = None if conf is None else conf[i].masked_fill(final[i] == start[i], torch.nan)
+            self._rows[key] = (final[i], wait.steps[i], new)
 
     def clear(self) -> None:
         self._rows.clear()
@@ -320,7 +361,7 @@ class Scheduler:
     @staticmethod
     def _wait(run: StrategyRun, request: Any) -> Wait:
         if isinstance(request, DenoiseRequest):
-            return DenoiseWait(run, request.rows, request.steps)
+            return DenoiseWait(run, request.rows, tuple(request.steps))
         if isinstance(request, ScoreRequest):
             return ScoreWait(run, request.rows, request.scorer)
         raise PluginViolation(

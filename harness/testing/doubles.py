@@ -81,15 +81,16 @@ class ToyBackbone:
 
     def denoise_step(self, batch: StepBatch) -> list[torch.Tensor]:
         out = []
-        for tokens, plen, step, key in zip(
-            batch.tokens, batch.prompt_lens, batch.steps, batch.keys, strict=True
+        for i, (tokens, plen, step, key) in enumerate(
+            zip(batch.tokens, batch.prompt_lens, batch.steps, batch.keys, strict=True)
         ):
+            total = batch.total(i)
             tokens = tokens.clone()
             gen = torch_generator(0 if self.config.deterministic else key, step)
             masked = (tokens[plen:] == MASK).nonzero().flatten() + plen
-            left = batch.total_steps - step
+            left = total - step
             if self.config.spread:
-                keep = (len(tokens) - plen) * (left - 1) // batch.total_steps
+                keep = (len(tokens) - plen) * (left - 1) // total
                 quota = max(0, len(masked) - keep)
             else:
                 quota = math.ceil(len(masked) / left)

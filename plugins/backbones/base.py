@@ -13,6 +13,7 @@ only on its key and step, never on the batch, and no two purposes share uniforms
 from __future__ import annotations
 
 import abc
+import dataclasses
 import hashlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -61,6 +62,22 @@ def purpose_generator(
     return torch_generator(key ^ _salt(purpose), step, device)
 
 
+def block_schedule(gen_length: int, block: int | None, total: int) -> tuple[int, int]:
+    """(block length, steps per block) of a semi-autoregressive schedule: the generated
+    region in blocks of `block` (None: one block), T split evenly over them, as LLaDA's
+    reference asserts."""
+    block = block or gen_length
+    if gen_length % block:
+        raise UserError(f"gen_length {gen_length} is not a multiple of block_length {block}")
+    blocks = gen_length // block
+    if total % blocks:
+        raise UserError(
+            f"{total} steps do not split over {blocks} blocks of {block}; "
+            "choose steps divisible by gen_length / block_length"
+        )
+    return block, total // blocks
+
+
 def top_ranked(score: torch.Tensor, k: torch.Tensor, ties: torch.Tensor) -> torch.Tensor:
     """[B, L] mask of each row's k[b] highest scores. Equal scores are ordered by the keyed
     uniforms `ties` [B, L], not by position: a tie goes to no position in particular."""
@@ -82,6 +99,8 @@ class DiffusionBackbone(abc.ABC):
     shift: ClassVar[bool]  # read the logit of position i from position i-1 (Dream)
     mask_names: ClassVar[tuple[str, ...]]
     Config: ClassVar[type]
+    # sampler settings a row may override (`StepBatch.settings`); `steps` is each row's own T
+    row_settings: ClassVar[frozenset[str]]
 
     def __init__(self, *, transformer: Any = None, tokenizer: Any = None, **config: Any):
         self.config = self.Config(**config)
@@ -121,6 +140,34 @@ class DiffusionBackbone(abc.ABC):
             i for i in [self.eos_id, *(vocab.get(t) for t in TURN_ENDS)] if i is not None
         }
         self.chat = c.chat if c.chat is not None else bool(self.tokenizer.chat_template)
+
+    # -- sampler settings per row -------------------------------------------------------------
+    def row_config(self, settings: Mapping[str, Any]) -> Any:
+        """This backbone's Config with a row's own settings (checked by the Config)."""
+        if not settings:
+            return self.config
+        key = tuple(sorted(settings.items()))
+        cache = self.__dict__.setdefault("_row_configs", {})
+        if key not in cache:
+            unknown = sorted(set(settings) - self.row_settings)
+            if unknown:
+                raise UserError(
+                    f"{self.arch}: a row cannot set {unknown[0]!r} "
+                    f"(per-row settings: {', '.join(sorted(self.row_settings))})"
+                )
+            try:
+                cache[key] = dataclasses.replace(self.config, **settings)
+            except (TypeError, ValueError) as exc:
+                what = f"{self.arch}: a row's sampler settings {dict(settings)}: {exc}"
+                raise UserError(what) from None
+        return cache[key]
+
+    def check_row_settings(
+        self, settings: Mapping[str, Any], gen_length: int, total_steps: int
+    ) -> None:
+        """Refuse a row's settings the sampler cannot take at this canvas and T."""
+        config = self.row_config(settings)
+        block_schedule(gen_length, config.block_length, total_steps)
 
     def weight_files(self) -> dict[str, list[Path]]:
         """Config field → the checkpoint files it located (the manifest records their hashes)."""
@@ -215,12 +262,21 @@ class DiffusionBackbone(abc.ABC):
         return out
 
     def denoise_step(self, batch: StepBatch) -> list[torch.Tensor]:
+        return [tokens for tokens, _ in self.denoise_step_with_confidence(batch)]
+
+    def denoise_step_with_confidence(
+        self, batch: StepBatch
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each row after one step, with the float32 confidence of every token it committed
+        (NaN at the positions it left as they were)."""
         ids, attn, offsets = self.pad(batch.tokens)
-        new = self.commit(ids, attn, offsets, batch)
-        return [new[i, off:].cpu() for i, off in enumerate(offsets)]
+        new, confidence = self.commit(ids, attn, offsets, batch)
+        confidence = confidence.float().cpu()
+        return [(new[i, off:].cpu(), confidence[i, off:]) for i, off in enumerate(offsets)]
 
     @abc.abstractmethod
     def commit(
         self, ids: torch.Tensor, attn: torch.Tensor, offsets: list[int], batch: StepBatch
-    ) -> torch.Tensor:
-        """The padded ids after one denoising step of every row."""
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The padded ids after one denoising step of every row, and the [B, L] float64
+        confidence of each committed token (NaN where nothing was committed)."""

@@ -21,7 +21,12 @@ import torch
 
 from dllmbench.api.hookspecs import hookimpl
 from dllmbench.api.interfaces import StepBatch
-from dllmbench.plugins.backbones.base import ATTENTIONS, DiffusionBackbone, top_ranked
+from dllmbench.plugins.backbones.base import (
+    ATTENTIONS,
+    DiffusionBackbone,
+    block_schedule,
+    top_ranked,
+)
 from dllmbench.plugins.backbones.loading import DType
 
 ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
@@ -40,6 +45,9 @@ class DreamConfig:
     alg: str = "maskgit_plus"
     alg_temp: float | None = 0.5
     eps: float = 1e-3
+    # semi-autoregressive commit order: blocks of this many positions left to right, T split
+    # evenly over them, each block on Dream's schedule (None: one block, the reference)
+    block_length: int | None = None
     suppress_mask: bool = False  # never sample the mask token (the reference can)
     # "sdpa": rows left-padded to the widest; "packed": rows end to end, no padding
     # (FlexAttention document mask, packing.py)
@@ -53,6 +61,10 @@ class DreamConfig:
             raise ValueError(f"alg must be one of {', '.join(ALGS)}, got {self.alg!r}")
         if self.temperature < 0 or not 0 < self.top_p <= 1 or not 0 < self.eps < 1:
             raise ValueError("need temperature >= 0, 0 < top_p <= 1 and 0 < eps < 1")
+        if self.block_length is not None and self.block_length < 1:
+            raise ValueError("block_length must be >= 1")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError("top_k must be >= 1")
 
     @property
     def deterministic(self) -> bool:
@@ -131,16 +143,22 @@ class Dream(DiffusionBackbone):
     arch = "dream"
     shift = True
     mask_names = ("<|mask|>",)
+    row_settings = frozenset(
+        {"temperature", "top_p", "top_k", "alg", "alg_temp", "block_length", "steps"}
+    )
     contract_configs: ClassVar[list[dict]] = [
         {"model": "random"},
         {"model": "random", "alg": "entropy", "alg_temp": 0.0, "temperature": 0.0},
         {"model": "random", "alg": "origin", "top_p": 0.9},
     ]
 
-    def propose(self, hidden: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def propose(
+        self, hidden: torch.Tensor, u: torch.Tensor, c: DreamConfig | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """A token [M] and its float64 confidence [M] for each masked position's hidden state
-        [M, H], drawn with its uniform `u` [M]; the head runs in chunks of positions."""
-        c = self.config
+        [M, H], drawn with its uniform `u` [M] under the sampler settings `c` (default: the
+        backbone's); the head runs in chunks of positions."""
+        c = c or self.config
         vocab = self.transformer.lm_head.weight.shape[0]
         size = max(1, CHUNK_ELEMENTS // vocab)
         tokens, confidences = [], []
@@ -155,34 +173,67 @@ class Dream(DiffusionBackbone):
             return hidden.new_zeros(0, dtype=torch.long), hidden.new_zeros(0, dtype=torch.float64)
         return torch.cat(tokens), torch.cat(confidences)
 
-    def commit(self, ids, attn, offsets, batch: StepBatch) -> torch.Tensor:
-        c = self.config
+    def commit(self, ids, attn, offsets, batch: StepBatch):
         hidden = self.hidden(ids, attn)
         device = hidden.device
-        width = ids.shape[1]
-        masked = (ids == self.mask_id).to(device)
-        steps = torch.tensor(list(batch.steps))
+        n, width = ids.shape
+        ids = ids.to(device)
+        masked = ids == self.mask_id
+        positions = torch.arange(width, device=device)
+        configs = [self.row_config(batch.setting(i)) for i in range(n)]
+
+        drawn: dict[str, torch.Tensor] = {}
 
         def noise(purpose: str) -> torch.Tensor:
-            return self.noise(batch, offsets, width, purpose).to(device)
+            if purpose not in drawn:
+                drawn[purpose] = self.noise(batch, offsets, width, purpose).to(device)
+            return drawn[purpose]
 
-        x0, confidence = self.propose(hidden[masked], noise("token")[masked])
-        proposal = ids.to(device).clone()
-        proposal[masked] = x0
-        if c.alg == "origin":
-            grid = torch.linspace(1, c.eps, batch.total_steps + 1)
-            p = 1 - grid[steps + 1] / grid[steps]
-            p = torch.where(steps == batch.total_steps - 1, torch.ones_like(p), p)
-            chosen = masked & (noise("order") < p.to(device)[:, None])
-        else:
-            full = torch.full(ids.shape, -torch.inf, dtype=torch.float64, device=device)
-            full[masked] = confidence
+        # each row's current block: masked positions right of it wait for a later step
+        eligible = torch.zeros_like(masked)
+        in_block: list[tuple[int, int]] = []  # (step within the block, steps per block)
+        for i, (off, plen, step) in enumerate(
+            zip(offsets, batch.prompt_lens, batch.steps, strict=True)
+        ):
+            block, per = block_schedule(width - off - plen, configs[i].block_length, batch.total(i))
+            b, j = divmod(int(step), per)
+            eligible[i] = masked[i] & (positions < off + plen + (b + 1) * block)
+            in_block.append((j, per))
+
+        # one draw per eligible position, under its row's sampler settings
+        token_u = noise("token")
+        proposal = ids.clone()
+        confidence = torch.full(ids.shape, -torch.inf, dtype=torch.float64, device=device)
+        for c in dict.fromkeys(configs):
+            rows = torch.tensor([cfg == c for cfg in configs], device=device)
+            where = eligible & rows[:, None]
+            x0, conf = self.propose(hidden[where], token_u[where], c)
+            proposal[where] = x0
+            confidence[where] = conf
+
+        # which positions commit: rows with one sampler and block schedule at a time
+        chosen = torch.zeros_like(masked)
+        groups: dict[tuple[DreamConfig, int], list[int]] = {}
+        for i, c in enumerate(configs):
+            groups.setdefault((c, in_block[i][1]), []).append(i)
+        for (c, per), members in groups.items():
+            idx = torch.tensor(members, device=device)
+            j = torch.tensor([in_block[i][0] for i in members])
+            if c.alg == "origin":
+                grid = torch.linspace(1, c.eps, per + 1)
+                p = torch.where(j == per - 1, torch.ones(len(members)), 1 - grid[j + 1] / grid[j])
+                order = noise("order")[idx]
+                chosen[idx] = eligible[idx] & (order < p.to(device)[:, None])
+                continue
+            score = confidence[idx]
             if c.alg_temp:
-                gumbel = -torch.log(-torch.log(noise("position").clamp(1e-300, 1 - 1e-16)))
-                full = full / c.alg_temp + gumbel
-            k = quota(masked.sum(-1).cpu(), steps, batch.total_steps, c.eps).to(device)
-            chosen = masked & top_ranked(full, k, noise("tie"))
-        return torch.where(chosen, proposal, ids.to(device))
+                u = noise("position")[idx]
+                score = score / c.alg_temp - torch.log(-torch.log(u.clamp(1e-300, 1 - 1e-16)))
+            k = quota(eligible[idx].sum(-1).cpu(), j, per, c.eps).to(device)
+            chosen[idx] = eligible[idx] & top_ranked(score, k, noise("tie")[idx])
+        new = torch.where(chosen, proposal, ids)
+        committed = torch.where(chosen, confidence, torch.full_like(confidence, torch.nan))
+        return new, committed
 
 
 @hookimpl

@@ -27,6 +27,7 @@ from dllmbench.core.errors import UserError
 from dllmbench.plugins.backbones.base import (
     ATTENTIONS,
     DiffusionBackbone,
+    block_schedule,
     purpose_generator,
     top_ranked,
 )
@@ -107,6 +108,7 @@ class LLaDA(DiffusionBackbone):
     arch = "llada"
     shift = False
     mask_names = ("<|mdm_mask|>", "<|mask|>")
+    row_settings = frozenset({"temperature", "remasking", "block_length", "steps"})
     contract_configs: ClassVar[list[dict]] = [
         {"model": "random"},
         {"model": "random", "temperature": 0.7, "remasking": "random"},
@@ -119,20 +121,14 @@ class LLaDA(DiffusionBackbone):
     def passes_per_step(self) -> int:
         return self.config.passes_per_step
 
-    def schedule(self, gen_length: int, total_steps: int) -> tuple[int, int]:
+    def schedule(
+        self, gen_length: int, total_steps: int, block_length: int | None = None
+    ) -> tuple[int, int]:
         """(block_length, steps per block), checked as the reference asserts."""
-        block = self.config.block_length or gen_length
-        if gen_length % block:
-            raise UserError(
-                f"llada: gen_length {gen_length} is not a multiple of block_length {block}"
-            )
-        blocks = gen_length // block
-        if total_steps % blocks:
-            raise UserError(
-                f"llada: {total_steps} steps do not split over {blocks} blocks; "
-                "choose steps divisible by gen_length / block_length"
-            )
-        return block, total_steps // blocks
+        try:
+            return block_schedule(gen_length, block_length or self.config.block_length, total_steps)
+        except UserError as exc:
+            raise UserError(f"llada: {exc}") from None
 
     @cached_property
     def end_ids(self) -> tuple[int | None, int | None]:
@@ -141,22 +137,28 @@ class LLaDA(DiffusionBackbone):
         vocab = self.tokenizer.get_vocab()
         return vocab.get("<|endoftext|>", self.tokenizer.eos_token_id), vocab.get("<|eot_id|>")
 
-    def commit(self, ids, attn, offsets, batch: StepBatch) -> torch.Tensor:
+    def commit(self, ids, attn, offsets, batch: StepBatch):
         c = self.config
         device = self.device
         ids, attn = ids.to(device), attn.to(device)
-        width = ids.shape[1]
+        n, width = ids.shape
         masked = ids == self.mask_id
         positions = torch.arange(width, device=device)
+        configs = [self.row_config(batch.setting(i)) for i in range(n)]
         eligible = torch.zeros_like(masked)  # masked and not right of the row's current block
-        quotas = torch.zeros(len(offsets), dtype=torch.long, device=device)
+        quotas = torch.zeros(n, dtype=torch.long, device=device)
         for i, (off, plen, step) in enumerate(
             zip(offsets, batch.prompt_lens, batch.steps, strict=True)
         ):
-            block, per_block = self.schedule(width - off - plen, batch.total_steps)
+            block, per_block = self.schedule(
+                width - off - plen, batch.total(i), configs[i].block_length
+            )
             b, j = divmod(int(step), per_block)
             eligible[i] = masked[i] & (positions < off + plen + (b + 1) * block)
             quotas[i] = block_quota(block, per_block, torch.tensor(j))
+            if batch.was_edited(i) and j == per_block - 1:
+                # re-masked positions the reference's quota does not count: fill the block
+                quotas[i] = int(eligible[i].sum())
 
         logits = self.head(self.hidden(ids, attn)[eligible])  # [M, V], row-major
         if c.cfg_scale > 0:
@@ -175,26 +177,33 @@ class LLaDA(DiffusionBackbone):
         # row by row: each row's Gumbel noise from its own key; float64 work stays one row big
         x0 = torch.zeros(logits.shape[0], dtype=torch.long, device=device)
         picked = torch.zeros(logits.shape[0], dtype=torch.float64, device=device)
+        probability = torch.zeros(logits.shape[0], dtype=torch.float64, device=device)
+        order = None
         start = 0
         for i, count in enumerate(eligible.sum(-1).tolist()):
             if count:
-                rows = logits[start : start + count]
+                span = slice(start, start + count)
+                rows = logits[span]
                 gen = purpose_generator(batch.keys[i], batch.steps[i], "token", device)
-                x0[start : start + count] = gumbel_max(rows, c.temperature, gen)
-                if c.remasking == "low_confidence":
-                    picked[start : start + count] = low_confidence(
-                        rows, x0[start : start + count], zeroed
-                    )
+                x0[span] = gumbel_max(rows, configs[i].temperature, gen)
+                probability[span] = low_confidence(rows, x0[span], zeroed)
+                if configs[i].remasking == "low_confidence":
+                    picked[span] = probability[span]
+                else:
+                    if order is None:
+                        order = self.noise(batch, offsets, width, "order").to(device)
+                    picked[span] = order[i][eligible[i]]
             start += count
-        if c.remasking == "random":
-            picked = self.noise(batch, offsets, width, "order").to(device)[eligible]
         confidence = torch.full(ids.shape, -torch.inf, dtype=torch.float64, device=device)
         confidence[eligible] = picked
         proposal = ids.clone()
         proposal[eligible] = x0
         ties = self.noise(batch, offsets, width, "tie").to(device)
         chosen = eligible & top_ranked(confidence, quotas, ties)
-        return torch.where(chosen, proposal, ids)
+        committed = torch.full(ids.shape, torch.nan, dtype=torch.float64, device=device)
+        committed[eligible] = probability
+        committed = torch.where(chosen, committed, torch.full_like(committed, torch.nan))
+        return torch.where(chosen, proposal, ids), committed
 
 
 @hookimpl

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from dllmbench.api.hookspecs import hookimpl
+from dllmbench.api.interfaces import Evidence
 from dllmbench.api.ops import Ops
 from dllmbench.core.types import Pool, Problem
 
@@ -33,6 +34,9 @@ class Independent:
 
     def cost(self, total_steps: int) -> dict[str, int]:
         return {"denoise": self.config.n * total_steps}
+
+    def evidence(self) -> Evidence:
+        return Evidence(nested="n", plain=True)
 
     def pool_size(self) -> int:
         return self.config.n

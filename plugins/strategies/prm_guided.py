@@ -18,6 +18,7 @@ from typing import ClassVar
 import numpy as np
 
 from dllmbench.api.hookspecs import hookimpl
+from dllmbench.api.interfaces import Evidence
 from dllmbench.api.ops import Ops
 from dllmbench.core.types import Pool, Problem, Rows
 from dllmbench.plugins.strategies.ranking import top
@@ -88,6 +89,9 @@ class PRMGuided:
             "denoise": c.k * total_steps,
             f"score:{c.scorer}": c.k * math.ceil(total_steps / c.every),
         }
+
+    def evidence(self) -> Evidence:
+        return Evidence(cuts=self.config.scorer)
 
     def pool_size(self) -> int:
         return self.config.k if self.config.final == "keep" else 1

@@ -22,6 +22,7 @@ import numpy as np
 from scipy.special import expit, logsumexp
 
 from dllmbench.api.hookspecs import hookimpl
+from dllmbench.api.interfaces import Evidence
 from dllmbench.api.ops import Ops
 from dllmbench.core.types import Pool, Problem, Rows
 
@@ -131,6 +132,9 @@ class SMC:
             "denoise": c.k * total_steps,
             f"score:{c.scorer}": c.k * math.ceil(total_steps / c.every),
         }
+
+    def evidence(self) -> Evidence:
+        return Evidence(particles=self.config.scorer)
 
     def pool_size(self) -> int:
         return self.config.k
