@@ -1,4 +1,5 @@
-"""The built-in method families: the paper's methods, each a spec with a free size and a label.
+"""The built-in method families: the paper's methods and the published dLLM test-time methods
+(HEX, ReMDM, Prism-style search, sampler ensembles), each a spec with a free size and a label.
 
 They register through the same hook as a third-party package's families.
 """
@@ -7,7 +8,8 @@ from __future__ import annotations
 
 from dllmbench.api.hookspecs import RegisterFamily, hookimpl
 
-# name, leaderboard label (formatted with the strategy's configuration), spec ("{half}": T // 2)
+# name, leaderboard label (formatted with the strategy's configuration), spec ("{half}": T // 2,
+# "{quarter}": T // 4)
 FAMILIES = (
     ("vanilla", "Vanilla", "independent:n=1+first"),
     ("majority", "Majority@{n}", "independent:n=*+majority"),
@@ -32,6 +34,16 @@ FAMILIES = (
         "smc:k=*,every={half}+weighted_majority:by=weight",
     ),
     ("smc_top", "SMC K={k} b={every} (top particle)", "smc:k=*,every={half}+argmax:scorer=prm"),
+    ("hex", "HEX@{n}", "hex:n=*+majority"),
+    ("ensemble", "Sampler Ensemble@{n}", "ensemble:n=*+majority"),
+    ("remdm", "ReMDM-cap@{n}", "remdm:n=*,schedule=cap+majority"),
+    ("remdm_orm", "ReMDM-cap@{n} + ORM Rerank", "remdm:n=*,schedule=cap+argmax:scorer=orm"),
+    (
+        "remdm_loop",
+        "ReMDM-loop@{n} (T+{extra})",
+        "remdm:n=*,schedule=loop,extra={quarter}+majority",
+    ),
+    ("prism", "Prism N={n} K={final}", "prism:n=*,final=4,survivors=2,scorer=self+majority"),
     ("oracle", "Oracle@{n}", "independent:n=*+oracle"),
     (
         "hybrid_oracle",

@@ -111,7 +111,7 @@ def test_ledger_passes_an_honest_strategy_with_uneven_segments():
 
 
 def all_families(budget: int = 8 * T + 8) -> list[Method]:
-    return [p.method for p in plan(registry(), budget, T).methods]
+    return [p.method for p in plan(registry(), budget, T, scorers={"prm", "orm"}).methods]
 
 
 def test_results_identical_for_batch_sizes_1_7_64():
@@ -465,8 +465,9 @@ class MiscountingScorer(ToyScorer):
 
 
 class MiscountingBackbone(ToyBackbone):
-    def denoise_step(self, batch):
-        return [*super().denoise_step(batch), batch.tokens[0]]
+    def denoise_step_with_confidence(self, batch):
+        out = super().denoise_step_with_confidence(batch)
+        return [*out, out[0]]
 
 
 class MiscountingGrader(ToySum):

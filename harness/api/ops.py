@@ -324,6 +324,11 @@ class Ops:
             raise ValueError(f"{call} was given rows whose prompt is not this problem's")
 
     @property
+    def gen_length(self) -> int:
+        """Generated positions per canvas."""
+        return int(self._canvas.shape[0]) - self._prompt_len
+
+    @property
     def mask_id(self) -> int:
         return int(self._canvas[self._prompt_len])  # a canvas's generated positions are masks
 

@@ -153,7 +153,9 @@ ALL = "all"
 
 
 def family_spec(family: MethodFamily, total_steps: int) -> MethodSpec:
-    return MethodSpec.parse(family.spec.format(half=half_steps(total_steps)))
+    """A family's spec at T: `{half}` is T // 2 (at least 1), `{quarter}` T // 4."""
+    text = family.spec.format(half=half_steps(total_steps), quarter=total_steps // 4)
+    return MethodSpec.parse(text)
 
 
 def available_families(registry: Registry, total_steps: int) -> list[str]:

@@ -94,7 +94,7 @@ class Observed:
         calls = 0
         denoise = ops.denoise
 
-        async def counted(rows: Any, steps: int) -> Any:
+        async def counted(rows: Any, steps: int | None = None) -> Any:
             nonlocal calls
             calls += 1
             return await denoise(rows, steps)

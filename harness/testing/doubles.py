@@ -10,6 +10,7 @@ milliseconds. Register them with DLLMBENCH_PLUGIN_MODULES=dllmbench.testing.doub
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import random
@@ -21,6 +22,7 @@ import torch
 
 from dllmbench.api.hookspecs import hookimpl
 from dllmbench.api.interfaces import ScoreBatch, StepBatch
+from dllmbench.core.errors import UserError
 from dllmbench.core.keys import torch_generator
 from dllmbench.core.types import Problem, Prompt
 
@@ -56,6 +58,11 @@ class ToyBackboneConfig:
     # rather than ⌈masked / steps left⌉ per step, which fills a short canvas in its first
     # steps; the contract kit spreads, so every segment of a long run changes something
     spread: bool = False
+    # sampler settings a row may set (`StepBatch.settings`): a temperature scales how often
+    # a committed position is wrong (p_correct ** temperature); a block length commits
+    # blocks left to right (the last may be shorter), T spread evenly over them
+    temperature: float = 1.0
+    block_length: int | None = None
 
 
 class ToyBackbone:
@@ -64,6 +71,7 @@ class ToyBackbone:
 
     Config = ToyBackboneConfig
     mask_id = MASK
+    row_settings = frozenset({"temperature", "block_length", "steps"})
 
     def __init__(self, **config):
         self.config = ToyBackboneConfig(**config)
@@ -79,28 +87,51 @@ class ToyBackbone:
     def canvas(self, prompt_ids: Sequence[int], gen_length: int) -> torch.Tensor:
         return torch.tensor(list(prompt_ids) + [MASK] * gen_length, dtype=torch.long)
 
+    def check_row_settings(self, settings, gen_length: int, total_steps: int) -> None:
+        try:
+            dataclasses.replace(self.config, **settings)
+        except TypeError as exc:
+            raise UserError(f"toy: {exc}") from None
+
     def denoise_step(self, batch: StepBatch) -> list[torch.Tensor]:
+        return [tokens for tokens, _ in self.denoise_step_with_confidence(batch)]
+
+    def denoise_step_with_confidence(
+        self, batch: StepBatch
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each row after one step, with a keyed confidence in (0, 1) for every position it
+        committed (a right character's is higher), NaN elsewhere."""
         out = []
         for i, (tokens, plen, step, key) in enumerate(
             zip(batch.tokens, batch.prompt_lens, batch.steps, batch.keys, strict=True)
         ):
-            total = batch.total(i)
+            c = dataclasses.replace(self.config, **batch.setting(i))
+            total, width = batch.total(i), len(tokens) - plen
+            block = min(c.block_length or width, width)
+            blocks = -(-width // block)  # the last may be shorter; T spread over them
+            b = blocks - 1 if step == total - 1 else step * blocks // total
+            first, after = -(-b * total // blocks), -(-(b + 1) * total // blocks)
             tokens = tokens.clone()
-            gen = torch_generator(0 if self.config.deterministic else key, step)
-            masked = (tokens[plen:] == MASK).nonzero().flatten() + plen
-            left = total - step
+            gen = torch_generator(0 if c.deterministic else key, step)
+            masked = (tokens[plen : plen + (b + 1) * block] == MASK).nonzero().flatten() + plen
+            left, total = max(1, after - step), max(1, after - first)
             if self.config.spread:
-                keep = (len(tokens) - plen) * (left - 1) // total
+                keep = block * (left - 1) // total
                 quota = max(0, len(masked) - keep)
             else:
                 quota = math.ceil(len(masked) / left)
             chosen = masked[torch.randperm(len(masked), generator=gen)[:quota]]
             target = intended(tokens[:plen].tolist(), len(tokens) - plen)
-            right = torch.rand(len(chosen), generator=gen) < self.config.p_correct
+            right = torch.rand(len(chosen), generator=gen) < c.p_correct**c.temperature
             wrong = torch.randint(0, 10, (len(chosen),), generator=gen)
-            for pos, ok, alt in zip(chosen.tolist(), right.tolist(), wrong.tolist(), strict=True):
+            confidence = torch.full((len(tokens),), float("nan"))
+            drawn = torch.rand(len(chosen), generator=gen)
+            for pos, ok, alt, u in zip(
+                chosen.tolist(), right.tolist(), wrong.tolist(), drawn.tolist(), strict=True
+            ):
                 tokens[pos] = target[pos - plen] if ok else alt
-            out.append(tokens)
+                confidence[pos] = (1 + u) / 2 if ok else u / 2
+            out.append((tokens, confidence))
         return out
 
     def decode(self, tokens: torch.Tensor, prompt_len: int) -> str:

@@ -29,15 +29,18 @@ class TinyConfig(DreamConfig):
 
     @property
     def shipped_scorers(self) -> dict[str, tuple[str, dict[str, str]]]:
-        """The PRM and ORM trained for the shipped weights, as --scorer would give them
-        (known from the configuration, before any weights load)."""
+        """The PRM and ORM trained for the shipped weights, and the model's self-verification,
+        as --scorer would give them (known from the configuration, before any weights
+        load)."""
         if Path(self.model) != TINY_DIR:
             return {}
-        return {
+        shipped = {
             kind: (kind, {"checkpoint": str(TINY_DIR / kind)})
             for kind in SCORER_KINDS
             if (TINY_DIR / kind / "config.json").exists()
         }
+        shipped["self"] = ("self_verify", {})  # Prism-style self-verification: nothing trained
+        return shipped
 
 
 class Tiny(Dream):

@@ -1,0 +1,84 @@
+"""Self-verification: the backbone judges its own (partial) answer, as Prism does.
+
+Each row's generated text so far (masked positions dropped) is followed by a question, e.g.
+"Is the answer above correct? Answer Yes or No.", and one masked position; the score is the
+backbone's logit of "Yes" minus its logit of "No" there: one forward of the backbone per row,
+charged as a `score:<name>` pass. Nothing is trained; it reads partial states, so Prism-style
+search prunes with it (`prism:scorer=self`). Works on any backbone built on a transformers
+model (dream, llada, tiny).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from dllmbench.api.hookspecs import hookimpl
+from dllmbench.api.interfaces import ScoreBatch, TransformerBackbone
+from dllmbench.core.errors import PluginError
+from dllmbench.core.types import Prompt
+
+
+@dataclass(frozen=True)
+class SelfVerifyConfig:
+    question: str = "\n\nIs the answer above correct? Answer Yes or No.\nAnswer: "
+    yes: str = "Yes"
+    no: str = "No"
+
+
+class SelfVerify:
+    """The backbone's own yes/no judgement of a partial answer: logit(Yes) − logit(No)."""
+
+    Config = SelfVerifyConfig
+    contract_backbone: ClassVar[tuple[str, dict]] = ("dream", {"model": "random"})
+    reads_partial = True
+    trained = True  # nothing to train
+
+    def __init__(self, backbone: object = None, **config: Any):
+        self.config = SelfVerifyConfig(**config)
+        if not isinstance(backbone, TransformerBackbone):
+            raise PluginError(
+                "scorer 'self_verify' needs a backbone built on a transformers model "
+                "(dream, llada, tiny)"
+            )
+        self.backbone = backbone
+        self._yes = self._first_token(self.config.yes)
+        self._no = self._first_token(self.config.no)
+        if self._yes == self._no:
+            raise PluginError("self_verify: yes and no start with the same token; pick others")
+
+    def _text_ids(self, text: str) -> list[int]:
+        """Token ids of raw text, without what the tokenizer puts before any text (BOS)."""
+        ids = self.backbone.encode(Prompt(text=text))
+        lead = self.backbone.encode(Prompt(text=""))
+        return ids[len(lead) :] if ids[: len(lead)] == lead else ids
+
+    def _first_token(self, word: str) -> int:
+        ids = self._text_ids(word)
+        if not ids:
+            raise PluginError(f"self_verify: {word!r} encodes to no token")
+        return ids[0]
+
+    @torch.no_grad()
+    def score(self, batch: ScoreBatch) -> np.ndarray:
+        bb = self.backbone
+        rows = []
+        for tokens, plen in zip(batch.tokens, batch.prompt_lens, strict=True):
+            text = bb.decode(tokens, plen)
+            asked = self._text_ids(text + self.config.question)
+            rows.append(
+                torch.cat(
+                    [tokens[:plen].cpu(), torch.tensor([*asked, bb.mask_id], dtype=torch.long)]
+                )
+            )
+        ids, attn, _ = bb.pad(rows)
+        logits = bb.logits(ids, attn)[:, -1].double()
+        return (logits[:, self._yes] - logits[:, self._no]).cpu().numpy()
+
+
+@hookimpl
+def dllmbench_register_scorers(register):
+    register("self_verify", SelfVerify)

@@ -1,0 +1,104 @@
+"""HEX: majority over hidden semi-autoregressive experts (Lee et al., "Test-Time Scaling in
+Diffusion LLMs via Hidden Semi-Autoregressive Experts", arXiv 2510.05040; code
+junos-ai-org/hex).
+
+n samples from fully masked canvases, sample i committed under block length
+blocks[i mod |blocks|]: the same model run as several semi-autoregressive "experts". The
+paper's set is gen_length/32, /16, /8, /4 and /2 ([8, 16, 32, 64, 128] at its gen_length of
+256), one sample each, then a majority vote. All rows share one forward per step whatever
+their block length, so HEX costs what Majority costs: n·T.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from dllmbench.api.hookspecs import hookimpl
+from dllmbench.api.interfaces import Evidence
+from dllmbench.api.ops import Ops
+from dllmbench.core.errors import UserError
+from dllmbench.core.types import Pool, Problem
+
+PAPER_DIVISORS = (32, 16, 8, 4, 2)  # the paper's block lengths: gen_length / these
+
+
+@dataclass(frozen=True)
+class HexConfig:
+    n: int = 5  # samples; sample i uses the i-th block length, cycling
+    # block lengths separated by "/", e.g. "8/16/32/64/128"; "paper": gen_length/32 … /2
+    blocks: str = "paper"
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
+        if self.blocks != "paper":
+            parse_blocks(self.blocks)
+
+
+def parse_blocks(text: str) -> tuple[int, ...]:
+    try:
+        blocks = tuple(int(b) for b in str(text).split("/"))
+    except ValueError:
+        raise ValueError(f"blocks must be 'paper' or lengths like 8/16/32, got {text!r}") from None
+    if not blocks or min(blocks) < 1:
+        raise ValueError(f"block lengths must be >= 1, got {text!r}")
+    return blocks
+
+
+def paper_blocks(gen_length: int, total_steps: int) -> tuple[int, ...]:
+    """The paper's set scaled to the canvas: gen_length/32 … gen_length/2, keeping the
+    lengths that divide the canvas into blocks T splits evenly over."""
+    blocks = []
+    for d in PAPER_DIVISORS:
+        block = gen_length // d
+        if block >= 1 and gen_length % block == 0 and total_steps % (gen_length // block) == 0:
+            blocks.append(block)
+    if not blocks:
+        raise UserError(
+            f"hex: no block length of the paper's set (gen_length/32 … /2) fits gen_length "
+            f"{gen_length} and T={total_steps}; give blocks=… explicitly"
+        )
+    return tuple(dict.fromkeys(blocks))
+
+
+class Hex:
+    """n samples spread over several semi-autoregressive block lengths (HEX)."""
+
+    Config = HexConfig
+    cost_formula: ClassVar[str] = "denoise: n·T"
+    contract_configs: ClassVar[list[dict]] = [{"n": 1, "blocks": "2"}, {"n": 5, "blocks": "1/2/5"}]
+    prefix_field: ClassVar[str | None] = "n"
+    scorers: tuple[str, ...] = ()
+
+    def __init__(self, **config):
+        self.config = HexConfig(**config)
+
+    def cost(self, total_steps: int) -> dict[str, int]:
+        return {"denoise": self.config.n * total_steps}
+
+    def pool_size(self) -> int:
+        return self.config.n
+
+    def pool_scores(self) -> frozenset[str]:
+        return frozenset()
+
+    def evidence(self) -> Evidence:
+        return Evidence(nested="n")
+
+    def block_lengths(self, ops: Ops) -> tuple[int, ...]:
+        if self.config.blocks == "paper":
+            return paper_blocks(ops.gen_length, ops.T)
+        return parse_blocks(self.config.blocks)
+
+    async def search(self, problem: Problem, ops: Ops) -> Pool:
+        blocks = self.block_lengths(ops)
+        experts = [{"block_length": blocks[i % len(blocks)]} for i in range(self.config.n)]
+        rows = ops.start(problem, copies=self.config.n, settings=experts)
+        rows = await ops.denoise(rows)
+        return ops.pool(rows)
+
+
+@hookimpl
+def dllmbench_register_strategies(register):
+    register("hex", Hex)
