@@ -12,8 +12,10 @@ from conftest import toy_argv
 
 from dllmbench.analysis import diagnostics, evidence
 from dllmbench.analysis.pooled import PooledCandidate, pooled_curves
+from dllmbench.api.interfaces import evidence_of
 from dllmbench.cli import main
 from dllmbench.core.errors import UserError
+from dllmbench.loading.registry import registry
 
 # T = 8, segments of 4 steps; the toy spreads its commits over T, so states at step 4 are partial
 BASE = [*toy_argv(5, "toy:spread=true"), "--resamples", "100"]
@@ -138,6 +140,8 @@ def test_a_single_segment_is_the_independent_sample(tmp_path):
 
 
 def _method_entry(mid: str, strategy: str, config: dict, selector: str = "first") -> dict:
+    """A manifest entry as a run writes it, with the evidence the built-in strategy declares."""
+    declared = evidence_of(registry().strategy(strategy, **config)).as_dict()
     return {
         "id": mid,
         "family": None,
@@ -145,6 +149,7 @@ def _method_entry(mid: str, strategy: str, config: dict, selector: str = "first"
         "strategy": {"name": strategy, "config": config},
         "selector": {"name": selector, "config": {}},
         "ceiling": False,
+        "evidence": declared,
         "cost": {},
     }
 

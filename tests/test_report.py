@@ -136,8 +136,8 @@ def test_every_diagnostic_appears_in_report_json(reported):
         ("prm", "guided"),
         ("orm", "final"),
     }
-    assert {p["kind"] for p in diag["pools"]} == {"independent", "guided"}
-    assert diag["removal_risk"] and diag["smc"]
+    assert {p["kind"] for p in diag["pools"]} == {"plain", "guided", "other"}
+    assert diag["removal_risk"] and diag["particles"]
     assert all(len(d["roc_auc_by_mask"]) == 10 for d in diag["discrimination"])
 
 
@@ -216,9 +216,14 @@ def test_merge_new_counts_states_shared_by_runs_once():
 def test_cost_model_is_the_manifest_cost_per_candidate():
     manifest = {
         "methods": [
-            {"strategy": {"name": "independent", "config": {"n": 8}}, "cost": {"denoise": 384}},
+            {
+                "strategy": {"name": "independent", "config": {"n": 8}},
+                "evidence": {"nested": "n", "plain": True},
+                "cost": {"denoise": 384},
+            },
             {
                 "strategy": {"name": "independent", "config": {"n": 4}},
+                "evidence": {"nested": "n", "plain": True},
                 "cost": {"denoise": 192, "score:orm": 4},
             },
         ]
@@ -259,7 +264,7 @@ def test_report_json_has_exactly_the_keys_of_the_schema_and_its_doc(reported):
         "discrimination": schema.DiscriminationEntry,
         "pools": schema.PoolDiversityEntry,
         "removal_risk": schema.RemovalRiskEntry,
-        "smc": schema.SMCEntry,
+        "particles": schema.SMCEntry,
     }
     for key, kind in typed.items():
         for entry in diag[key]:

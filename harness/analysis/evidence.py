@@ -4,14 +4,15 @@ API (every function is pure over the loaded run; nothing is written)::
 
     run = load_run(run_dir)                  # RunData: path, manifest, records, results
     run.problems                             # problem ids with a record, in natural order
-    independent_pools(run)                   # {pool key: PoolSet}, the largest per problem
+    independent_pools(run)                   # {pool key: PoolSet}, plain pools, largest
+    nested_pools(run)                        # {pool key: PoolSet}, every nested pool
     pools_by_method(run)                     # {method id: PoolSet}, every method's final pool
     scored_states(run, scorer="prm", labels="continuation", method=None)
                                              # [ScoredState]: scored states of guided runs
     final_states(run, scorer)                # [ScoredState]: a scorer on final candidates
     pruning_events(run, method=None)         # [PruningEvent]: the first cut of guided runs
     smc_checkpoints(run, method=None, final=False)   # [SMCCheckpoint]
-    guided_methods(run)                      # method ids of prm_guided and smc strategies
+    guided_methods(run)                      # method ids declaring cuts or particles
     pool_key(run.methods[method_id])         # the method's strategy without its size
 
 `PoolSet` holds `problems` (ids, in `run.problems` order) and `pools` (one tuple of
@@ -19,6 +20,14 @@ API (every function is pure over the loaded run; nothing is written)::
 candidate carries and `prefix(n)` cuts every pool to its first n candidates. Feed
 `pool_set.pools` to `pooled.pooled_curves`, `diagnostics.pool_diversity` or
 `diagnostics.scorer_swap`.
+
+Declarations, not names. Every function reads what each method's strategy declared it
+records (the manifest's `evidence`, `dllmbench.interfaces.Evidence`), never a strategy's
+name: "independent pools" are those of strategies declaring nested plain samples
+(`independent`), "guided runs" those declaring pruning cuts in the segment layout
+(`prm_guided`, or any third-party strategy declaring `cuts`) or particle checkpoints (`smc`,
+`particles`). A run made before declarations were recorded has none, and gets no
+diagnostics.
 
 Pool keys and shared runs. The pool key of a method is its strategy without its size:
 `independent` for `independent:n=8` (other options kept, `independent:x=1`), and the whole
@@ -81,7 +90,7 @@ before they were recorded) are skipped.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,8 +101,6 @@ from dllmbench.core.errors import UserError
 from dllmbench.core.jsonfile import read_object
 from dllmbench.storage.rundir import RunDir
 
-SIZE_FIELDS = {"independent": "n"}  # strategies whose pools nest, by their size field
-GUIDED = ("prm_guided", "smc")
 SEGMENT_FIELDS = ("step", "mask", "scores", "parent", "kept")
 CHECKPOINT_FIELDS = ("beta", "resampled", "weights", "ancestors")
 LABELS = ("continuation", "lineage")
@@ -145,10 +152,16 @@ def load_run(run_dir: str | Path) -> RunData:
     return RunData(path, manifest, records, results, by_method)
 
 
+def declared(method: dict[str, Any]) -> dict[str, Any]:
+    """What a manifest method entry's strategy declared it records (`Evidence`); nothing for
+    a run made before declarations were recorded."""
+    return dict(method.get("evidence") or {})
+
+
 def pool_key(method: dict[str, Any]) -> str:
     """A manifest method entry's strategy without its size: methods with one key share a run."""
     strategy = method["strategy"]
-    size = SIZE_FIELDS.get(strategy["name"])
+    size = declared(method).get("nested")
     options = [f"{k}={v}" for k, v in sorted(strategy["config"].items()) if k != size]
     return ":".join([strategy["name"], ",".join(options)]) if options else strategy["name"]
 
@@ -195,11 +208,19 @@ def _merge(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return merged
 
 
-def _shared_pools(run: RunData, strategy: str) -> dict[str, dict[str, list[dict[str, Any]]]]:
-    """Pool key → problem → merged candidates, for every method of one strategy."""
+def plain(method: dict[str, Any]) -> bool:
+    """A method whose pools nest and hold plain samples (`Evidence.nested` and `plain`)."""
+    found = declared(method)
+    return bool(found.get("plain")) and found.get("nested") is not None
+
+
+def _shared_pools(
+    run: RunData, keep: Callable[[dict[str, Any]], bool]
+) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """Pool key → problem → merged candidates, for every method `keep` accepts."""
     groups: dict[str, list[str]] = {}
     for mid, entry in run.methods.items():
-        if entry["strategy"]["name"] == strategy:
+        if keep(entry):
             groups.setdefault(pool_key(entry), []).append(mid)
     out = {}
     for key, mids in groups.items():
@@ -216,8 +237,16 @@ def _pool_set(pools: dict[str, list[dict[str, Any]]]) -> PoolSet:
 
 
 def independent_pools(run: RunData) -> dict[str, PoolSet]:
-    """Pool key → the largest independent pool of each problem (see the module docstring)."""
-    return {key: _pool_set(pools) for key, pools in _shared_pools(run, "independent").items()}
+    """Pool key → the largest pool of each problem, for every strategy declaring nested plain
+    samples (`independent`; see the module docstring)."""
+    return {key: _pool_set(pools) for key, pools in _shared_pools(run, plain).items()}
+
+
+def nested_pools(run: RunData) -> dict[str, PoolSet]:
+    """Pool key → the largest pool of each problem, for every strategy declaring nested
+    pools (independent sampling, HEX, ensembles, ReMDM, ...)."""
+    nested = lambda m: declared(m).get("nested") is not None  # noqa: E731
+    return {key: _pool_set(pools) for key, pools in _shared_pools(run, nested).items()}
 
 
 def pools_by_method(run: RunData) -> dict[str, PoolSet]:
@@ -231,7 +260,7 @@ def pools_by_method(run: RunData) -> dict[str, PoolSet]:
 def final_states(run: RunData, scorer: str) -> list[ScoredState]:
     """`scorer` on every candidate of the independent pools that carries it (mask ratio 0)."""
     out = []
-    for pools in _shared_pools(run, "independent").values():
+    for pools in _shared_pools(run, plain).values():
         for pid, pool in pools.items():
             out.extend(
                 ScoredState(pid, float(c["scores"][scorer]), bool(c["correct"]), 0.0)
@@ -243,35 +272,45 @@ def final_states(run: RunData, scorer: str) -> list[ScoredState]:
 
 @dataclass(frozen=True)
 class GuidedRun:
-    """One strategy run of a guided method on one problem: its pool key, the strategy's
-    configuration and one record of it (methods sharing the run share its info and pool)."""
+    """One strategy run of a guided method on one problem: its pool key, the scorer of the
+    cuts or checkpoints it declares and one record of it (methods sharing the run share its
+    info and pool)."""
 
     key: str
     problem: str
-    config: dict[str, Any]
+    scorer: str
     record: dict[str, Any]
 
 
 def guided_methods(run: RunData) -> list[str]:
-    """Method ids whose strategy records segment or checkpoint info (prm_guided, smc)."""
-    return [mid for mid, m in run.methods.items() if m["strategy"]["name"] in GUIDED]
+    """Method ids whose strategy declares pruning cuts or particle checkpoints."""
+    return [
+        mid for mid, m in run.methods.items() if _records(m, "cuts") or _records(m, "particles")
+    ]
 
 
-def _guided_runs(run: RunData, strategy: str, method: str | None) -> Iterator[GuidedRun]:
-    """Each (pool key, problem) of `strategy` once, optionally only `method`'s pool key."""
+def _records(method: dict[str, Any], what: str) -> str | None:
+    """The scorer of the cuts or particles (`what`) a method's strategy declares, or None."""
+    return declared(method).get(what)
+
+
+def _guided_runs(run: RunData, what: str, method: str | None) -> Iterator[GuidedRun]:
+    """Each (pool key, problem) of the strategies declaring `what` (cuts, particles) once,
+    optionally only `method`'s pool key."""
     if method is not None and method not in run.methods:
         raise ValueError(f"no method {method!r} in this run (methods: {', '.join(run.methods)})")
     only = pool_key(run.methods[method]) if method is not None else None
     seen: set[tuple[str, str]] = set()
     for mid, entry in run.methods.items():
         key = pool_key(entry)
-        if entry["strategy"]["name"] != strategy or only not in (None, key):
+        scorer = _records(entry, what)
+        if scorer is None or only not in (None, key):
             continue
         for pid in run.problems:
             record = run.by_method[mid].get(pid)
             if record is not None and (key, pid) not in seen:
                 seen.add((key, pid))
-                yield GuidedRun(key, pid, entry["strategy"]["config"], record)
+                yield GuidedRun(key, pid, scorer, record)
 
 
 @dataclass(frozen=True)
@@ -315,10 +354,19 @@ def segments(guided: GuidedRun) -> list[Segment] | None:
 
 def _continuations(run: RunData) -> dict[tuple[str, Lineage], bool]:
     """(problem, lineage) → correctness of the independent candidate with that lineage."""
-    pools = _shared_pools(run, "independent").get("independent", {})
     return {
-        (pid, tuple(c["lineage"])): bool(c["correct"]) for pid, pool in pools.items() for c in pool
+        (pid, tuple(c["lineage"])): bool(c["correct"])
+        for pools in _shared_pools(run, _unoptioned_plain).values()
+        for pid, pool in pools.items()
+        for c in pool
     }
+
+
+def _unoptioned_plain(method: dict[str, Any]) -> bool:
+    """A plain strategy with no option but its size: rows at the run's own settings."""
+    size = declared(method).get("nested")
+    options = {k for k in method["strategy"]["config"] if k != size}
+    return plain(method) and not options
 
 
 def _final_correct(guided: GuidedRun, segs: list[Segment], child: int) -> bool:
@@ -330,7 +378,7 @@ def _continuation_label(
     guided: GuidedRun, segs: list[Segment], s: int, child: int, crn: dict
 ) -> bool | None:
     last = s == len(segs) - 1
-    if last and guided.config.get("final") == "keep":
+    if last and len(segs[-1].kept) == len(segs[-1].lineage):  # every child is a candidate
         return _final_correct(guided, segs, child)
     if s == 0:
         return crn.get((guided.problem, segs[0].lineage[child]))
@@ -357,13 +405,14 @@ def scored_states(
     crn = _continuations(run) if labels == "continuation" else {}
     seen: set[tuple] = set()
     out = []
-    for guided in _guided_runs(run, "prm_guided", method):
+    for guided in _guided_runs(run, "cuts", method):
         segs = segments(guided)
-        if segs is None or guided.config.get("scorer", "prm") != scorer:
+        if segs is None or guided.scorer != scorer:
             continue
         for s, seg in enumerate(segs):
+            before = tuple(earlier.step for earlier in segs[:s])  # the cuts that led here
             for child, lineage in enumerate(seg.lineage):
-                state = (guided.problem, guided.config["every"] if s else None, seg.step, lineage)
+                state = (guided.problem, before, seg.step, lineage)
                 if labels == "continuation":
                     label = _continuation_label(guided, segs, s, child, crn)
                 else:
@@ -380,7 +429,7 @@ def pruning_events(run: RunData, method: str | None = None) -> list[PruningEvent
     reaches_correct from its independent continuation (see the module docstring)."""
     crn = _continuations(run)
     out = []
-    for guided in _guided_runs(run, "prm_guided", method):
+    for guided in _guided_runs(run, "cuts", method):
         segs = segments(guided)
         if segs is None or len(segs) < 2:
             continue
@@ -393,12 +442,20 @@ def pruning_events(run: RunData, method: str | None = None) -> list[PruningEvent
     return out
 
 
+def checkpoints_per_run(run: RunData, method: str) -> int:
+    """Intermediate checkpoints of one strategy run of `method` (its first record's info)."""
+    for guided in _guided_runs(run, "particles", method):
+        info = guided.record.get("info") or {}
+        return len(info.get("resampled", []))
+    return 0
+
+
 def smc_checkpoints(
     run: RunData, method: str | None = None, final: bool = False
 ) -> list[SMCCheckpoint]:
     """Every intermediate checkpoint of every smc run (and the final one with `final`)."""
     out = []
-    for guided in _guided_runs(run, "smc", method):
+    for guided in _guided_runs(run, "particles", method):
         info = guided.record.get("info") or {}
         if not all(name in info for name in CHECKPOINT_FIELDS):
             continue

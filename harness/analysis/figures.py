@@ -148,7 +148,7 @@ def pool_diversity(report: Report) -> Figure | None:
     fig = _figure(max(7.0, 1.1 * len(pools) + 3), 4.5)
     axes = fig.subplots(1, len(POOL_PANELS))
     xs = list(range(len(pools)))
-    colors = [INDEPENDENT if p["kind"] == "independent" else GUIDED for p in pools]
+    colors = [INDEPENDENT if p["kind"] == "plain" else GUIDED for p in pools]
     for ax, (key, title, scale) in zip(axes, POOL_PANELS, strict=True):
         values = [scale * p[key]["value"] for p in pools]
         lows = [scale * (p[key]["value"] - p[key]["low"]) for p in pools]
@@ -165,7 +165,7 @@ def pool_diversity(report: Report) -> Figure | None:
 
 def smc_ess(report: Report) -> Figure | None:
     """Mean ESS before and after resampling at each SMC checkpoint, per SMC run."""
-    entries = [e for e in report["diagnostics"]["smc"] if e["by_checkpoint"]]
+    entries = [e for e in report["diagnostics"]["particles"] if e["by_checkpoint"]]
     if not entries:
         return None
     fig = _figure(7, 4.5)

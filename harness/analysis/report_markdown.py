@@ -231,7 +231,7 @@ def md_removal(report: Report) -> list[str]:
 
 
 def md_smc(report: Report) -> list[str]:
-    entries = report["diagnostics"]["smc"]
+    entries = report["diagnostics"]["particles"]
     if not entries:
         return []
 

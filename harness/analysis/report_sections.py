@@ -112,12 +112,19 @@ def cost_model(manifest: dict[str, Any], pool: str) -> CostModel:
     """Per-candidate passes of each kind, from the manifest's methods of the pool `pool`."""
     per: dict[str, float] = {}
     for m in manifest["methods"]:
-        n = int(m["strategy"]["config"].get("n", 0))
+        n = pool_size(m)
         if evidence.pool_key(m) != pool or n < 1:
             continue
         for kind, passes in m.get("cost", {}).items():
             per.setdefault(kind, passes / n)
     return CostModel(per)
+
+
+def pool_size(method: dict[str, Any]) -> int:
+    """The pool size of a method whose strategy declares nested pools (its size field's
+    value); 0 for any other."""
+    field = evidence.declared(method).get("nested")
+    return int(method["strategy"]["config"].get(field, 0)) if field else 0
 
 
 def _largest_pool(runs: Sequence[evidence.RunData]) -> tuple[int, str, evidence.PoolSet] | None:
@@ -195,7 +202,7 @@ def _agreement(
         if evidence.pool_key(m) != pool or m["selector"]["name"] == "random":
             continue
         selector = pooled_selector(m["selector"])
-        n = int(m["strategy"]["config"].get("n", 0))
+        n = pool_size(m)
         if selector not in curves or curves[selector][0] != n:
             continue
         point = curves[selector][1][n - 1]
@@ -344,14 +351,15 @@ def discrimination(runs: Sequence[evidence.RunData], boot: Boot) -> list[Discrim
 
 
 def _shared_methods(
-    runs: Sequence[evidence.RunData], strategies: Sequence[str]
+    runs: Sequence[evidence.RunData], what: str
 ) -> Iterator[tuple[evidence.RunData, str, list[str]]]:
-    """(run, pool key, method ids) of each strategy run of `strategies`, once across runs."""
+    """(run, pool key, method ids) of each strategy run declaring `what` (cuts, particles),
+    once across runs."""
     seen: set[str] = set()
     for run in runs:
         groups: dict[str, list[str]] = {}
         for mid, entry in run.methods.items():
-            if entry["strategy"]["name"] in strategies:
+            if evidence.declared(entry).get(what):
                 groups.setdefault(evidence.pool_key(entry), []).append(mid)
         for key, mids in groups.items():
             if key not in seen:
@@ -390,16 +398,24 @@ def pools(runs: Sequence[evidence.RunData], boot: Boot) -> list[PoolDiversityEnt
             if name in seen or min((len(p) for p in pool_set.pools), default=0) < 2:
                 continue
             seen.add(name)
-            strategy = run.methods[mids[0]]["strategy"]["name"]
-            kind = "independent" if strategy == "independent" else "guided"
+            kind = pool_kind(run.methods[mids[0]])
             out.append(_diversity(name, kind, mids, pool_set, boot))
     return out
 
 
+def pool_kind(method: dict[str, Any]) -> str:
+    """`independent` for plain samples, `guided` for a strategy that declares cuts or
+    particles, `other` for the rest (sampler ensembles, HEX, remasking)."""
+    found = evidence.declared(method)
+    if evidence.plain(method):
+        return "plain"
+    return "guided" if found.get("cuts") or found.get("particles") else "other"
+
+
 def removal(runs: Sequence[evidence.RunData]) -> list[RemovalRiskEntry]:
-    """Removal risk of the first cut of each PRM-guided strategy run."""
+    """Removal risk of the first cut of each strategy run that declares pruning cuts."""
     out = []
-    for run, key, mids in _shared_methods(runs, ("prm_guided",)):
+    for run, key, mids in _shared_methods(runs, "cuts"):
         events = evidence.pruning_events(run, method=mids[0])
         if not events:
             continue
@@ -440,14 +456,12 @@ def _optional(value: float | None) -> float | None:
 def smc(runs: Sequence[evidence.RunData]) -> list[SMCEntry]:
     """ESS before and after each checkpoint, β, resampling and ancestors of each SMC run."""
     out = []
-    for run, key, mids in _shared_methods(runs, ("smc",)):
+    for run, key, mids in _shared_methods(runs, "particles"):
         checkpoints = evidence.smc_checkpoints(run, method=mids[0])
         if not checkpoints:
             continue
         summary = diagnostics.smc_diagnostics(checkpoints)
-        config = run.methods[mids[0]]["strategy"]["config"]
-        steps = int(run.manifest["sampling"]["total_steps"])
-        per_run = -(-steps // int(config.get("every", steps))) - 1
+        per_run = evidence.checkpoints_per_run(run, mids[0])
         out.append(
             SMCEntry(
                 pool=key,
@@ -498,6 +512,6 @@ def diagnostics_section(
         discrimination=discrimination(runs, boot),
         pools=pools(runs, boot),
         removal_risk=removal(runs),
-        smc=smc(runs),
+        particles=smc(runs),
         scorer_swap=scorer_swap(runs, boot),
     )

@@ -224,7 +224,7 @@ class DiscriminationEntry(TypedDict):
 
 class PoolDiversityEntry(TypedDict):
     pool: str  # the strategy spec
-    kind: str  # "independent" or "guided"
+    kind: str  # "plain", "guided" or "other"
     methods: list[str]
     size: int
     problems: int
@@ -266,7 +266,7 @@ class DiagnosticsSection(TypedDict):
     discrimination: list[DiscriminationEntry]
     pools: list[PoolDiversityEntry]
     removal_risk: list[RemovalRiskEntry]
-    smc: list[SMCEntry]
+    particles: list[SMCEntry]  # strategy runs declaring particle checkpoints (SMC)
     scorer_swap: ScorerSwapEntry | None
 
 

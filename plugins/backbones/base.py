@@ -16,6 +16,7 @@ import abc
 import dataclasses
 import hashlib
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -76,6 +77,38 @@ def block_schedule(gen_length: int, block: int | None, total: int) -> tuple[int,
             "choose steps divisible by gen_length / block_length"
         )
     return block, total // blocks
+
+
+@dataclass(frozen=True)
+class BlockStep:
+    """Where one step of a semi-autoregressive schedule stands: positions before `end` (of the
+    generated region) may commit; it is step `j` of the `per` steps its block spans."""
+
+    end: int
+    j: int
+    per: int
+    even: bool  # the blocks divide the canvas and T splits evenly over them (the reference)
+
+    @property
+    def last(self) -> bool:
+        return self.j == self.per - 1
+
+
+def block_step(gen_length: int, block: int | None, total: int, step: int) -> BlockStep:
+    """The block schedule at `step`. When the blocks divide the canvas and T splits evenly
+    over them this is the reference's schedule; otherwise the last block is shorter and
+    block b starts at step ⌈b·T / blocks⌉ (with fewer steps than blocks, one step spans
+    several blocks, and the last step every remaining one)."""
+    block = max(1, min(block or gen_length, gen_length))
+    blocks = -(-gen_length // block)
+    if gen_length % block == 0 and total % blocks == 0:
+        per = total // blocks
+        b, j = divmod(step, per)
+        return BlockStep((b + 1) * block, j, per, True)
+    b = blocks - 1 if step == total - 1 else step * blocks // total
+    first = -(-b * total // blocks)
+    after = total if b == blocks - 1 else -(-(b + 1) * total // blocks)
+    return BlockStep(min((b + 1) * block, gen_length), step - first, after - first, False)
 
 
 def top_ranked(score: torch.Tensor, k: torch.Tensor, ties: torch.Tensor) -> torch.Tensor:
@@ -165,9 +198,9 @@ class DiffusionBackbone(abc.ABC):
     def check_row_settings(
         self, settings: Mapping[str, Any], gen_length: int, total_steps: int
     ) -> None:
-        """Refuse a row's settings the sampler cannot take at this canvas and T."""
-        config = self.row_config(settings)
-        block_schedule(gen_length, config.block_length, total_steps)
+        """Refuse a row's settings the sampler cannot take. A row's own block length need not
+        divide the canvas (`block_step`)."""
+        self.row_config(settings)
 
     def weight_files(self) -> dict[str, list[Path]]:
         """Config field → the checkpoint files it located (the manifest records their hashes)."""

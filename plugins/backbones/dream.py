@@ -24,7 +24,7 @@ from dllmbench.api.interfaces import StepBatch
 from dllmbench.plugins.backbones.base import (
     ATTENTIONS,
     DiffusionBackbone,
-    block_schedule,
+    block_step,
     top_ranked,
 )
 from dllmbench.plugins.backbones.loading import DType
@@ -45,7 +45,7 @@ class DreamConfig:
     alg: str = "maskgit_plus"
     alg_temp: float | None = 0.5
     eps: float = 1e-3
-    # semi-autoregressive commit order: blocks of this many positions left to right, T split
+    # semi-autoregressive commit order: blocks of this many positions left to right, T spread
     # evenly over them, each block on Dream's schedule (None: one block, the reference)
     block_length: int | None = None
     suppress_mask: bool = False  # never sample the mask token (the reference can)
@@ -195,10 +195,9 @@ class Dream(DiffusionBackbone):
         for i, (off, plen, step) in enumerate(
             zip(offsets, batch.prompt_lens, batch.steps, strict=True)
         ):
-            block, per = block_schedule(width - off - plen, configs[i].block_length, batch.total(i))
-            b, j = divmod(int(step), per)
-            eligible[i] = masked[i] & (positions < off + plen + (b + 1) * block)
-            in_block.append((j, per))
+            at = block_step(width - off - plen, configs[i].block_length, batch.total(i), step)
+            eligible[i] = masked[i] & (positions < off + plen + at.end)
+            in_block.append((at.j, at.per))
 
         # one draw per eligible position, under its row's sampler settings
         token_u = noise("token")

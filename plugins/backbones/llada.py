@@ -28,6 +28,7 @@ from dllmbench.plugins.backbones.base import (
     ATTENTIONS,
     DiffusionBackbone,
     block_schedule,
+    block_step,
     purpose_generator,
     top_ranked,
 )
@@ -150,13 +151,16 @@ class LLaDA(DiffusionBackbone):
         for i, (off, plen, step) in enumerate(
             zip(offsets, batch.prompt_lens, batch.steps, strict=True)
         ):
-            block, per_block = self.schedule(
-                width - off - plen, batch.total(i), configs[i].block_length
-            )
-            b, j = divmod(int(step), per_block)
-            eligible[i] = masked[i] & (positions < off + plen + (b + 1) * block)
-            quotas[i] = block_quota(block, per_block, torch.tensor(j))
-            if batch.was_edited(i) and j == per_block - 1:
+            gen_length, total = width - off - plen, batch.total(i)
+            if "block_length" not in batch.setting(i):
+                self.schedule(gen_length, total)  # the configured blocks: as the reference
+            at = block_step(gen_length, configs[i].block_length, total, step)
+            eligible[i] = masked[i] & (positions < off + plen + at.end)
+            if at.even:
+                quotas[i] = block_quota(gen_length * at.per // total, at.per, torch.tensor(at.j))
+            else:  # a row's own blocks that do not divide: even over the steps left
+                quotas[i] = -(-int(eligible[i].sum()) // (at.per - at.j))
+            if at.last and (batch.was_edited(i) or not at.even):
                 # re-masked positions the reference's quota does not count: fill the block
                 quotas[i] = int(eligible[i].sum())
 

@@ -20,6 +20,9 @@ from dllmbench.plugins.backbones.dream import Dream, DreamConfig
 __all__ = ["TINY_DIR", "Tiny", "TinyConfig"]
 
 
+TINY_SELF_VERIFY = {"question": "\nQuestion: equal?\nAnswer: ", "yes": "1", "no": "0"}
+
+
 @dataclass(frozen=True)
 class TinyConfig(DreamConfig):
     model: str = str(TINY_DIR)  # the shipped checkpoint; any Dream-format directory works
@@ -39,7 +42,9 @@ class TinyConfig(DreamConfig):
             for kind in SCORER_KINDS
             if (TINY_DIR / kind / "config.json").exists()
         }
-        shipped["self"] = ("self_verify", {})  # Prism-style self-verification: nothing trained
+        # Prism-style self-verification, nothing trained: asked in the words the tiny model
+        # knows, whose judgement it was never taught (a stand-in that exercises the search)
+        shipped["self"] = ("self_verify", TINY_SELF_VERIFY)
         return shipped
 
 

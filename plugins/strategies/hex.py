@@ -17,7 +17,6 @@ from typing import ClassVar
 from dllmbench.api.hookspecs import hookimpl
 from dllmbench.api.interfaces import Evidence
 from dllmbench.api.ops import Ops
-from dllmbench.core.errors import UserError
 from dllmbench.core.types import Pool, Problem
 
 PAPER_DIVISORS = (32, 16, 8, 4, 2)  # the paper's block lengths: gen_length / these
@@ -46,20 +45,11 @@ def parse_blocks(text: str) -> tuple[int, ...]:
     return blocks
 
 
-def paper_blocks(gen_length: int, total_steps: int) -> tuple[int, ...]:
-    """The paper's set scaled to the canvas: gen_length/32 … gen_length/2, keeping the
-    lengths that divide the canvas into blocks T splits evenly over."""
-    blocks = []
-    for d in PAPER_DIVISORS:
-        block = gen_length // d
-        if block >= 1 and gen_length % block == 0 and total_steps % (gen_length // block) == 0:
-            blocks.append(block)
-    if not blocks:
-        raise UserError(
-            f"hex: no block length of the paper's set (gen_length/32 … /2) fits gen_length "
-            f"{gen_length} and T={total_steps}; give blocks=… explicitly"
-        )
-    return tuple(dict.fromkeys(blocks))
+def paper_blocks(gen_length: int) -> tuple[int, ...]:
+    """The paper's set scaled to the canvas: gen_length/32, /16, /8, /4 and /2 (at least 1,
+    each once). A length that does not divide the canvas, or whose blocks T does not split
+    evenly over, takes the backbone's general schedule (a shorter last block, T spread)."""
+    return tuple(dict.fromkeys(max(1, gen_length // d) for d in PAPER_DIVISORS))
 
 
 class Hex:
@@ -88,7 +78,7 @@ class Hex:
 
     def block_lengths(self, ops: Ops) -> tuple[int, ...]:
         if self.config.blocks == "paper":
-            return paper_blocks(ops.gen_length, ops.T)
+            return paper_blocks(ops.gen_length)
         return parse_blocks(self.config.blocks)
 
     async def search(self, problem: Problem, ops: Ops) -> Pool:
