@@ -208,11 +208,12 @@ def test_monte_carlo_is_keyed_by_seed():
     assert first["majority"] != other["majority"]
 
 
-def test_vote_index_mirrors_the_voting_selector():
-    try:
-        from dllmbench.plugins.selectors.voting import vote
-    except Exception as exc:  # the plugin may be unavailable in a partial checkout
-        pytest.skip(f"voting selector not importable: {exc}")
+def test_the_selectors_and_the_estimators_share_one_vote():
+    from dllmbench.core import voting
+    from dllmbench.plugins.selectors import voting as selectors
+
+    assert vote_index is voting.vote
+    assert selectors.vote_keys is voting.vote
 
     class _C:
         def __init__(self, key):
@@ -222,7 +223,10 @@ def test_vote_index_mirrors_the_voting_selector():
     for _ in range(200):
         keys = [None if rng.random() < 0.2 else int(rng.integers(0, 3)) for _ in range(6)]
         weights = list(rng.choice([0.1, 0.2, 0.3, 1.0], size=6))
-        assert vote_index(keys, weights) == vote([_C(k) for k in keys], weights)
+        assert vote_index(keys, weights) == selectors.vote([_C(k) for k in keys], weights)
+    assert voting.vote(["a", "b", "b", None], [1, 1, 1, 5]) == 1
+    assert voting.vote(["a", "b"], [1, 1]) == 0  # a tie goes to the answer seen first
+    assert voting.vote([None, None], [1, 1]) is None
 
 
 def test_k_out_of_range_is_refused():

@@ -44,6 +44,7 @@ from scipy.special import expit
 
 from dllmbench.analysis import stats
 from dllmbench.analysis.stats import CONFIDENCE, Interval, bootstrap_ci
+from dllmbench.core.voting import vote
 
 EXACT_LIMIT = 20_000
 COUNT_LIMIT = 20_000
@@ -139,19 +140,7 @@ def argmax_at_k(scores: Sequence[float], correct: Sequence[bool], k: int) -> flo
     return ways / math.comb(n, k)
 
 
-def vote_index(keys: Sequence[Hashable | None], weights: Sequence[float]) -> int | None:
-    """Index of the first candidate of the valid key with the largest (total, −first index)."""
-    totals: dict[Hashable, float] = {}
-    first: dict[Hashable, int] = {}
-    for i, (key, weight) in enumerate(zip(keys, weights, strict=True)):
-        if key is None:
-            continue
-        totals[key] = totals.get(key, 0.0) + float(weight)
-        first.setdefault(key, i)
-    if not totals:
-        return None
-    best = max(totals, key=lambda key: (totals[key], -first[key]))
-    return first[best]
+vote_index = vote  # the one vote (dllmbench.core.voting), over answer keys
 
 
 def key_ids(keys: Sequence[Hashable | None]) -> np.ndarray:

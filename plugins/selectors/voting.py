@@ -16,21 +16,12 @@ from scipy.special import expit
 
 from dllmbench.api.hookspecs import hookimpl
 from dllmbench.core.types import Candidate
+from dllmbench.core.voting import vote as vote_keys
 
 
 def vote(candidates: Sequence[Candidate], weights: Sequence[float]) -> int | None:
     """Index of the first candidate of the answer with the largest total weight."""
-    totals: dict[object, float] = {}
-    first: dict[object, int] = {}
-    for i, (cand, weight) in enumerate(zip(candidates, weights, strict=True)):
-        if cand.answer_key is None:
-            continue
-        totals[cand.answer_key] = totals.get(cand.answer_key, 0.0) + float(weight)
-        first.setdefault(cand.answer_key, i)
-    if not totals:
-        return None
-    best = max(totals, key=lambda key: (totals[key], -first[key]))
-    return first[best]
+    return vote_keys([c.answer_key for c in candidates], weights)
 
 
 class Majority:

@@ -1,0 +1,276 @@
+"""Rows with their own sampler settings and T, canvas edits, and the published methods built
+on them (HEX, ReMDM, Prism-style search, sampler ensembles): hand-worked cases."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dllmbench.api.interfaces import StepBatch
+from dllmbench.api.ops import DenoiseRequest, Ops
+from dllmbench.core.errors import UserError
+from dllmbench.core.keys import row_key
+from dllmbench.core.ledger import Ledger
+from dllmbench.core.types import Problem, Prompt, Rows
+from dllmbench.plugins.backbones.base import block_step
+from dllmbench.plugins.backbones.dream import Dream
+from dllmbench.plugins.backbones.llada import LLaDA
+from dllmbench.plugins.strategies.ensemble import Ensemble
+from dllmbench.plugins.strategies.hex import paper_blocks
+from dllmbench.plugins.strategies.prism import Prism, PrismConfig, shares, widths
+from dllmbench.plugins.strategies.remdm import ReMDMConfig, sigmas
+from dllmbench.testing import run_strategy
+
+
+# -- samplers: a row's own settings in a shared forward --------------------------------------
+def _steps(bb, rows, T, settings, plens):
+    """Every row from its masked canvas to T, all in one batch per step."""
+    keys = [row_key(0, "p", "sample", (i,)) for i in range(len(rows))]
+    for t in range(T):
+        batch = StepBatch(rows, plens, [t] * len(rows), keys, T, settings=settings)
+        rows = bb.denoise_step(batch)
+    return rows
+
+
+@pytest.mark.parametrize(
+    "cls,varied",
+    [
+        (Dream, {"temperature": 0.9, "alg": "entropy", "alg_temp": 0.0, "block_length": 3}),
+        (Dream, {"alg": "origin", "top_p": 0.8, "block_length": 2}),
+        (LLaDA, {"temperature": 0.8, "remasking": "random", "block_length": 3}),
+    ],
+)
+def test_a_rows_own_settings_in_a_mixed_batch_give_what_that_sampler_gives_alone(cls, varied):
+    """Rows with different settings share each forward, and each row's tokens are those of a
+    backbone configured with its settings, stepping it alone."""
+    T, gen = 6, 6
+    shared = cls(model="random")
+    alone = cls(model="random", **varied)
+    prompt = shared.encode(Prompt(text="12+3="))
+    canvas = shared.canvas(prompt, gen)
+    mixed = _steps(shared, [canvas] * 4, T, [{}, varied, {}, varied], [len(prompt)] * 4)
+    for i in (1, 3):
+        own = _steps(alone, [canvas] * 4, T, [{}] * 4, [len(prompt)] * 4)[i]
+        assert torch.equal(mixed[i], own)
+    plain = _steps(cls(model="random"), [canvas] * 4, T, [{}] * 4, [len(prompt)] * 4)
+    assert torch.equal(mixed[0], plain[0]) and torch.equal(mixed[2], plain[2])
+    assert not any(torch.equal(mixed[i], plain[i]) for i in (1, 3))
+
+
+def test_a_row_cannot_set_what_its_backbone_does_not_vary():
+    bb = Dream(model="random")
+    with pytest.raises(UserError, match="cfg_scale"):
+        bb.check_row_settings({"cfg_scale": 1.0}, 6, 6)
+    with pytest.raises(UserError, match="alg must be one of"):
+        bb.check_row_settings({"alg": "banana"}, 6, 6)
+
+
+def test_block_step_is_the_references_schedule_when_blocks_divide():
+    # gen 8, blocks of 4, T 4: two blocks of two steps
+    assert [(s.end, s.j, s.per, s.even) for s in (block_step(8, 4, 4, t) for t in range(4))] == [
+        (4, 0, 2, True),
+        (4, 1, 2, True),
+        (8, 0, 2, True),
+        (8, 1, 2, True),
+    ]
+    # gen 5, blocks of 2 (2, 2, 1), T 4: block b starts at ⌈4b/3⌉ = 0, 2, 3
+    assert [(s.end, s.per) for s in (block_step(5, 2, 4, t) for t in range(4))] == [
+        (2, 2),
+        (2, 2),
+        (4, 1),
+        (5, 1),
+    ]
+    # more blocks than steps: the last step opens every block left
+    assert block_step(8, 1, 3, 2).end == 8
+
+
+def test_llada_rows_with_their_own_blocks_end_fully_decoded():
+    bb = LLaDA(model="random", temperature=0.7)
+    prompt = bb.encode(Prompt(text="1+1="))
+    canvas = bb.canvas(prompt, 7)
+    out = _steps(
+        bb, [canvas] * 3, 5, [{"block_length": 3}, {"block_length": 7}, {}], [len(prompt)] * 3
+    )
+    assert all(int((row[len(prompt) :] == bb.mask_id).sum()) == 0 for row in out[:2])
+
+
+# -- ops: settings, T, edits, concatenation, ownership ---------------------------------------
+PROBLEM = Problem("p0", "3+4=", 7)
+
+
+def _ops(row_settings=frozenset({"temperature"}), confidences=True, ledger=None):
+    canvas = torch.tensor([5, 6, 7] + [99] * 6)
+    return Ops(
+        problem=PROBLEM,
+        seed=0,
+        total_steps=4,
+        canvas=canvas,
+        prompt_len=3,
+        ledger=ledger or Ledger(),
+        scorers={"prm": True},
+        owners=lambda n: [("m",)] * n,
+        row_settings=row_settings,
+        confidences=confidences,
+    )
+
+
+def _posted(awaitable) -> DenoiseRequest:
+    request = awaitable.send(None)
+    awaitable.close()
+    return request
+
+
+def test_rows_carry_their_own_settings_and_t_and_are_charged_their_own_steps():
+    ledger = Ledger()
+    ops = _ops(ledger=ledger)
+    rows = ops.start(PROBLEM, 3, settings=[{"steps": 2}, {"temperature": 0.3}, {"steps": 6}])
+    assert rows.totals == (2, 4, 6)
+    assert rows.setting(1) == {"temperature": 0.3} and rows.setting(0) == {}
+    request = _posted(ops.denoise(rows))
+    assert request.steps == (2, 4, 6)
+    assert ledger.entry("p0", "m")["passes"] == {"denoise": 12}
+    with pytest.raises(ValueError, match="past T"):
+        _posted(ops.denoise(rows, steps=3))
+    with pytest.raises(UserError, match="cannot vary"):
+        ops.start(PROBLEM, 1, settings={"block_length": 2})
+
+
+def test_remask_is_a_free_recorded_edit_by_each_policy():
+    ledger = Ledger()
+    ops = _ops(ledger=ledger)
+    rows = ops.start(PROBLEM, 2)
+    decoded = rows.tokens.clone()
+    decoded[:, 3:] = torch.tensor([1, 2, 3, 4, 5, 6])
+    confidence = torch.full(decoded.shape, float("nan"))
+    confidence[:, 3:] = torch.tensor([0.9, 0.1, 0.8, 0.2, 0.7, 0.3])
+    rows = rows.advanced(decoded, (1, 1), confidence)
+
+    edited = ops.remask(rows, positions=[[0, 5], [2]])
+    assert edited.edits == (((1, (0, 5)),), ((1, (2,)),))
+    assert edited.tokens[0, 3].item() == 99 and edited.tokens[0, 8].item() == 99
+    assert torch.isnan(edited.confidence[0, 3]) and not torch.isnan(edited.confidence[0, 4])
+
+    least = ops.remask(rows, least_confident=2)
+    assert least.edits[0] == ((1, (1, 3)),)  # confidences 0.1 and 0.2
+
+    among = ops.remask(rows, least_confident=1, among=3)
+    assert among.edits[0][0][1][0] in (1, 3, 5)
+
+    everything = ops.remask(rows, sigma=1.0)
+    assert everything.edits[0] == ((1, (0, 1, 2, 3, 4, 5)),)
+    again = ops.remask(rows, sigma=0.5, label="x")
+    assert again.edits == ops.remask(rows, sigma=0.5, label="x").edits  # keyed, repeatable
+    assert ledger.entry("p0", "m")["passes"] == {}  # edits are free
+
+    with pytest.raises(ValueError, match="one of"):
+        ops.remask(rows, sigma=0.5, positions=[0])
+    finished = rows.advanced(decoded, (4, 4), confidence)
+    with pytest.raises(ValueError, match="at its T"):
+        ops.remask(finished, sigma=0.5)
+    with pytest.raises(UserError, match="confidence"):
+        _ops(confidences=False).remask(rows.advanced(decoded, (1, 1)), least_confident=1)
+
+
+def test_rows_concatenate_within_one_problem_and_stream_only():
+    ops = _ops()
+    rows = ops.start(PROBLEM, 2)
+    joined = Rows.concat(rows.take(0).repeat(2), rows.take(1))
+    assert joined.lineage == ((0, 0), (0, 1), (1,))
+    assert joined.totals == (4, 4, 4)
+    with pytest.raises(ValueError, match="one lineage"):
+        Rows.concat(rows, rows)
+    other = _ops().start(PROBLEM, 1, stream="other")
+    with pytest.raises(ValueError, match="one problem, seed, stream"):
+        Rows.concat(rows, other)
+
+
+def test_ops_refuses_rows_it_did_not_start():
+    ops = _ops()
+    rows = ops.start(PROBLEM, 1)
+    stranger = Ops(
+        problem=Problem("p1", "1+1=", 2),
+        seed=0,
+        total_steps=4,
+        canvas=torch.tensor([5, 6, 7] + [99] * 6),
+        prompt_len=3,
+        ledger=Ledger(),
+        scorers={},
+        owners=lambda n: [("m",)] * n,
+    )
+    with pytest.raises(ValueError, match="rows of problem 'p0'"):
+        stranger.pool(rows.advanced(rows.tokens, (4,)))
+    with pytest.raises(ValueError, match=r"given problem 'p0'"):
+        stranger.start(PROBLEM, 1)
+
+
+# -- the methods, by hand --------------------------------------------------------------------
+def test_hex_takes_the_papers_block_lengths_and_cycles_them():
+    assert paper_blocks(256) == (8, 16, 32, 64, 128)
+    assert paper_blocks(512) == (16, 32, 64, 128, 256)
+    assert paper_blocks(48) == (1, 3, 6, 12, 24)
+    records = run_strategy("hex:n=5,blocks=1/2/5+majority", steps=12)
+    assert all(r["ledger"]["passes"] == {"denoise": 60} for r in records)
+
+
+def test_remdm_sigmas_follow_the_cap_and_loop_schedules():
+    # T = 4, η = 0.3: σ_1 = min(.3, (1 − α_s)/α_t) = min(.3, .5/.25), σ_2 = min(.3, .25/.5)
+    assert sigmas(ReMDMConfig(eta=0.3), 4) == [0.0, 0.3, 0.3, 0.0]
+    assert sigmas(ReMDMConfig(eta=0.9), 4) == [0.0, 0.9, 0.5, 0.0]
+    # loop: σ = η while t_k = 1 − k/10 lies in [0.05, 0.55], never before the last step
+    loop = sigmas(ReMDMConfig(schedule="loop", eta=0.02), 10)
+    assert loop == [0, 0, 0, 0, 0, 0.02, 0.02, 0.02, 0.02, 0]
+
+
+def test_remdm_costs_its_extra_steps_and_its_remasks_change_the_samples():
+    plain = run_strategy("remdm:n=3,eta=0.0+majority", steps=12)
+    remasked = run_strategy("remdm:n=3,eta=0.9+majority", steps=12)
+    longer = run_strategy("remdm:n=3,schedule=loop,eta=0.5,extra=4+majority", steps=12)
+    assert [r["ledger"]["passes"]["denoise"] for r in longer] == [48] * len(longer)
+    texts = lambda records: [c["text"] for r in records for c in r["candidates"]]  # noqa: E731
+    assert texts(plain) == texts(run_strategy("independent:n=3+majority", steps=12))
+    assert texts(remasked) != texts(plain)
+
+
+def test_prism_widths_and_cost_by_hand():
+    config = PrismConfig(n=8, final=2, start=0.0, end=0.5, decay=2.0)
+    denoised, cuts = widths(config, 8)
+    assert denoised == [8, 4, 2, 2, 2, 2, 2, 2]  # targets 8, ⌈8/2⌉, ⌈8/4⌉, then final
+    assert cuts == [0, 8, 4, 0, 0, 0, 0, 0]
+    assert Prism(n=8, final=2, start=0.0, end=0.5, decay=2.0).cost(8) == {
+        "denoise": 24,
+        "score:self": 12,
+    }
+    assert shares(5, 2) == [3, 2]
+    records = run_strategy("prism:n=6,final=2,start=0,end=1,scorer=prm+majority", steps=12)
+    assert all(len(r["candidates"]) == 2 for r in records)
+    assert all(r["info"]["kept"] for r in records)
+
+
+def test_ensemble_mixes_the_settings_the_backbone_varies():
+    dream = Ensemble(n=4, temperatures="0.3/0.8").combinations(Dream.row_settings)
+    assert dream[:3] == [
+        {"temperature": 0.3, "alg": "maskgit_plus"},
+        {"temperature": 0.3, "alg": "topk_margin"},
+        {"temperature": 0.3, "alg": "entropy"},
+    ]
+    assert len(dream) == 6
+    llada = Ensemble(n=4, temperatures="0.5").combinations(LLaDA.row_settings)
+    assert llada == [
+        {"temperature": 0.5, "remasking": "low_confidence"},
+        {"temperature": 0.5, "remasking": "random"},
+    ]
+    assert Ensemble(orders="none", temperatures="").combinations(Dream.row_settings) == [{}]
+
+
+def test_hex_and_ensemble_pools_nest_and_differ_from_the_independent_pool():
+    hexed = run_strategy("hex:n=4,blocks=1/5+first", steps=12)
+    independent = run_strategy("independent:n=4+first", steps=12)
+    assert hexed[0]["ledger"]["passes"] == independent[0]["ledger"]["passes"]
+    first = [c["text"] for c in hexed[0]["candidates"]]
+    assert first != [c["text"] for c in independent[0]["candidates"]]
+    smaller = run_strategy("hex:n=2,blocks=1/5+first", steps=12)
+    assert [c["text"] for c in smaller[0]["candidates"]] == first[:2]
+    mixed = run_strategy("ensemble:n=4,temperatures=0.5/1/2,orders=none+first", steps=12)
+    assert mixed[0]["ledger"]["passes"] == independent[0]["ledger"]["passes"]
+    texts = [[c["text"] for c in r["candidates"]] for r in mixed]
+    assert texts != [[c["text"] for c in r["candidates"]] for r in independent]
