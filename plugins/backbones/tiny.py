@@ -44,7 +44,7 @@ class TinyConfig(DreamConfig):
         }
         # Prism-style self-verification, nothing trained: asked in the words the tiny model
         # knows, whose judgement it was never taught (a stand-in that exercises the search)
-        shipped["self"] = ("self_verify", TINY_SELF_VERIFY)
+        shipped["self"] = ("self", TINY_SELF_VERIFY)
         return shipped
 
 

@@ -4,7 +4,7 @@ Each row's generated text so far (masked positions dropped) is followed by a que
 "Is the answer above correct? Answer Yes or No.", and one masked position; the score is the
 backbone's logit of "Yes" minus its logit of "No" there: one forward of the backbone per row,
 charged as a `score:<name>` pass. Nothing is trained; it reads partial states, so Prism-style
-search prunes with it (`prism:scorer=self`). Works on any backbone built on a transformers
+search prunes with it (`--scorer self=self`, `prism:scorer=self`). Works on any backbone built on a transformers
 model (dream, llada, tiny).
 """
 
@@ -41,14 +41,14 @@ class SelfVerify:
         self.config = SelfVerifyConfig(**config)
         if not isinstance(backbone, TransformerBackbone):
             raise PluginError(
-                "scorer 'self_verify' needs a backbone built on a transformers model "
+                "scorer 'self' needs a backbone built on a transformers model "
                 "(dream, llada, tiny)"
             )
         self.backbone = backbone
         self._yes = self._first_token(self.config.yes)
         self._no = self._first_token(self.config.no)
         if self._yes == self._no:
-            raise PluginError("self_verify: yes and no start with the same token; pick others")
+            raise PluginError("scorer 'self': yes and no start with the same token; pick others")
 
     def _text_ids(self, text: str) -> list[int]:
         """Token ids of raw text, without what the tokenizer puts before any text (BOS)."""
@@ -59,7 +59,7 @@ class SelfVerify:
     def _first_token(self, word: str) -> int:
         ids = self._text_ids(word)
         if not ids:
-            raise PluginError(f"self_verify: {word!r} encodes to no token")
+            raise PluginError(f"scorer 'self': {word!r} encodes to no token")
         return ids[0]
 
     @torch.no_grad()
@@ -81,4 +81,4 @@ class SelfVerify:
 
 @hookimpl
 def dllmbench_register_scorers(register):
-    register("self_verify", SelfVerify)
+    register("self", SelfVerify)

@@ -6,7 +6,7 @@ Start n trajectories. In the search window (steps ⌊start·T⌋ … ⌊end·T�
 width decays geometrically: before step k the target is max(final, ⌈n · decay^−(k − k_start)⌉),
 and `final` before the window's last step. While the
 width exceeds the target, every row is scored by `scorer` (the backbone's own yes/no
-judgement of its partial answer with `self_verify`, one pass per row), the best `survivors`
+judgement of its partial answer with the `self` scorer, one pass per row), the best `survivors`
 distinct canvases are kept, and each is branched to its share of the target: the survivor
 itself, plus copies with `window` of its committed tokens re-masked, drawn among its
 3·`window` least confident (a canvas edit, free; the re-decoding is charged). The widths
