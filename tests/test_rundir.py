@@ -345,7 +345,7 @@ def test_prepare_leaves_its_configuration_as_it_was(tmp_path):
     before = copy.deepcopy(cfg)
     prepared = prepare(cfg)
     assert cfg == before and cfg.scorers is None and cfg.budget is None
-    assert set(prepared.scorer_specs) == {"prm", "orm"}  # the tiny backbone's own
+    assert set(prepared.scorer_specs) == {"prm", "orm", "self"}  # the tiny backbone's own
     assert prepared.budget == max(cfg.budgets())
 
 

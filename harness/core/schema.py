@@ -24,6 +24,8 @@ class CandidateRecord(TypedDict):
     weight: float | None
     lineage: list[int]
     grade_note: NotRequired[str]  # what the task said of this grade (`NotesGrades`), if anything
+    settings: NotRequired[dict[str, Any]]  # its own sampler settings and T, when it had any
+    edits: NotRequired[list[list[Any]]]  # its canvas edits, [step, [positions]], when any
 
 
 class LedgerEntry(TypedDict):

@@ -42,7 +42,7 @@ from dllmbench.api.ops import Ops
 from dllmbench.core.keys import numpy_rng
 from dllmbench.core.ledger import Ledger
 from dllmbench.core.schema import CandidateRecord, Record
-from dllmbench.core.types import Candidate, Owners, Pool, Problem
+from dllmbench.core.types import Candidate, Owners, Pool, Problem, Rows
 from dllmbench.execution.method import Method
 from dllmbench.execution.scheduler import (
     Capacity,
@@ -456,7 +456,13 @@ class Engine:
             correct=False if chosen is None else judged.labels[chosen],
             ceiling=method.ceiling,
             candidates=[
-                _candidate_record(c, judged.labels[c.index], judged.notes[c.index])
+                _candidate_record(
+                    c,
+                    judged.labels[c.index],
+                    judged.notes[c.index],
+                    pool.rows,
+                    self.sampling.total_steps,
+                )
                 for c in candidates
             ],
             ledger=self.ledger.entry(problem.id, method.id),
@@ -464,7 +470,11 @@ class Engine:
         )
 
 
-def _candidate_record(candidate: Candidate, correct: bool, note: str | None) -> CandidateRecord:
+def _candidate_record(
+    candidate: Candidate, correct: bool, note: str | None, rows: Rows, total_steps: int
+) -> CandidateRecord:
+    """A candidate as `samples.jsonl` records it, with its own sampler settings (and T) and
+    its canvas edits when it had any."""
     record = CandidateRecord(
         text=candidate.text,
         answer=candidate.answer,
@@ -477,6 +487,14 @@ def _candidate_record(candidate: Candidate, correct: bool, note: str | None) -> 
     )
     if note is not None:
         record["grade_note"] = note
+    i = candidate.index
+    own = rows.setting(i)
+    if rows.totals and rows.totals[i] != total_steps:
+        own["steps"] = rows.totals[i]
+    if own:
+        record["settings"] = own
+    if rows.edits[i]:
+        record["edits"] = [[step, list(positions)] for step, positions in rows.edits[i]]
     return record
 
 

@@ -4,8 +4,8 @@ Each row's generated text so far (masked positions dropped) is followed by a que
 "Is the answer above correct? Answer Yes or No.", and one masked position; the score is the
 backbone's logit of "Yes" minus its logit of "No" there: one forward of the backbone per row,
 charged as a `score:<name>` pass. Nothing is trained; it reads partial states, so Prism-style
-search prunes with it (`--scorer self=self`, `prism:scorer=self`). Works on any backbone built on a transformers
-model (dream, llada, tiny).
+search prunes with it (`--scorer self=self`, `prism:scorer=self`). Works on any backbone built
+on a transformers model (dream, llada, tiny).
 """
 
 from __future__ import annotations
@@ -41,8 +41,7 @@ class SelfVerify:
         self.config = SelfVerifyConfig(**config)
         if not isinstance(backbone, TransformerBackbone):
             raise PluginError(
-                "scorer 'self' needs a backbone built on a transformers model "
-                "(dream, llada, tiny)"
+                "scorer 'self' needs a backbone built on a transformers model (dream, llada, tiny)"
             )
         self.backbone = backbone
         self._yes = self._first_token(self.config.yes)
