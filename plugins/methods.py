@@ -9,7 +9,8 @@ from __future__ import annotations
 from dllmbench.api.hookspecs import RegisterFamily, hookimpl
 
 # name, leaderboard label (formatted with the strategy's configuration), spec ("{half}": T // 2,
-# "{quarter}": T // 4)
+# "{quarter}": T // 4). ReMDM's loop schedule is a spec away:
+# --method 'remdm:n=*,schedule=loop,extra=6+majority'.
 FAMILIES = (
     ("vanilla", "Vanilla", "independent:n=1+first"),
     ("majority", "Majority@{n}", "independent:n=*+majority"),
@@ -38,11 +39,6 @@ FAMILIES = (
     ("ensemble", "Sampler Ensemble@{n}", "ensemble:n=*+majority"),
     ("remdm", "ReMDM-cap@{n}", "remdm:n=*,schedule=cap+majority"),
     ("remdm_orm", "ReMDM-cap@{n} + ORM Rerank", "remdm:n=*,schedule=cap+argmax:scorer=orm"),
-    (
-        "remdm_loop",
-        "ReMDM-loop@{n} (T+{extra})",
-        "remdm:n=*,schedule=loop,extra={quarter}+majority",
-    ),
     ("prism", "Prism N={n} K={final}", "prism:n=*,final=4,survivors=2,scorer=self+majority"),
     ("oracle", "Oracle@{n}", "independent:n=*+oracle"),
     (

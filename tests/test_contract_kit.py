@@ -107,6 +107,16 @@ class TooFew(Prune):
         return ops.pool(rows.take(range(len(rows) - 1)))
 
 
+class OtherProblem(Prune):
+    """Keeps the rows of the first problem it sees and pools them on every later one."""
+
+    kept: ClassVar[dict] = {}
+
+    def final(self, ops, rows, scores, earlier):
+        first = OtherProblem.kept.setdefault(id(ops.rng), rows)  # per kit run: one ops type
+        return ops.pool(OtherProblem.kept.setdefault("rows", first))
+
+
 class MinusOne:
     needs: tuple[str, ...] = ()
     ceiling = False
@@ -121,6 +131,23 @@ class PastTheEnd(MinusOne):
         return len(candidates)
 
 
+class Mutates(MinusOne):
+    def select(self, candidates, *, rng, labels=None):
+        candidates[0].scores["orm"] = 99.0  # an unpaid score
+        return 0
+
+
+class Reorders(MinusOne):
+    def select(self, candidates, *, rng, labels=None):
+        candidates.reverse()  # and so `selected` would point at another candidate
+        return 0
+
+
+class IdTies(MinusOne):
+    def select(self, candidates, *, rng, labels=None):
+        return min(candidates, key=id).index  # ties broken by memory address
+
+
 STRATEGIES = {
     "kit_honest": Prune,
     "kit_global_rng": GlobalRandom,
@@ -129,6 +156,7 @@ STRATEGIES = {
     "kit_false_pool_scores": FalsePoolScores,
     "kit_stale_pool_scores": StalePoolScores,
     "kit_too_few": TooFew,
+    "kit_other_problem": OtherProblem,
 }
 
 
@@ -142,6 +170,9 @@ def dllmbench_register_strategies(register):
 def dllmbench_register_selectors(register):
     register("kit_minus_one", MinusOne)
     register("kit_past_the_end", PastTheEnd)
+    register("kit_mutates", Mutates)
+    register("kit_reorders", Reorders)
+    register("kit_id_ties", IdTies)
 
 
 @pytest.fixture
@@ -216,6 +247,27 @@ FAILS = [
         "test_selector_deterministic_and_costed",
         "kit_minus_one",
         r"at T=12: .*-1",
+    ),
+    (
+        "test_strategy_spends_what_it_declares",
+        "kit_other_problem",
+        r"strategy 'kit_other_problem' raised ValueError: ops.pool was given rows of problem "
+        r"'test-\d', but this search serves problem 'test-\d'",
+    ),
+    (
+        "test_selector_leaves_its_candidates_alone",
+        "kit_mutates",
+        r"selector 'kit_mutates' tried to change its candidates \(TypeError: .*read-only",
+    ),
+    (
+        "test_selector_leaves_its_candidates_alone",
+        "kit_reorders",
+        r"selector 'kit_reorders' tried to change its candidates \(AttributeError",
+    ),
+    (
+        "test_selector_same_choice_on_equal_inputs",
+        "kit_id_ties",
+        r"selector 'kit_id_ties' chose \[[\d, ]+\] on equal candidates .*never by object identity",
     ),
 ]
 
@@ -303,3 +355,39 @@ def test_kit_under_pytest_reports_failed_and_skipped(kit_doubles, pytester):
     assert "StopIteration" not in out and "tensor(" not in out
     outcomes = result.parseoutcomes()
     assert outcomes["failed"] >= 3 and outcomes["skipped"] == 2 and outcomes["passed"] >= 5
+
+
+CLASH = """
+from dllmbench.hookspecs import hookimpl
+from dllmbench.plugins.strategies.independent import Independent
+
+
+@hookimpl
+def dllmbench_register_strategies(register):
+    register("independent", Independent)  # a name the built-ins already hold
+"""
+
+
+@pytest.mark.parametrize(
+    ("names", "line"),
+    [
+        ("kit_honset", "dllmbench_plugins names 'kit_honset', which no installed plugin registers"),
+        ("independent", "dllmbench_plugins names 'independent': strategy 'independent' from"),
+        ("kit_brokn_module", "dllmbench_plugins names 'kit_brokn_module', which no installed"),
+    ],
+    ids=["typo", "clash", "missing"],
+)
+def test_kit_fails_on_a_plugin_it_cannot_check(kit_doubles, pytester, monkeypatch, names, line):
+    """A mistyped, clashing or missing plugin named in `dllmbench_plugins` fails the session
+    with one line instead of skipping every check."""
+    pytester.makepyfile(test_kit="from dllmbench.testing.contracts import *  # noqa: F403\n")
+    pytester.makeini(f"[pytest]\ndllmbench_plugins = {names}\n")
+    pytester.makepyfile(clash_plugin=CLASH)
+    pytester.syspathinsert()
+    modules = f"dllmbench.testing.doubles,{__name__},clash_plugin"
+    monkeypatch.setenv("DLLMBENCH_PLUGIN_MODULES", modules)
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    errors = [x for x in result.errlines if x.startswith("ERROR: ")]
+    assert len(errors) == 1 and line in errors[0], result.errlines
+    assert "Traceback" not in "\n".join(result.errlines)

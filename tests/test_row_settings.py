@@ -40,19 +40,22 @@ def _steps(bb, rows, T, settings, plens):
         (LLaDA, {"temperature": 0.8, "remasking": "random", "block_length": 3}),
     ],
 )
-def test_a_rows_own_settings_in_a_mixed_batch_give_what_that_sampler_gives_alone(cls, varied):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_rows_own_settings_in_a_mixed_batch_give_what_that_sampler_gives_alone(
+    cls, varied, dtype
+):
     """Rows with different settings share each forward, and each row's tokens are those of a
-    backbone configured with its settings, stepping it alone."""
+    backbone configured with its settings, stepping it alone (in the dtype users run too)."""
     T, gen = 6, 6
-    shared = cls(model="random")
-    alone = cls(model="random", **varied)
+    shared = cls(model="random", dtype=dtype)
+    alone = cls(model="random", dtype=dtype, **varied)
     prompt = shared.encode(Prompt(text="12+3="))
     canvas = shared.canvas(prompt, gen)
     mixed = _steps(shared, [canvas] * 4, T, [{}, varied, {}, varied], [len(prompt)] * 4)
     for i in (1, 3):
         own = _steps(alone, [canvas] * 4, T, [{}] * 4, [len(prompt)] * 4)[i]
         assert torch.equal(mixed[i], own)
-    plain = _steps(cls(model="random"), [canvas] * 4, T, [{}] * 4, [len(prompt)] * 4)
+    plain = _steps(cls(model="random", dtype=dtype), [canvas] * 4, T, [{}] * 4, [len(prompt)] * 4)
     assert torch.equal(mixed[0], plain[0]) and torch.equal(mixed[2], plain[2])
     assert not any(torch.equal(mixed[i], plain[i]) for i in (1, 3))
 

@@ -13,7 +13,8 @@ from typing import Any
 from rich.console import Console
 
 from dllmbench.api.interfaces import config_class, cost_formula
-from dllmbench.cli.common import Reply, add_json, table
+from dllmbench.cli.common import GENERAL, Reply, add_json, table
+from dllmbench.execution.planner import family_spec, unavailable
 from dllmbench.loading.registry import Registry, options, registry
 
 COLUMNS = ("kind", "name", "distribution", "version", "module")
@@ -31,11 +32,20 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(execute=execute)
 
 
+FAMILY_KEYS = ("label", "spec", "cost")
+
+
 def execute(args: argparse.Namespace) -> Reply:
     described = describe_plugins(registry())
     if args.verbose:
         return Reply(described, lambda console: _show_verbose(console, described))
-    brief = [{key: entry[key] for key in (*COLUMNS, "broken")} for entry in described]
+    brief = [
+        {
+            key: entry[key]
+            for key in (*COLUMNS, *(FAMILY_KEYS if entry["kind"] == "family" else ()), "broken")
+        }
+        for entry in described
+    ]
     return Reply(brief, lambda console: _show(console, brief))
 
 
@@ -46,10 +56,25 @@ def _broken_line(entry: dict[str, Any]) -> str:
 
 
 def _show(console: Console, entries: list[dict[str, Any]]) -> None:
+    plugins = [e for e in entries if e["kind"] != "family"]
+    families = [e for e in entries if e["kind"] == "family"]
     rows = [
-        (*(entry[c] for c in COLUMNS), "broken" if entry["broken"] else "ok") for entry in entries
+        (*(entry[c] for c in COLUMNS), "broken" if entry["broken"] else "ok") for entry in plugins
     ]
     console.print(table("dllmbench plugins", (*COLUMNS, "status"), rows))
+    family_rows = [
+        (
+            e["name"],
+            e["label"],
+            e["cost"] or "",
+            e["distribution"],
+            "broken" if e["broken"] else "ok",
+        )
+        for e in families
+    ]
+    if family_rows:
+        columns = ("family", "label", "strategy cost", "distribution", "status")
+        console.print(table("method families", columns, family_rows))
     for entry in entries:
         if entry["broken"]:
             console.print(_broken_line(entry), markup=False, highlight=False)
@@ -65,6 +90,15 @@ def _show_verbose(console: Console, entries: list[dict[str, Any]]) -> None:
     for entry in entries:
         if entry["broken"]:
             console.print(_broken_line(entry), markup=False, highlight=False)
+            continue
+        if entry["kind"] == "family":
+            lines = [
+                f"family {entry['name']}  ({entry['distribution']}, {entry['module']})",
+                f"  label: {entry['label']}",
+                f"  spec: {entry['spec']}",
+                f"  cost: {entry['cost'] or '(not stated)'}",
+            ]
+            console.print("\n".join(lines) + "\n", markup=False, highlight=False, soft_wrap=True)
             continue
         lines = [
             f"{entry['kind']} {entry['name']}  ({entry['distribution']} {entry['version']}, "
@@ -125,11 +159,39 @@ def _summary(factory: Any) -> str:
     return doc.strip().splitlines()[0] if doc.strip() else ""
 
 
+def _families(reg: Registry) -> list[dict[str, Any]]:
+    """Every method family as plain data: its label, spec, its strategy's cost formula, and
+    `broken` (why its strategy or selector cannot be built, or None)."""
+    out = []
+    for family in reg.families():
+        spec = family_spec(family, GENERAL["steps"])
+        missing = unavailable(reg, family, GENERAL["steps"])
+        cost = None if missing else cost_formula(reg.info("strategy", spec.strategy).factory)
+        out.append(
+            {
+                "name": family.name,
+                "kind": "family",
+                "distribution": family.distribution,
+                "version": "",
+                "module": family.module,
+                "label": family.label,
+                "spec": family.spec,
+                "summary": family.label,
+                "options": [],
+                "cost": cost,
+                "broken": missing,
+            }
+        )
+    return out
+
+
 def describe_plugins(reg: Registry) -> list[dict[str, Any]]:
     """Every plugin as plain data, for `dllmbench plugins --verbose` / `--json`: name, kind,
     distribution, version, module, `summary` (its docstring's first line), `options` (name,
     type, default), for strategies `cost` (its cost formula, or None), and `broken` (None, or
-    the reason it is left out; a broken plugin has no summary, options or cost)."""
+    the reason it is left out; a broken plugin has no summary, options or cost). Method
+    families follow the plugins as kind `family`, with `label`, `spec` and their strategy's
+    `cost` formula."""
     out: list[dict[str, Any]] = []
     for info in sorted(reg.all(), key=lambda i: (i.kind, i.name)):
         entry: dict[str, Any] = {
@@ -141,6 +203,7 @@ def describe_plugins(reg: Registry) -> list[dict[str, Any]]:
         if info.kind == "strategy":
             entry["cost"] = cost_formula(info.factory)
         out.append(entry)
+    out.extend(_families(reg))
     for b in reg.broken():
         out.append(
             {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -226,12 +227,17 @@ class Pool:
 
 @dataclass(frozen=True)
 class Candidate:
-    """What a selector sees of one candidate: never its label."""
+    """What a selector sees of one candidate: never its label. Read-only: its `scores` are a
+    read-only mapping, and a selector receives the candidates as a tuple."""
 
     index: int
     text: str
     answer: str | None
     answer_key: Any  # hashable; equal keys mean equal answers; None when invalid
     lineage: Lineage
-    scores: dict[str, float]
+    scores: Mapping[str, float]
     weight: float | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "scores", MappingProxyType(dict(self.scores)))
+        object.__setattr__(self, "lineage", tuple(self.lineage))

@@ -412,20 +412,24 @@ class Engine:
                 )
                 for i in range(size)
             ]
-            chosen = self._select(problem, method, candidates, judged.labels[:size])
+            chosen = self._select(problem, method, tuple(candidates), judged.labels[:size])
             self.ledger.check(problem.id, method.id, self._costs[method.id])
             records.append(self._record(problem, method, chosen, candidates, judged, pool))
             self.ledger.release(problem.id, method.id)
         return records
 
     def _select(
-        self, problem: Problem, method: Method, candidates: list[Candidate], labels: list[bool]
+        self,
+        problem: Problem,
+        method: Method,
+        candidates: tuple[Candidate, ...],
+        labels: list[bool],
     ) -> int | None:
         """The selector's choice, once it is None or an index into `candidates`."""
         rng = numpy_rng(self.sampling.seed, problem.id, "select", method.id)
         with self.origins.blame("selector", method.spec.selector):
             chosen = method.selector.select(
-                candidates, rng=rng, labels=labels if method.ceiling else None
+                candidates, rng=rng, labels=tuple(labels) if method.ceiling else None
             )
         if chosen is None:
             return None
@@ -481,7 +485,7 @@ def _candidate_record(
         valid=candidate.answer_key is not None,
         key=None if candidate.answer_key is None else str(candidate.answer_key),
         correct=correct,
-        scores=candidate.scores,
+        scores=dict(candidate.scores),
         weight=candidate.weight,
         lineage=list(candidate.lineage),
     )

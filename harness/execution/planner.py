@@ -160,23 +160,30 @@ def family_spec(family: MethodFamily, total_steps: int) -> MethodSpec:
 
 def available_families(registry: Registry, total_steps: int) -> list[str]:
     """Every registered family whose strategy and selector are registered and not broken."""
-    have = {kind: set(registry.names(kind)) for kind in ("strategy", "selector")}
-    names = []
-    for family in registry.families():
-        spec = family_spec(family, total_steps)
-        if spec.strategy in have["strategy"] and spec.selector in have["selector"]:
-            names.append(family.name)
-    return names
+    return [f.name for f in registry.families() if unavailable(registry, f, total_steps) is None]
 
 
 def expand(registry: Registry, entries: list[str] | None, total_steps: int) -> dict[str, bool]:
-    """Entry → whether it was asked for by name: `all` (or no entries) adds every available
-    family, not asked for by name, so one that lacks a scorer is only left out."""
+    """Entry → whether it was asked for by name: `all` (or no entries) adds every registered
+    family, not asked for by name, so one that lacks a scorer or whose plugins are missing or
+    broken is only left out, with the reason."""
     out: dict[str, bool] = {}
     for entry in entries or [ALL]:
-        for name in available_families(registry, total_steps) if entry == ALL else [entry]:
+        for name in [f.name for f in registry.families()] if entry == ALL else [entry]:
             out[name] = out.get(name, False) or entry != ALL
     return out
+
+
+def unavailable(registry: Registry, family: MethodFamily, total_steps: int) -> str | None:
+    """Why a family's strategy or selector cannot be built (missing, broken, clashing), or
+    None when both are registered."""
+    spec = family_spec(family, total_steps)
+    for kind, name in (("strategy", spec.strategy), ("selector", spec.selector)):
+        try:
+            registry.info(kind, name)
+        except PluginError as exc:
+            return f"{kind} {name!r} is not available: {exc}"
+    return None
 
 
 def _spec(
@@ -218,6 +225,9 @@ def scorer_users(
     """Scorer name → the entries (families or specs) whose methods use it."""
     users: dict[str, list[Use]] = {}
     for entry, named in expand(registry, entries, total_steps).items():
+        family = registry.family(entry)
+        if not named and family is not None and unavailable(registry, family, total_steps):
+            continue  # left out by `plan`, with the reason
         spec, _ = _spec(registry, entry, total_steps)
         method = None  # which scorers a method uses does not depend on its size: any will do
         for size in range(1, 65) if spec.free_field() else (0,):
@@ -281,6 +291,11 @@ def _place(
 ) -> Method | LeftOut:
     """The method `entry` takes at `budget`, or why it is left out."""
     spec, family = _spec(registry, entry, total_steps)
+    missing = None if family is None else unavailable(registry, family, total_steps)
+    if missing is not None:
+        if named:
+            raise PluginError(f"method family {entry!r}: {missing}")
+        return LeftOut(entry, missing)
     label, name = (family.label, family.name) if family else (None, None)
     method, smallest = fit(registry, spec, label, name, budget, total_steps, passes_per_step)
     if method is None:

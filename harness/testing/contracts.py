@@ -45,7 +45,14 @@ from dllmbench.execution.method import Method, MethodSpec
 from dllmbench.loading.provenance import config_data
 from dllmbench.loading.registry import registry
 from dllmbench.testing.doubles import ToyBackbone, ToySum
-from dllmbench.testing.helpers import GEN_LENGTH, PROBLEMS, STEPS, make_candidates, run_methods
+from dllmbench.testing.helpers import (
+    GEN_LENGTH,
+    PROBLEMS,
+    STEPS,
+    make_candidate,
+    make_candidates,
+    run_methods,
+)
 
 BASE_STEPS = (3, STEPS)  # fewer steps than generated tokens, and the usual 12
 LONG_STEPS = (40, 130, 260)  # tried in turn until the strategy denoises in several calls
@@ -450,7 +457,9 @@ SELECTOR_STEPS = (STEPS, LONG_STEPS[0])
 ANSWER_LISTS = (["4", None, "7", "4", "9"], ["3"], [None, None], ["8", "2", "2"])
 
 
-def selector_candidates(needs: Sequence[str], answers: Sequence[str | None]) -> list[Candidate]:
+def selector_candidates(
+    needs: Sequence[str], answers: Sequence[str | None]
+) -> tuple[Candidate, ...]:
     """Candidates with the given answers, a score for every scorer named (and orm, prm) and
     a weight, all distinct."""
     names = sorted({*needs, "orm", "prm"})
@@ -535,6 +544,70 @@ def test_selector_deterministic_and_costed(dllmbench_selector):
             raise AssertionError(
                 f"selector {name!r}: {method.id} spent {record['passes']} on problem "
                 f"{problem!r} at T={total} but declared {method.cost(total)}"
+            )
+
+
+def _snapshot(candidates: Sequence[Candidate]) -> list[tuple]:
+    return [
+        (c.index, c.text, c.answer, c.answer_key, c.lineage, dict(c.scores), c.weight)
+        for c in candidates
+    ]
+
+
+def test_selector_leaves_its_candidates_alone(dllmbench_selector):
+    """A selector reads its candidates: they come as a tuple of read-only candidates, and one
+    that tries to change them (or their scores) fails."""
+    name, config = dllmbench_selector
+    selector = registry().selector(name, **config)
+    for answers in ANSWER_LISTS:
+        cands = selector_candidates(selector.needs, answers)
+        before = _snapshot(cands)
+        labels = tuple(_labels(answers)) if selector.ceiling else None
+        try:
+            selector.select(cands, rng=np.random.default_rng(0), labels=labels)
+        except (TypeError, AttributeError) as exc:
+            raise AssertionError(
+                f"selector {name!r} tried to change its candidates ({explain(exc)}); "
+                "candidates and their scores are read-only: copy what you need"
+            ) from None
+        if _snapshot(cands) != before:
+            raise AssertionError(
+                f"selector {name!r} changed its candidates (answers {answers}); "
+                "a selector must only read them"
+            )
+
+
+TIES = (["4", "4", "7", "7"], ["1", "2", "3"], ["5", None, "5", "6", "6"])
+
+
+def _fresh(needs: Sequence[str], answers: Sequence[str], reverse: bool) -> list[Candidate]:
+    """Equal candidates with tied scores, built anew (in reverse order when `reverse`, so that
+    their object ids come in another order)."""
+    order = range(len(answers) - 1, -1, -1) if reverse else range(len(answers))
+    names = sorted({*needs, "orm", "prm"})
+    built = {
+        i: make_candidate(i, answers[i], scores={s: 0.5 for s in names}, weight=0.5) for i in order
+    }
+    return [built[i] for i in range(len(answers))]
+
+
+def test_selector_same_choice_on_equal_inputs(dllmbench_selector):
+    """Equal candidates (ties included) and an equal rng give the same choice, whatever the
+    objects: a selector must not break ties by object identity, hashing or global state."""
+    name, config = dllmbench_selector
+    selector = registry().selector(name, **config)
+    for answers in TIES:
+        labels = tuple(_labels(answers)) if selector.ceiling else None
+        choices = set()
+        for trial in range(8):
+            cands = tuple(_fresh(selector.needs, answers, reverse=bool(trial % 2)))
+            chosen = selector.select(cands, rng=np.random.default_rng(0), labels=labels)
+            choices.add(None if chosen is None else int(chosen))
+        if len(choices) > 1:
+            raise AssertionError(
+                f"selector {name!r} chose {sorted(c for c in choices if c is not None)} on "
+                f"equal candidates (answers {answers}, one rng seed): break ties by the "
+                "candidates and the rng only, never by object identity"
             )
 
 

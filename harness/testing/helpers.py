@@ -61,8 +61,9 @@ def make_candidates(
     *,
     scores: Mapping[str, Sequence[float]] | None = None,
     weights: Sequence[float] | None = None,
-) -> list[Candidate]:
-    """A pool's candidates as a selector receives them: candidate i has answer `answers[i]`,
+) -> tuple[Candidate, ...]:
+    """A pool's candidates as a selector receives them (a tuple of read-only candidates):
+    candidate i has answer `answers[i]`,
     `scores[name][i]` for each scorer name and weight `weights[i]`."""
     scores = dict(scores or {})
     for name, values in scores.items():
@@ -70,7 +71,7 @@ def make_candidates(
             raise ValueError(f"scores[{name!r}] has {len(values)} values for {len(answers)}")
     if weights is not None and len(weights) != len(answers):
         raise ValueError(f"weights has {len(weights)} values for {len(answers)} answers")
-    return [
+    return tuple(
         make_candidate(
             i,
             answer,
@@ -78,7 +79,7 @@ def make_candidates(
             weight=None if weights is None else float(weights[i]),
         )
         for i, answer in enumerate(answers)
-    ]
+    )
 
 
 def make_rows(

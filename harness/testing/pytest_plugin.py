@@ -61,6 +61,37 @@ def pytest_unconfigure(config):
         use_plugins(previous)
 
 
+def requested_problems(reg, only) -> list[str]:
+    """One line per plugin named in `dllmbench_plugins` that the checks cannot run on: not
+    registered under any kind (a typo, a package not installed), or broken (a failed import,
+    a raising hook, a name clash)."""
+    problems = []
+    for name in sorted(only):
+        broken = [b for b in reg.broken() if b.name == name]
+        if broken:
+            problems.append(f"dllmbench_plugins names {name!r}: {broken[0].line()}")
+        elif not any(name in reg.names(kind) for kind in KINDS):
+            known = sorted({n for kind in KINDS for n in reg.names(kind)})
+            problems.append(
+                f"dllmbench_plugins names {name!r}, which no installed plugin registers "
+                f"(is its package installed? known: {', '.join(known)})"
+            )
+    return problems
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Asked to check named plugins, fail (not skip) when one of them cannot be checked."""
+    only = config.getini("dllmbench_plugins")
+    if not only:
+        return
+    from dllmbench.loading.registry import registry
+
+    _select_from_environment(config)
+    problems = requested_problems(registry(), only)
+    if problems:
+        raise pytest.UsageError("; ".join(problems))
+
+
 def pytest_generate_tests(metafunc):
     only = set(metafunc.config.getini("dllmbench_plugins"))
     for fixture, kind in FIXTURES.items():
