@@ -28,6 +28,11 @@ FAMILIES = (
     "PRM Hybrid K=8 b=12 + Majority",
     "SMC K=8 b=12 (weighted vote)",
     "SMC K=8 b=12 (top particle)",
+    "HEX@8",
+    "Sampler Ensemble@8",
+    "ReMDM-cap@8",
+    "ReMDM-cap@8 + ORM Rerank",
+    "Prism N=19 K=4",
     "Oracle@8",
     "Oracle of PRM Hybrid K=8 b=12",
 )

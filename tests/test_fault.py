@@ -43,10 +43,27 @@ class BreaksWhenSearching(Independent):
         raise KeyError("lost")
 
 
+class StartsAnother(Independent):
+    async def search(self, problem, ops):
+        other = type(problem)(problem.id + "-other", problem.question, problem.gold)
+        return ops.pool(await ops.denoise(ops.start(other, copies=1)))
+
+
+class PoolsTheFirst(Independent):
+    first = None
+
+    async def search(self, problem, ops):
+        rows = await ops.denoise(ops.start(problem, copies=1))
+        PoolsTheFirst.first = PoolsTheFirst.first or rows
+        return ops.pool(PoolsTheFirst.first)
+
+
 @hookimpl
 def dllmbench_register_strategies(register):
     register("breaks_when_built", BreaksWhenBuilt)
     register("breaks_when_searching", BreaksWhenSearching)
+    register("starts_another", StartsAnother)
+    register("pools_the_first", PoolsTheFirst)
 """
 
 RUN = ("run", "--task", "toy_sum:size=2", "--backbone", "toy", "--steps", "4", "--gen-length", "5")
@@ -82,6 +99,14 @@ def test_a_plugin_raising_typeerror_when_built_exits_3_naming_it(cli, tmp_path, 
 def test_a_plugin_raising_while_searching_exits_3_naming_it(cli, tmp_path, faulty):
     result = _run(cli, tmp_path, "breaks_when_searching:n=1+first")
     _one_line_naming_the_plugin(result, "breaks_when_searching", "KeyError: 'lost'")
+
+
+def test_ops_misuse_is_the_plugins_fault_in_one_line(cli, tmp_path, faulty):
+    result = _run(cli, tmp_path, "starts_another:n=1+first")
+    _one_line_naming_the_plugin(result, "starts_another", "ValueError: ops.start was given")
+    pooled = _run(cli, tmp_path / "b", "pools_the_first:n=1+first")
+    _one_line_naming_the_plugin(pooled, "pools_the_first", "ValueError: ops.pool was given rows")
+    assert "but this search serves problem" in pooled.err
 
 
 def test_a_bad_option_is_the_users_mistake(cli, tmp_path, faulty):
