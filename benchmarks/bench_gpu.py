@@ -242,14 +242,14 @@ def engine_run(bb, params: int, s: Setup, peak: float | None) -> dict[str, Any]:
     problems = task.problems("test")[: s.engine_problems]
     method = Method.build(reg, MethodSpec.parse(f"independent:n={s.engine_copies}+majority"))
     work = 0.0
-    step = bb.denoise_step
+    step = bb.denoise_step_with_confidence  # what the engine calls (rows carry confidences)
 
-    def counted(batch: StepBatch) -> list[torch.Tensor]:
+    def counted(batch: StepBatch) -> list[tuple[torch.Tensor, torch.Tensor]]:
         nonlocal work
         work += flops(bb.transformer, params, [len(t) for t in batch.tokens])
         return step(batch)
 
-    bb.denoise_step = counted
+    bb.denoise_step_with_confidence = counted
     engine = Engine(
         backbone=bb,
         scorers={},
@@ -263,7 +263,7 @@ def engine_run(bb, params: int, s: Setup, peak: float | None) -> dict[str, Any]:
     records = engine.run(problems)
     sync(bb.device)
     seconds = time.perf_counter() - start
-    del bb.denoise_step
+    del bb.denoise_step_with_confidence
     row_passes = engine.ledger.physical()["denoise"]["rows"]
     assert len(records) == len(problems)
     assert row_passes == len(problems) * s.engine_copies * s.engine_steps

@@ -162,3 +162,27 @@ def finished_run(tmp_path, finished_run_once):
     out = tmp_path / "run"
     shutil.copytree(finished_run_once, out)
     return out
+
+
+def pip_install(source: Path, target: Path) -> Path:
+    """pip-install the package at `source` into the folder `target` (no index, no deps, no
+    build isolation: nothing is downloaded), as a user installs a plugin package."""
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--target",
+            str(target),
+            str(source),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return target

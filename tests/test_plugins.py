@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import pip_install
 
 from dllmbench.api.interfaces import (
     KIND_PROTOCOLS,
@@ -101,26 +102,7 @@ def third_party(tmp_path_factory) -> Path:
         pairs = "dllmbench_pairs"
     """)
     )
-    target = tmp_path_factory.mktemp("site")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--no-build-isolation",
-            "--no-index",
-            "--target",
-            str(target),
-            str(root),
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return target
+    return pip_install(root, tmp_path_factory.mktemp("site"))
 
 
 def _cli(site: Path, *argv: str, **env: str) -> subprocess.CompletedProcess:

@@ -3,6 +3,7 @@ on them (HEX, ReMDM, Prism-style search, sampler ensembles): hand-worked cases."
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -277,3 +278,24 @@ def test_hex_and_ensemble_pools_nest_and_differ_from_the_independent_pool():
     assert mixed[0]["ledger"]["passes"] == independent[0]["ledger"]["passes"]
     texts = [[c["text"] for c in r["candidates"]] for r in mixed]
     assert texts != [[c["text"] for c in r["candidates"]] for r in independent]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_self_verification_scores_a_row_the_same_beside_any_rows(dtype):
+    """A search that prunes on near-equal verdicts must not decide by its batch: a row's
+    score is the same alone and beside longer rows."""
+    from dllmbench.api.interfaces import ScoreBatch
+    from dllmbench.plugins.scorers.self_verify import SelfVerify
+
+    bb = Dream(model="random", dtype=dtype)
+    scorer = SelfVerify(backbone=bb)
+    prompts = [bb.encode(Prompt(text=t)) for t in ("1+2=", "123+456+7890=", "9=")]
+    rows = [bb.canvas(p, 6) for p in prompts]
+    for row, p in zip(rows, prompts, strict=True):
+        row[len(p) : len(p) + 3] = torch.tensor(bb.encode(Prompt(text="abc"))[-3:])
+    plens = [len(p) for p in prompts]
+    together = scorer.score(ScoreBatch(rows, plens, [3] * 3, 6))
+    for i in range(3):
+        alone = scorer.score(ScoreBatch([rows[i]], [plens[i]], [3], 6))
+        assert alone[0] == together[i]
+    assert np.isfinite(together).all()

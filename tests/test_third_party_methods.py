@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import pip_install
 
 PACKAGE = Path(__file__).parent / "packages" / "hexvote"
 
@@ -19,28 +20,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
-    target = tmp_path_factory.mktemp("site")
-    build = tmp_path_factory.mktemp("build")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--no-build-isolation",
-            "--no-index",
-            "--target",
-            str(target),
-            str(PACKAGE),
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-        cwd=build,
-    )
-    return target
+    return pip_install(PACKAGE, tmp_path_factory.mktemp("site"))
 
 
 def _cli(site: Path, *argv: str) -> subprocess.CompletedProcess:

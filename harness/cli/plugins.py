@@ -172,7 +172,7 @@ def _families(reg: Registry) -> list[dict[str, Any]]:
                 "name": family.name,
                 "kind": "family",
                 "distribution": family.distribution,
-                "version": "",
+                "version": family.version,
                 "module": family.module,
                 "label": family.label,
                 "spec": family.spec,

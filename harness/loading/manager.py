@@ -103,6 +103,7 @@ class MethodFamily:
     spec: str  # "{half}" stands for T // 2, the segment length of the guided families
     distribution: str = "dllmbench"
     module: str = ""
+    version: str = ""  # its distribution's version
 
 
 @dataclass(frozen=True)
@@ -295,7 +296,9 @@ class _Collector:
         if self._taken(kind, name, table, src, mod):
             return
         if kind == "method":
-            table[name] = MethodFamily(name, distribution=src.distribution, module=mod, **family)
+            table[name] = MethodFamily(
+                name, distribution=src.distribution, module=mod, version=src.version, **family
+            )
         else:
             table[name] = PluginInfo(name, kind, factory, src.distribution, src.version, mod)
 

@@ -37,6 +37,7 @@ from dllmbench.api.interfaces import (
     SearchStrategy,
     StepBatch,
     contract_backbone,
+    evidence_of,
 )
 from dllmbench.core.errors import CostMismatch
 from dllmbench.core.keys import row_key
@@ -129,6 +130,23 @@ class Reads:
 
     def select(self, candidates: Sequence[Candidate], *, rng, labels=None) -> int | None:
         return 0 if candidates else None
+
+
+def host(declares: str, size: int | None = None) -> tuple[str, dict[str, Any]]:
+    """A registered strategy the kit runs beside a plugin, or under a selector, chosen by what
+    it declares (`Evidence`: `plain` nested samples, `cuts`, `particles`), never by name: the
+    first in name order, with its nested size set to `size` (other hosts at their defaults)."""
+    for name in registry().names("strategy"):
+        try:
+            declared = evidence_of(registry().strategy(name))
+        except Exception:  # a strategy that needs options is no host
+            continue
+        if not getattr(declared, declares):
+            continue
+        if declared.nested and size is not None:
+            return name, {declared.nested: size}
+        return name, {}
+    raise AssertionError(f"the kit needs a registered strategy declaring {declares}")
 
 
 def kit_method(
@@ -361,10 +379,7 @@ def test_strategy_independent_of_other_methods(dllmbench_strategy):
     steps = steps_for(name, config)
     alone = run_kit([kit_method(name, config)], steps)
     mine = kit_method(name, config)
-    others = [
-        kit_method("independent", {"n": 3}, "majority"),
-        kit_method("prm_guided", {"k": 4, "every": 5}, "first"),
-    ]
+    others = [kit_method(*host("plain", 3), "majority"), kit_method(*host("cuts"), "first")]
     together = run_kit([*(m for m in others if m.id != mine.id), mine], steps)
     beside = {k: v for k, v in together.items() if k[2] == mine.id}
     assert_same(alone, beside, f"strategy {name!r}: records alone and beside other methods differ")
@@ -533,8 +548,8 @@ def test_selector_deterministic_and_costed(dllmbench_selector):
     the method declares (the ledger check)."""
     name, config = dllmbench_selector
     selector = registry().selector(name, **config)
-    strategy = "smc" if "weight" in config_data(selector).values() else "independent"
-    sconf = {"k": 4, "every": 6} if strategy == "smc" else {"n": 4}
+    weighted = "weight" in config_data(selector).values()
+    strategy, sconf = host("particles") if weighted else host("plain", 4)
     method = kit_method(strategy, sconf, name, config)
     first = run_kit([method], SELECTOR_STEPS)  # the engine's ledger check covers its scoring
     second = run_kit([kit_method(strategy, sconf, name, config)], SELECTOR_STEPS)

@@ -13,7 +13,7 @@ from typing import ClassVar
 from dllmbench.api.hookspecs import hookimpl
 from dllmbench.api.interfaces import Evidence
 from dllmbench.api.ops import Ops
-from dllmbench.core.types import Pool, Problem
+from dllmbench.plugins.strategies.independent import Independent
 
 # the commit orders "auto" mixes, by the setting the backbone varies per row
 AUTO_ORDERS = {
@@ -42,32 +42,21 @@ class EnsembleConfig:
                 raise ValueError(f"temperatures must be >= 0, got {t}")
 
 
-class Ensemble:
+class Ensemble(Independent):
     """n samples mixing temperatures and commit orders, one setting combination per row."""
 
     Config = EnsembleConfig
-    cost_formula: ClassVar[str] = "denoise: n·T"
     contract_configs: ClassVar[list[dict]] = [
         {"n": 1, "orders": "none"},
         {"n": 5, "temperatures": "0.5/1.0", "orders": "none"},
     ]
-    prefix_field: ClassVar[str | None] = "n"
-    scorers: tuple[str, ...] = ()
-
-    def __init__(self, **config):
-        self.config = EnsembleConfig(**config)
-
-    def cost(self, total_steps: int) -> dict[str, int]:
-        return {"denoise": self.config.n * total_steps}
-
-    def pool_size(self) -> int:
-        return self.config.n
-
-    def pool_scores(self) -> frozenset[str]:
-        return frozenset()
 
     def evidence(self) -> Evidence:
-        return Evidence(nested="n")
+        return Evidence(nested="n")  # nested, but not the plain samples
+
+    def settings(self, ops: Ops) -> list[dict[str, object]]:
+        mix = self.combinations(ops.row_settings)
+        return [mix[i % len(mix)] for i in range(self.config.n)]
 
     def combinations(self, varies: frozenset[str]) -> list[dict[str, object]]:
         """Every (temperature, order) setting, in order: temperatures outermost."""
@@ -80,13 +69,6 @@ class Ensemble:
             name = "alg" if "alg" in varies else "remasking"
             orders = [{name: o} for o in _split(self.config.orders)]
         return [{**t, **o} for t, o in itertools.product(temps, orders)]
-
-    async def search(self, problem: Problem, ops: Ops) -> Pool:
-        mix = self.combinations(ops.row_settings)
-        settings = [mix[i % len(mix)] for i in range(self.config.n)]
-        rows = ops.start(problem, copies=self.config.n, settings=settings)
-        rows = await ops.denoise(rows)
-        return ops.pool(rows)
 
 
 @hookimpl

@@ -12,12 +12,12 @@ their block length, so HEX costs what Majority costs: n·T.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from dllmbench.api.hookspecs import hookimpl
 from dllmbench.api.interfaces import Evidence
 from dllmbench.api.ops import Ops
-from dllmbench.core.types import Pool, Problem
+from dllmbench.plugins.strategies.independent import Independent
 
 PAPER_DIVISORS = (32, 16, 8, 4, 2)  # the paper's block lengths: gen_length / these
 
@@ -52,41 +52,23 @@ def paper_blocks(gen_length: int) -> tuple[int, ...]:
     return tuple(dict.fromkeys(max(1, gen_length // d) for d in PAPER_DIVISORS))
 
 
-class Hex:
+class Hex(Independent):
     """n samples spread over several semi-autoregressive block lengths (HEX)."""
 
     Config = HexConfig
-    cost_formula: ClassVar[str] = "denoise: n·T"
     contract_configs: ClassVar[list[dict]] = [{"n": 1, "blocks": "2"}, {"n": 5, "blocks": "1/2/5"}]
-    prefix_field: ClassVar[str | None] = "n"
-    scorers: tuple[str, ...] = ()
-
-    def __init__(self, **config):
-        self.config = HexConfig(**config)
-
-    def cost(self, total_steps: int) -> dict[str, int]:
-        return {"denoise": self.config.n * total_steps}
-
-    def pool_size(self) -> int:
-        return self.config.n
-
-    def pool_scores(self) -> frozenset[str]:
-        return frozenset()
 
     def evidence(self) -> Evidence:
-        return Evidence(nested="n")
+        return Evidence(nested="n")  # nested, but not the plain samples
+
+    def settings(self, ops: Ops) -> list[dict[str, Any]]:
+        blocks = self.block_lengths(ops)
+        return [{"block_length": blocks[i % len(blocks)]} for i in range(self.config.n)]
 
     def block_lengths(self, ops: Ops) -> tuple[int, ...]:
         if self.config.blocks == "paper":
             return paper_blocks(ops.gen_length)
         return parse_blocks(self.config.blocks)
-
-    async def search(self, problem: Problem, ops: Ops) -> Pool:
-        blocks = self.block_lengths(ops)
-        experts = [{"block_length": blocks[i % len(blocks)]} for i in range(self.config.n)]
-        rows = ops.start(problem, copies=self.config.n, settings=experts)
-        rows = await ops.denoise(rows)
-        return ops.pool(rows)
 
 
 @hookimpl
