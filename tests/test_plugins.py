@@ -492,3 +492,27 @@ def test_every_builtin_factory_meets_the_protocols_it_claims():
     llada = reg.check("backbone", "llada", cfg_scale=1.0)
     assert passes_per_step(llada) == 2 and passes_per_step(reg.check("backbone", "dream")) == 1
     assert is_trained(reg.check("scorer", "prm")) is False
+
+
+@pytest.mark.slow
+def test_a_family_a_clash_breaks_is_left_out_with_the_reason_and_families_are_listed(tmp_path):
+    """`all` never drops a family in silence: one whose selector a clash broke is listed
+    under "left out" with the reason; `dllmbench plugins` lists the families, their labels
+    and cost formulas, and marks that one broken."""
+    (tmp_path / "clash_c.py").write_text(
+        "from dllmbench.api.hookspecs import hookimpl\n"
+        "@hookimpl\ndef dllmbench_register_selectors(register):\n"
+        "    register('majority', object)\n"
+    )
+    out = _cli(tmp_path, "plan", "--budget", "208", "--json", DLLMBENCH_PLUGIN_MODULES="clash_c")
+    assert out.returncode == 0, out.stderr
+    left = {x["family"]: x["reason"] for x in json.loads(out.stdout)["left_out"]}
+    assert "selector 'majority' is not available" in left["majority"]
+    assert "is broken" in left["hex"]
+    listed = _cli(tmp_path, "plugins", "--json", DLLMBENCH_PLUGIN_MODULES="clash_c")
+    families = {p["name"]: p for p in json.loads(listed.stdout) if p["kind"] == "family"}
+    assert families["hex"]["label"] == "HEX@{n}" and families["hex"]["broken"]
+    assert families["orm_rerank"]["cost"] == "denoise: n·T" and not families["orm_rerank"]["broken"]
+    assert families["prism"]["cost"].startswith("denoise: Σ_k width_k")
+    table = _cli(tmp_path, "plugins")
+    assert "method families" in table.stdout and "orm_rerank" in table.stdout
