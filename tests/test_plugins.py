@@ -605,17 +605,19 @@ def test_plugins_command_shows_families_in_its_table_and_json(broken_families, c
     assert "broken: family 'beam' from module:fam_plugins: strategy 'beam' is not" in shown.out
     listed = json.loads(cli("plugins", "--json").out)
     families = {e["name"]: e for e in listed if e["kind"] == "family"}
+    version = next(e["version"] for e in listed if e["name"] == "independent")
     assert families["prm_guided"] == {
         "kind": "family",
         "name": "prm_guided",
         "distribution": "dllmbench",
-        "version": "",
+        "version": version,
         "module": "dllmbench.plugins.methods",
         "label": "PRM Guided K={k} b={every}",
         "spec": "prm_guided:k=*,every={half},final=keep+argmax:scorer=prm",
         "cost": "denoise: k·T; score:<scorer>: k·ceil(T / every)",
         "broken": None,
     }
+    assert version not in ("", "unknown") and families["beam"]["version"] == "local"
     assert families["oracle"]["broken"].startswith("registered by dllmbench")
     assert families["hybrid_oracle"]["broken"] is None
 

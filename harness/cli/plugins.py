@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.metadata
 import inspect
 import typing
 from typing import Any
@@ -167,6 +168,7 @@ def _families(reg: Registry) -> list[dict[str, Any]]:
     strategy or selector cannot be built, or None); then the family names two plugins
     register, broken."""
     out = []
+    versions = {info.distribution: info.version for info in reg.all()}
     for family in reg.families():
         missing = unavailable(reg, family, GENERAL["steps"])
         out.append(
@@ -174,7 +176,7 @@ def _families(reg: Registry) -> list[dict[str, Any]]:
                 "name": family.name,
                 "kind": "family",
                 "distribution": family.distribution,
-                "version": "",
+                "version": versions.get(family.distribution) or _version(family.distribution),
                 "module": family.module,
                 "label": family.label,
                 "spec": family.spec,
@@ -200,6 +202,17 @@ def _families(reg: Registry) -> list[dict[str, Any]]:
                 }
             )
     return out
+
+
+def _version(distribution: str) -> str:
+    """The installed version of a distribution that registers families only; "local" for a
+    module named in DLLMBENCH_PLUGIN_MODULES."""
+    if distribution.startswith("module:"):
+        return "local"
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def _strategy_cost(reg: Registry, family: MethodFamily) -> str | None:
