@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -368,26 +369,84 @@ def dllmbench_register_strategies(register):
 """
 
 
+FAILS_TO_IMPORT = "raise ImportError('no module named torch_extra')  # kit_beam lived here\n"
+
+HOOK_RAISES = """
+from dllmbench.hookspecs import hookimpl
+from dllmbench.plugins.strategies.independent import Independent
+
+
+@hookimpl
+def dllmbench_register_strategies(register):
+    register("kit_half", Independent)
+    raise RuntimeError("half registered")
+"""
+
+
+def _kit_session(pytester, monkeypatch, names: str, **modules: str):
+    """The kit through pytest, checking `names`, with the doubles, this module and `modules`
+    (name → source) as plugins."""
+    pytester.makepyfile(test_kit="from dllmbench.testing.contracts import *  # noqa: F403\n")
+    pytester.makeini(f"[pytest]\ndllmbench_plugins = {names}\n")
+    pytester.makepyfile(**modules)
+    pytester.syspathinsert()
+    for name in modules:
+        sys.modules.pop(name, None)  # imported afresh by this session's registry
+    monkeypatch.setenv(
+        "DLLMBENCH_PLUGIN_MODULES", ",".join(["dllmbench.testing.doubles", __name__, *modules])
+    )
+    return pytester.runpytest("-p", "no:cacheprovider")
+
+
 @pytest.mark.parametrize(
     ("names", "line"),
     [
         ("kit_honset", "dllmbench_plugins names 'kit_honset', which no installed plugin registers"),
         ("independent", "dllmbench_plugins names 'independent': strategy 'independent' from"),
         ("kit_brokn_module", "dllmbench_plugins names 'kit_brokn_module', which no installed"),
+        (
+            "kit_beam",
+            "dllmbench_plugins names 'kit_beam', which no installed plugin registers (is its "
+            "package installed? known: ",
+        ),
+        ("kit_half", "which no installed plugin registers"),
     ],
-    ids=["typo", "clash", "missing"],
+    ids=["typo", "clash", "missing", "import-fails", "hook-raises"],
 )
 def test_kit_fails_on_a_plugin_it_cannot_check(kit_doubles, pytester, monkeypatch, names, line):
-    """A mistyped, clashing or missing plugin named in `dllmbench_plugins` fails the session
-    with one line instead of skipping every check."""
-    pytester.makepyfile(test_kit="from dllmbench.testing.contracts import *  # noqa: F403\n")
-    pytester.makeini(f"[pytest]\ndllmbench_plugins = {names}\n")
-    pytester.makepyfile(clash_plugin=CLASH)
-    pytester.syspathinsert()
-    modules = f"dllmbench.testing.doubles,{__name__},clash_plugin"
-    monkeypatch.setenv("DLLMBENCH_PLUGIN_MODULES", modules)
-    result = pytester.runpytest("-p", "no:cacheprovider")
+    """A mistyped, clashing or missing plugin named in `dllmbench_plugins`, or one whose
+    module failed to import or whose hook raised, fails the session with one line (with the
+    registry's reason) instead of skipping every check."""
+    result = _kit_session(
+        pytester,
+        monkeypatch,
+        names,
+        clash_plugin=CLASH,
+        kit_fails_to_import=FAILS_TO_IMPORT,
+        kit_hook_raises=HOOK_RAISES,
+    )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     errors = [x for x in result.errlines if x.startswith("ERROR: ")]
     assert len(errors) == 1 and line in errors[0], result.errlines
     assert "Traceback" not in "\n".join(result.errlines)
+    if "which no installed plugin registers" in line:  # what would work, and what is broken
+        assert "kit_honest, " in errors[0] and "majority, " in errors[0]
+        assert (
+            "broken: plugin 'kit_fails_to_import' from module:kit_fails_to_import is broken: "
+            "failed to import: ImportError: no module named torch_extra" in errors[0]
+        )
+        assert (
+            "broken: plugin 'kit_hook_raises' from module:kit_hook_raises is broken: "
+            "dllmbench_register_strategies raised RuntimeError: half registered" in errors[0]
+        )
+
+
+def test_kit_names_only_checks_sessions_that_run_the_kit(kit_doubles, pytester, monkeypatch):
+    """`dllmbench_plugins` set in a package's configuration does not fail (nor load the
+    plugins of) a session of its other tests, which collects no contract check."""
+    pytester.makepyfile(test_other="def test_other():\n    assert True\n")
+    pytester.makeini("[pytest]\ndllmbench_plugins = kit_honset\n")
+    monkeypatch.setenv("DLLMBENCH_PLUGIN_MODULES", f"dllmbench.testing.doubles,{__name__}")
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.OK, result.errlines
+    result.assert_outcomes(passed=1)

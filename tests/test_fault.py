@@ -58,6 +58,27 @@ class PoolsTheFirst(Independent):
         return ops.pool(PoolsTheFirst.first)
 
 
+class ChangesScores:
+    needs = ()
+    ceiling = False
+
+    def select(self, candidates, *, rng, labels=None):
+        candidates[0].scores["orm"] = 1.0  # a score nobody paid for
+        return 0
+
+
+class SortsInPlace(ChangesScores):
+    def select(self, candidates, *, rng, labels=None):
+        candidates.sort(key=lambda c: -c.index)  # `selected` would index another candidate
+        return 0
+
+
+@hookimpl
+def dllmbench_register_selectors(register):
+    register("changes_scores", ChangesScores)
+    register("sorts_in_place", SortsInPlace)
+
+
 @hookimpl
 def dllmbench_register_strategies(register):
     register("breaks_when_built", BreaksWhenBuilt)
@@ -107,6 +128,24 @@ def test_ops_misuse_is_the_plugins_fault_in_one_line(cli, tmp_path, faulty):
     pooled = _run(cli, tmp_path / "b", "pools_the_first:n=1+first")
     _one_line_naming_the_plugin(pooled, "pools_the_first", "ValueError: ops.pool was given rows")
     assert "but this search serves problem" in pooled.err
+
+
+@pytest.mark.parametrize(
+    ("selector", "raised"),
+    [
+        ("changes_scores", "TypeError: 'mappingproxy' object does not support item assignment"),
+        ("sorts_in_place", "AttributeError: 'tuple' object has no attribute 'sort'"),
+    ],
+)
+def test_a_selector_changing_its_candidates_exits_3_naming_it(
+    cli, tmp_path, faulty, selector, raised
+):
+    """A selector receives a tuple of read-only candidates: changing them is its fault."""
+    result = _run(cli, tmp_path, f"independent:n=2+{selector}")
+    lines = [line for line in result.err.splitlines() if "× methods" not in line]
+    assert result.code == 3, result
+    assert len(lines) == 1 and "Traceback" not in result.err, result.err
+    assert f"selector '{selector}' (from module:faulty_plugins) raised {raised}" in lines[0]
 
 
 def test_a_bad_option_is_the_users_mistake(cli, tmp_path, faulty):

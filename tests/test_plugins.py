@@ -516,3 +516,134 @@ def test_a_family_a_clash_breaks_is_left_out_with_the_reason_and_families_are_li
     assert families["prism"]["cost"].startswith("denoise: Σ_k width_k")
     table = _cli(tmp_path, "plugins")
     assert "method families" in table.stdout and "orm_rerank" in table.stdout
+
+
+FAMILIES = {
+    "fam_plugins": """
+from dllmbench.api.hookspecs import hookimpl
+
+
+@hookimpl
+def dllmbench_register_selectors(register):
+    register("loud", object)
+    raise RuntimeError("no speaker")
+
+
+@hookimpl
+def dllmbench_register_methods(register):
+    register("beam", spec="beam:k=*+first", label="Beam K={k}")  # strategy: beam_strategy
+    register("loud", spec="independent:n=*+loud", label="Loud@{n}")
+    register("weird", spec="independent:n=*+first+x", label="Weird@{n}")
+    register("oracle", spec="independent:n=*+first", label="Mine@{n}")  # a built-in's name
+""",
+    "beam_strategy": "raise ImportError('no module named torch_extra')\n",
+    "clash_sel": """
+from dllmbench.api.hookspecs import hookimpl
+
+
+@hookimpl
+def dllmbench_register_selectors(register):
+    register("majority", object)
+""",
+}
+
+# family → what its line says: its strategy missing (module failed to import), its selector
+# missing (hook raised), its selector clashing, its spec unreadable, its own name clashing
+LEFT_OUT = {
+    "beam": (
+        "strategy 'beam' is not available: unknown strategy 'beam'; known: ",
+        "broken: plugin 'beam_strategy' from module:beam_strategy is broken: failed to import: "
+        "ImportError: no module named torch_extra",
+    ),
+    "loud": (
+        "selector 'loud' is not available: unknown selector 'loud'",
+        "dllmbench_register_selectors raised RuntimeError: no speaker",
+    ),
+    "majority": (
+        "selector 'majority' is not available: selector 'majority' from dllmbench and "
+        "module:clash_sel is broken: registered by",
+    ),
+    "weird": ("its spec 'independent:n=*+first+x' does not parse: method spec",),
+    "oracle": ("registered by dllmbench (dllmbench.plugins.methods) and module:fam_plugins",),
+}
+
+
+@pytest.fixture
+def broken_families(tmp_path, monkeypatch, registry_with) -> Registry:
+    """The doubles and FAMILIES as plugins: a family of each way to be unusable."""
+    for name, text in FAMILIES.items():
+        (tmp_path / f"{name}.py").write_text(text)
+        sys.modules.pop(name, None)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return registry_with(*FAMILIES)
+
+
+def test_describe_plugins_lists_families_with_label_cost_and_why_broken(broken_families):
+    families = {d["name"]: d for d in describe_plugins(broken_families) if d["kind"] == "family"}
+    vanilla = families["vanilla"]
+    assert (vanilla["label"], vanilla["spec"]) == ("Vanilla", "independent:n=1+first")
+    assert (vanilla["cost"], vanilla["broken"], vanilla["distribution"]) == (
+        "denoise: n·T",
+        None,
+        "dllmbench",
+    )
+    assert families["smc_vote"]["cost"] == "denoise: k·T; score:<scorer>: k·ceil(T / every)"
+    assert families["beam"]["distribution"] == "module:fam_plugins"
+    for name, needles in LEFT_OUT.items():
+        assert families[name]["broken"] is not None, name
+        assert all(n in families[name]["broken"] for n in needles), families[name]["broken"]
+    # a broken selector leaves the strategy's formula known; no strategy, no formula
+    assert families["majority"]["cost"] == families["loud"]["cost"] == "denoise: n·T"
+    assert families["beam"]["cost"] is families["weird"]["cost"] is None
+    assert not [d for d in describe_plugins(broken_families) if d["kind"] == "method family"]
+    json.dumps(describe_plugins(broken_families))
+
+
+def test_plugins_command_shows_families_in_its_table_and_json(broken_families, cli, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "250")
+    shown = cli("plugins")
+    assert shown.code == 0, shown.err
+    assert "method families" in shown.out
+    assert any(
+        "│ vanilla" in line and "Vanilla" in line and "n·T" in line
+        for line in shown.out.splitlines()
+    )
+    assert "broken: family 'beam' from module:fam_plugins: strategy 'beam' is not" in shown.out
+    listed = json.loads(cli("plugins", "--json").out)
+    families = {e["name"]: e for e in listed if e["kind"] == "family"}
+    version = next(e["version"] for e in listed if e["name"] == "independent")
+    assert families["prm_guided"] == {
+        "kind": "family",
+        "name": "prm_guided",
+        "distribution": "dllmbench",
+        "version": version,
+        "module": "dllmbench.plugins.methods",
+        "label": "PRM Guided K={k} b={every}",
+        "spec": "prm_guided:k=*,every={half},final=keep+argmax:scorer=prm",
+        "cost": "denoise: k·T; score:<scorer>: k·ceil(T / every)",
+        "broken": None,
+    }
+    assert version not in ("", "unknown") and families["beam"]["version"] == "local"
+    assert families["oracle"]["broken"].startswith("registered by dllmbench")
+    assert families["hybrid_oracle"]["broken"] is None
+
+
+def test_plan_and_run_list_every_unusable_family_under_left_out(broken_families, cli, tmp_path):
+    planned = cli("plan", "--budget", "1040", "--json")
+    assert planned.code == 0, planned.err
+    left_out = {x["family"]: x["reason"] for x in json.loads(planned.out)["left_out"]}
+    for name, needles in LEFT_OUT.items():
+        assert all(n in left_out.get(name, "") for n in needles), (name, left_out.get(name))
+    shown = cli("plan", "--budget", "1040")
+    lines = [line for line in shown.out.splitlines() if line.startswith("left out: ")]
+    assert {line.split(" — ")[0].removeprefix("left out: ") for line in lines} >= set(LEFT_OUT)
+    run = cli(
+        "run", "--task", "toy_sum:size=1", "--backbone", "toy", "--steps", "4",
+        "--gen-length", "5", "--budget", "8", "--resamples", "10", "--out", tmp_path / "r",
+    )  # fmt: skip
+    assert run.code == 0, run.err
+    assert "left out: beam — strategy 'beam' is not available" in run.out
+    assert "left out: oracle — method family 'oracle' from dllmbench and module:fam_pl" in run.out
+    named = cli("plan", "--budget", "1040", "--methods", "weird")
+    assert named.code == 2 and len(named.err.strip().splitlines()) == 1, named.err
+    assert "method family 'weird': its spec 'independent:n=*+first+x' does not parse" in named.err

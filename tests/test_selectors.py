@@ -3,7 +3,11 @@ oracle), built through the registry as the harness builds them."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import json
 import math
+import pickle
 
 import numpy as np
 import pytest
@@ -11,6 +15,7 @@ import pytest
 from dllmbench.core.errors import PluginError
 from dllmbench.core.types import Candidate
 from dllmbench.loading.registry import registry
+from dllmbench.testing.helpers import make_candidates
 
 
 def cands(
@@ -236,3 +241,25 @@ def test_unknown_option_raises_plugin_error():
 def test_unknown_selector_raises_plugin_error():
     with pytest.raises(PluginError, match="no_such_selector"):
         registry().selector("no_such_selector")
+
+
+# -- what a selector receives ------------------------------------------------------------------
+
+
+def test_candidates_are_read_only_yet_copy_and_pickle_as_before():
+    """Candidates are frozen with read-only scores (a selector cannot change what it was
+    given), and still pickle, copy (deep too) and record as plain data."""
+    [cand] = make_candidates(["4"], scores={"orm": [0.5]}, weights=[0.25])
+    with pytest.raises(TypeError):
+        cand.scores["orm"] = 1.0  # type: ignore[index]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cand.index = 3  # type: ignore[misc]
+    for copied in (pickle.loads(pickle.dumps(cand)), copy.deepcopy(cand), copy.copy(cand)):
+        assert copied == cand and copied.scores == {"orm": 0.5}
+        with pytest.raises(TypeError):
+            copied.scores["orm"] = 1.0  # type: ignore[index]
+    assert json.loads(json.dumps(dict(cand.scores))) == {"orm": 0.5}
+    mine = {"orm": 0.5}
+    built = Candidate(0, "", None, None, [0], mine)
+    mine["orm"] = 2.0  # the caller's dict is copied, not shared
+    assert built.scores == {"orm": 0.5} and built.lineage == (0,)

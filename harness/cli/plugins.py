@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.metadata
 import inspect
 import typing
 from typing import Any
@@ -14,7 +15,9 @@ from rich.console import Console
 
 from dllmbench.api.interfaces import config_class, cost_formula
 from dllmbench.cli.common import GENERAL, Reply, add_json, table
+from dllmbench.core.errors import UserError
 from dllmbench.execution.planner import family_spec, unavailable
+from dllmbench.loading.manager import MethodFamily
 from dllmbench.loading.registry import Registry, options, registry
 
 COLUMNS = ("kind", "name", "distribution", "version", "module")
@@ -65,7 +68,7 @@ def _show(console: Console, entries: list[dict[str, Any]]) -> None:
     family_rows = [
         (
             e["name"],
-            e["label"],
+            e["label"] or "",
             e["cost"] or "",
             e["distribution"],
             "broken" if e["broken"] else "ok",
@@ -160,29 +163,68 @@ def _summary(factory: Any) -> str:
 
 
 def _families(reg: Registry) -> list[dict[str, Any]]:
-    """Every method family as plain data: its label, spec, its strategy's cost formula, and
-    `broken` (why its strategy or selector cannot be built, or None)."""
+    """Every method family as plain data: its label, spec, its strategy's cost formula (None
+    when the strategy is not available), and `broken` (why its spec does not parse or its
+    strategy or selector cannot be built, or None); then the family names two plugins
+    register, broken."""
     out = []
+    versions = {info.distribution: info.version for info in reg.all()}
     for family in reg.families():
-        spec = family_spec(family, GENERAL["steps"])
         missing = unavailable(reg, family, GENERAL["steps"])
-        cost = None if missing else cost_formula(reg.info("strategy", spec.strategy).factory)
         out.append(
             {
                 "name": family.name,
                 "kind": "family",
                 "distribution": family.distribution,
-                "version": family.version,
+                "version": family.version
+                or versions.get(family.distribution)
+                or _version(family.distribution),
                 "module": family.module,
                 "label": family.label,
                 "spec": family.spec,
                 "summary": family.label,
                 "options": [],
-                "cost": cost,
+                "cost": _strategy_cost(reg, family),
                 "broken": missing,
             }
         )
+    for b in reg.broken():
+        if b.kind == "method family":
+            out.append(
+                {
+                    "name": b.name,
+                    "kind": "family",
+                    "distribution": b.distribution,
+                    "version": "",
+                    "module": b.module,
+                    "label": None,
+                    "spec": None,
+                    "cost": None,
+                    "broken": b.reason,
+                }
+            )
     return out
+
+
+def _version(distribution: str) -> str:
+    """The installed version of a distribution that registers families only; "local" for a
+    module named in DLLMBENCH_PLUGIN_MODULES."""
+    if distribution.startswith("module:"):
+        return "local"
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _strategy_cost(reg: Registry, family: MethodFamily) -> str | None:
+    """The cost formula of a family's strategy; None when its spec does not parse or the
+    strategy is missing or broken (a broken selector leaves the formula known)."""
+    try:
+        name = family_spec(family, GENERAL["steps"]).strategy
+        return cost_formula(reg.info("strategy", name).factory)
+    except (UserError, KeyError, IndexError, ValueError):
+        return None
 
 
 def describe_plugins(reg: Registry) -> list[dict[str, Any]]:
@@ -205,6 +247,8 @@ def describe_plugins(reg: Registry) -> list[dict[str, Any]]:
         out.append(entry)
     out.extend(_families(reg))
     for b in reg.broken():
+        if b.kind == "method family":
+            continue  # listed with the families
         out.append(
             {
                 "name": b.name,

@@ -241,3 +241,9 @@ class Candidate:
     def __post_init__(self) -> None:
         object.__setattr__(self, "scores", MappingProxyType(dict(self.scores)))
         object.__setattr__(self, "lineage", tuple(self.lineage))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled and copied (`copy.deepcopy` included) with its scores as a plain dict,
+        which a read-only mapping cannot be; the copy is read-only again."""
+        fields = (self.index, self.text, self.answer, self.answer_key, self.lineage)
+        return (type(self), (*fields, dict(self.scores), self.weight))

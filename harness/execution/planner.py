@@ -168,8 +168,11 @@ def expand(registry: Registry, entries: list[str] | None, total_steps: int) -> d
     family, not asked for by name, so one that lacks a scorer or whose plugins are missing or
     broken is only left out, with the reason."""
     out: dict[str, bool] = {}
+    clashing = [b.name for b in registry.broken() if b.kind == "method family"]
     for entry in entries or [ALL]:
-        for name in [f.name for f in registry.families()] if entry == ALL else [entry]:
+        for name in (
+            [*(f.name for f in registry.families()), *clashing] if entry == ALL else [entry]
+        ):
             out[name] = out.get(name, False) or entry != ALL
     return out
 
@@ -177,13 +180,26 @@ def expand(registry: Registry, entries: list[str] | None, total_steps: int) -> d
 def unavailable(registry: Registry, family: MethodFamily, total_steps: int) -> str | None:
     """Why a family's strategy or selector cannot be built (missing, broken, clashing), or
     None when both are registered."""
-    spec = family_spec(family, total_steps)
+    try:
+        spec = family_spec(family, total_steps)
+    except (UserError, KeyError, IndexError, ValueError) as exc:  # a third party's bad spec
+        return f"its spec {family.spec!r} does not parse: {' '.join(str(exc).split())}"
     for kind, name in (("strategy", spec.strategy), ("selector", spec.selector)):
         try:
             registry.info(kind, name)
         except PluginError as exc:
             return f"{kind} {name!r} is not available: {exc}"
     return None
+
+
+def left_out_reason(registry: Registry, entry: str, total_steps: int) -> str | None:
+    """Why the family `entry` cannot be planned (its name clashes, or `unavailable`), or None
+    (also for a spec text)."""
+    for b in registry.broken():
+        if b.kind == "method family" and b.name == entry:
+            return b.line()
+    family = registry.family(entry)
+    return None if family is None else unavailable(registry, family, total_steps)
 
 
 def _spec(
@@ -225,8 +241,7 @@ def scorer_users(
     """Scorer name → the entries (families or specs) whose methods use it."""
     users: dict[str, list[Use]] = {}
     for entry, named in expand(registry, entries, total_steps).items():
-        family = registry.family(entry)
-        if not named and family is not None and unavailable(registry, family, total_steps):
+        if not named and left_out_reason(registry, entry, total_steps):
             continue  # left out by `plan`, with the reason
         spec, _ = _spec(registry, entry, total_steps)
         method = None  # which scorers a method uses does not depend on its size: any will do
@@ -290,12 +305,13 @@ def _place(
     passes_per_step: int,
 ) -> Method | LeftOut:
     """The method `entry` takes at `budget`, or why it is left out."""
-    spec, family = _spec(registry, entry, total_steps)
-    missing = None if family is None else unavailable(registry, family, total_steps)
+    missing = left_out_reason(registry, entry, total_steps)
     if missing is not None:
         if named:
+            registry.family(entry)  # a clashing name: the registry's own line
             raise PluginError(f"method family {entry!r}: {missing}")
         return LeftOut(entry, missing)
+    spec, family = _spec(registry, entry, total_steps)
     label, name = (family.label, family.name) if family else (None, None)
     method, smallest = fit(registry, spec, label, name, budget, total_steps, passes_per_step)
     if method is None:

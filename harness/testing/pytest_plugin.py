@@ -66,6 +66,8 @@ def requested_problems(reg, only) -> list[str]:
     registered under any kind (a typo, a package not installed), or broken (a failed import,
     a raising hook, a name clash)."""
     problems = []
+    # a module that failed to import or whose hook raised may be the one that registers it
+    modules = "".join(f"; broken: {b.line()}" for b in reg.broken() if b.kind is None)
     for name in sorted(only):
         broken = [b for b in reg.broken() if b.name == name]
         if broken:
@@ -74,15 +76,18 @@ def requested_problems(reg, only) -> list[str]:
             known = sorted({n for kind in KINDS for n in reg.names(kind)})
             problems.append(
                 f"dllmbench_plugins names {name!r}, which no installed plugin registers "
-                f"(is its package installed? known: {', '.join(known)})"
+                f"(is its package installed? known: {', '.join(known)}){modules}"
             )
     return problems
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """Asked to check named plugins, fail (not skip) when one of them cannot be checked."""
+    """Asked to check named plugins, fail (not skip) when one of them cannot be checked;
+    a session that collects no contract check (a package's other tests) is left alone."""
     only = config.getini("dllmbench_plugins")
-    if not only:
+    if not only or not any(
+        FIXTURES.keys() & set(getattr(item, "fixturenames", ())) for item in items
+    ):
         return
     from dllmbench.loading.registry import registry
 
