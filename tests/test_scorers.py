@@ -106,13 +106,20 @@ def test_bidirectional_and_causal_attention_really_differ():
     assert abs(bi - causal).max() > 1e-4
 
 
-def test_scores_do_not_depend_on_batch_composition():
-    bb = LLaDA(model="random")
-    prm = PRM(backbone=bb, pooling="last")
+@pytest.mark.parametrize("cls", [PRM, ORM])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_scores_do_not_depend_on_batch_composition(cls, dtype):
+    """A row is scored at its own width: alone and beside a much longer row it scores the
+    same but for the matmul's own rounding (1e-5 apart when rows were padded to the widest of
+    their batch; a search pruning on near-equal scores must not decide by its batch)."""
+    bb = LLaDA(model="random", dtype=dtype)
+    scorer = cls(backbone=bb, pooling="last")
     rows = canvases(bb, 4)
-    together = prm.score(batch(rows))
-    alone = [prm.score(batch([r]))[0] for r in rows]
-    assert together == pytest.approx(alone, abs=1e-5)
+    long = bb.encode(Prompt(text="1234567890+1234567890+1234567890+1234567890="))
+    rows.append((bb.canvas(long, 6), len(long)))
+    together = scorer.score(batch(rows))
+    alone = [scorer.score(batch([r]))[0] for r in rows]
+    assert together == pytest.approx(alone, rel=1e-6, abs=1e-6)
 
 
 def test_step_embedding_changes_the_score_with_the_mask_ratio():

@@ -37,6 +37,7 @@ from dllmbench.plugins.scorers.adapters import (
     adapter_parameters,
     inject,
 )
+from dllmbench.plugins.scorers.batching import by_width, pad_id_of, pad_to
 from dllmbench.plugins.scorers.heads import ORMHead, PRMHead, pool, region
 
 FILES = ("config.json", "adapter.safetensors", "head.safetensors")  # of a checkpoint
@@ -319,10 +320,16 @@ class RewardScorer:
                     module_state[key].copy_(value)
 
     # -- scoring ------------------------------------------------------------------------------
-    def logits(self, tokens: list[torch.Tensor], prompt_lens: list[int]) -> torch.Tensor:
-        """One logit per row; differentiable in the adapter and head."""
+    def logits(
+        self, tokens: list[torch.Tensor], prompt_lens: list[int], width: int | None = None
+    ) -> torch.Tensor:
+        """One logit per row; differentiable in the adapter and head. With `width`, the rows
+        are padded to that width (`batching.pad_to`)."""
         bb = self.backbone
-        ids, attn, offsets = bb.pad(tokens)
+        if width is None:
+            ids, attn, offsets = bb.pad(tokens)
+        else:
+            ids, attn, offsets = pad_to(bb, tokens, width, pad_id_of(bb))
         ids, attn = ids.to(bb.device), attn.to(bb.device)
         positions = (attn.cumsum(-1) - 1).clamp(min=0)
         causal = self.settings["attention"] == "causal"
@@ -346,8 +353,16 @@ class RewardScorer:
         return set(self.backbone.stop_ids)
 
     def score(self, batch: ScoreBatch) -> np.ndarray:
+        """One logit per row, each row at its own width (`batching`): a row's score does not
+        depend on the rows beside it."""
+        tokens, plens = list(batch.tokens), list(batch.prompt_lens)
+        out = np.empty(len(tokens))
         with torch.no_grad():
-            return self.logits(list(batch.tokens), list(batch.prompt_lens)).cpu().numpy()
+            for width, members in by_width(tokens):
+                rows = [tokens[i] for i in members]
+                lens = [plens[i] for i in members]
+                out[members] = self.logits(rows, lens, width).cpu().numpy()
+        return out
 
 
 class PRM(RewardScorer):

@@ -20,8 +20,7 @@ from dllmbench.api.hookspecs import hookimpl
 from dllmbench.api.interfaces import ScoreBatch, TransformerBackbone
 from dllmbench.core.errors import PluginError
 from dllmbench.core.types import Prompt
-
-WIDTH_STEP = 16  # rows are padded to a multiple of this many tokens
+from dllmbench.plugins.scorers.batching import by_width, pad_id_of, pad_to
 
 
 @dataclass(frozen=True)
@@ -46,8 +45,7 @@ class SelfVerify:
                 "scorer 'self' needs a backbone built on a transformers model (dream, llada, tiny)"
             )
         self.backbone = backbone
-        one = torch.tensor([self.backbone.mask_id])
-        self._pad_id = int(self.backbone.pad([one, one.repeat(2)])[0][0, 0])  # its pad token
+        self._pad_id = pad_id_of(self.backbone)
         self._yes = self._first_token(self.config.yes)
         self._no = self._first_token(self.config.no)
         if self._yes == self._no:
@@ -67,10 +65,8 @@ class SelfVerify:
 
     @torch.no_grad()
     def score(self, batch: ScoreBatch) -> np.ndarray:
-        """Each row asked on its own width: rows are padded to their own length rounded up to
-        `WIDTH_STEP` and run in groups of one width, so a row's score never depends on the
-        rows beside it (a float32 forward's reductions run over the padded width; a search
-        that prunes on near-equal scores would otherwise decide by its batch)."""
+        """Each row asked at its own width (`batching`): its score never depends on the rows
+        beside it."""
         bb = self.backbone
         rows = []
         for tokens, plen in zip(batch.tokens, batch.prompt_lens, strict=True):
@@ -78,23 +74,12 @@ class SelfVerify:
             asked = self._text_ids(text + self.config.question)
             prompt = tokens[:plen].cpu()
             rows.append(torch.cat([prompt, torch.tensor([*asked, bb.mask_id], dtype=torch.long)]))
-        widths = [-(-len(row) // WIDTH_STEP) * WIDTH_STEP for row in rows]
         out = np.empty(len(rows))
-        for width in sorted(set(widths)):
-            members = [i for i, w in enumerate(widths) if w == width]
-            ids, attn = self._padded([rows[i] for i in members], width)
+        for width, members in by_width(rows):
+            ids, attn, _ = pad_to(bb, [rows[i] for i in members], width, self._pad_id)
             logits = bb.logits(ids, attn)[:, -1].double()
             out[members] = (logits[:, self._yes] - logits[:, self._no]).cpu().numpy()
         return out
-
-    def _padded(self, rows: list[torch.Tensor], width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The backbone's left padding, widened to `width`."""
-        ids, attn, _ = self.backbone.pad(rows)
-        extra = width - ids.shape[1]
-        if extra:
-            ids = torch.cat([torch.full((len(rows), extra), self._pad_id), ids], dim=1)
-            attn = torch.cat([torch.zeros((len(rows), extra), dtype=attn.dtype), attn], dim=1)
-        return ids, attn
 
 
 @hookimpl
