@@ -299,3 +299,17 @@ def test_self_verification_scores_a_row_the_same_beside_any_rows(dtype):
         alone = scorer.score(ScoreBatch([rows[i]], [plens[i]], [3], 6))
         assert alone[0] == pytest.approx(together[i], rel=1e-6, abs=1e-6)
     assert np.isfinite(together).all()
+
+
+def test_a_pool_holds_only_states_ops_produced():
+    """Rows moved to their T outside ops.denoise (uncharged) are refused, as are rows whose
+    tokens were written by hand."""
+    ops = _ops()
+    rows = ops.start(PROBLEM, 2)
+    jumped = rows.advanced(rows.tokens, (4, 4))
+    with pytest.raises(ValueError, match="never produced"):
+        ops.pool(jumped)
+    written = rows.tokens.clone()
+    written[:, 3:] = 7
+    with pytest.raises(ValueError, match="2 row"):
+        ops.pool(rows.advanced(written, (4, 4)))

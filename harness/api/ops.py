@@ -8,6 +8,7 @@ re-masked positions again are charged as denoising).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +54,17 @@ def segments(total_steps: int, every: int) -> list[int]:
     return [every] * full + ([rest] if rest else [])
 
 
+def _states(rows: Rows) -> list[bytes]:
+    """A digest of each row's state: its step, its T and its tokens."""
+    tokens = rows.tokens.detach().to("cpu").numpy()
+    return [
+        hashlib.blake2b(
+            tokens[i].tobytes() + f"{rows.steps[i]}/{rows.totals[i]}".encode(), digest_size=16
+        ).digest()
+        for i in range(len(rows))
+    ]
+
+
 def _sampler(settings: Mapping[str, Any]) -> dict[str, Any]:
     """A row's settings for the backbone's sampler: all but its T."""
     return {k: v for k, v in settings.items() if k != STEPS}
@@ -89,6 +101,7 @@ class Ops:
         self.row_settings = frozenset(row_settings) | {STEPS}
         self._check_settings = check_settings
         self._confidences = confidences
+        self._issued: set[bytes] = set()  # every row state ops gave out: (step, T, tokens)
 
     # -- rows --------------------------------------------------------------------------------
     def start(
@@ -113,7 +126,7 @@ class Ops:
             raise ValueError(f"ops.start needs copies >= 1, got {copies!r}")
         per_row = self._per_row(settings, copies)
         totals = tuple(int(s.get(STEPS, self.T)) for s in per_row)
-        return Rows(
+        rows = Rows(
             problem=problem,
             seed=self.seed,
             stream=stream,
@@ -123,11 +136,10 @@ class Ops:
             lineage=tuple((i,) for i in range(copies)),
             owners=tuple(self._owners(copies)),
             totals=totals,
-            settings=tuple(
-                settings_of({k: v for k, v in s.items() if k != STEPS}) for s in per_row
-            ),
+            settings=tuple(settings_of(_sampler(s)) for s in per_row),
             confidence=self._fresh_confidence(copies),
         )
+        return self._issue(rows)
 
     def _fresh_confidence(self, copies: int) -> torch.Tensor | None:
         if not self._confidences:
@@ -191,7 +203,7 @@ class Ops:
             asked = (steps,) * len(rows)
         for owners, n in zip(rows.owners, asked, strict=True):
             self._ledger.charge(self.problem.id, [owners], "denoise", n * self._passes_per_step)
-        return await _Post(DenoiseRequest(rows, asked))
+        return self._issue(await _Post(DenoiseRequest(rows, asked)))
 
     async def score(self, rows: Rows, scorer: str) -> np.ndarray:
         """One float per row from the named scorer (one pass per row)."""
@@ -252,7 +264,7 @@ class Ops:
             if pick:
                 tokens[i, [rows.prompt_len + p for p in pick]] = mask_id
             edits.append((rows.steps[i], tuple(pick)) if pick else None)
-        return rows.edited(tokens, edits)
+        return self._issue(rows.edited(tokens, edits))
 
     def _pick(
         self,
@@ -304,7 +316,18 @@ class Ops:
         self._own(rows, "ops.pool")
         if not all(rows.finished):
             raise ValueError("a pool holds final states only; some rows are not at their T")
+        forged = [i for i, state in enumerate(_states(rows)) if state not in self._issued]
+        if forged:
+            raise ValueError(
+                f"ops.pool was given {len(forged)} row(s) whose tokens or steps ops never "
+                "produced (changed outside ops.denoise and ops.remask, uncharged)"
+            )
         return Pool(rows, dict(scores or {}), weights, dict(info or {}))
+
+    def _issue(self, rows: Rows) -> Rows:
+        """Note the states of rows ops hands out: a pool may hold only those."""
+        self._issued.update(_states(rows))
+        return rows
 
     def _own(self, rows: Any, call: str) -> None:
         """Refuse rows this search did not start: another problem's, or built by hand."""
