@@ -142,7 +142,7 @@ def test_rows_carry_their_own_settings_and_t_and_are_charged_their_own_steps():
 def test_remask_is_a_free_recorded_edit_by_each_policy():
     ledger = Ledger()
     ops = _ops(ledger=ledger)
-    rows = ops.start(PROBLEM, 2)
+    rows = ops.start(PROBLEM, 2, confidence=True)
     decoded = rows.tokens.clone()
     decoded[:, 3:] = torch.tensor([1, 2, 3, 4, 5, 6])
     confidence = torch.full(decoded.shape, float("nan"))
@@ -171,8 +171,11 @@ def test_remask_is_a_free_recorded_edit_by_each_policy():
     finished = rows.advanced(decoded, (4, 4), confidence)
     with pytest.raises(ValueError, match="at its T"):
         ops.remask(finished, sigma=0.5)
-    with pytest.raises(UserError, match="confidence"):
-        _ops(confidences=False).remask(rows.advanced(decoded, (1, 1)), least_confident=1)
+    plain = ops.start(PROBLEM, 2)
+    with pytest.raises(ValueError, match="confidence=True"):
+        ops.remask(plain.advanced(decoded, (1, 1)), least_confident=1)
+    with pytest.raises(UserError, match="does not report"):
+        _ops(confidences=False).start(PROBLEM, 1, confidence=True)
 
 
 def test_rows_concatenate_within_one_problem_and_stream_only():

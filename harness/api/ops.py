@@ -110,13 +110,16 @@ class Ops:
         copies: int = 1,
         stream: str = "sample",
         settings: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+        confidence: bool = False,
     ) -> Rows:
         """`copies` fully masked canvases of the problem; copy i has lineage (i,).
 
         `settings` gives the rows sampler settings of their own: one mapping for every copy,
         or one per copy. Only names the backbone can vary per row (`ops.row_settings`) are
         accepted; `steps` gives a row its own T. A row's noise depends only on its key, its
-        settings and its step."""
+        settings and its step. With `confidence`, the rows record the confidence with which
+        each token was committed (`ops.remask(least_confident=...)` reads it); the backbone
+        must report it."""
         if problem.id != self.problem.id:
             raise ValueError(
                 f"ops.start was given problem {problem.id!r}, but this search serves "
@@ -137,13 +140,16 @@ class Ops:
             owners=tuple(self._owners(copies)),
             totals=totals,
             settings=tuple(settings_of(_sampler(s)) for s in per_row),
-            confidence=self._fresh_confidence(copies),
+            confidence=self._fresh_confidence(copies) if confidence else None,
         )
         return self._issue(rows)
 
-    def _fresh_confidence(self, copies: int) -> torch.Tensor | None:
+    def _fresh_confidence(self, copies: int) -> torch.Tensor:
         if not self._confidences:
-            return None
+            raise UserError(
+                "a strategy asked rows to record commit confidences, which this run's backbone "
+                "does not report; use dream, llada or tiny"
+            )
         return torch.full((copies, self._canvas.shape[0]), float("nan"), dtype=torch.float32)
 
     def _per_row(
@@ -294,9 +300,9 @@ class Ops:
         if k < 0 or (among is not None and among < k):
             raise ValueError("ops.remask: need least_confident >= 0 and among >= least_confident")
         if rows.confidence is None:
-            raise UserError(
-                "ops.remask(least_confident=...) needs a backbone that reports the confidence "
-                "of what it commits (dream, llada, tiny); this run's does not"
+            raise ValueError(
+                "ops.remask(least_confident=...) needs rows started with "
+                "ops.start(..., confidence=True)"
             )
         conf = rows.confidence[i, rows.prompt_len :].double().numpy()
         known = [p for p in free if not np.isnan(conf[p])]

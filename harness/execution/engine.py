@@ -289,10 +289,13 @@ class Engine:
         same = _identical(wait.same_computation(i) for wait, i in flat)
         owners = [(wait.rows.problem.id, wait.rows.owners[i]) for wait, i in flat]
         lengths = [flat[rows[0]][0].tokens.shape[1] for rows in same]
+        # a row that records confidences may stand behind a row of another request that does
+        # not: ask the backbone for them when any request of the round records them
+        confident = any(isinstance(w, DenoiseWait) and w.confidence is not None for w in waits)
         for batch in self.capacity.batches(lengths):
             items = [flat[same[j][0]] for j in batch]
             start = time.perf_counter()
-            outputs = self._forward(waits[0], items)
+            outputs = self._forward(waits[0], items, confident)
             seconds = time.perf_counter() - start
             for j, output in zip(batch, outputs, strict=True):
                 for wait, i in (flat[n] for n in same[j]):
@@ -312,7 +315,9 @@ class Engine:
             return self.backbone.computed_tokens(widths)
         return len(widths) * max(widths)
 
-    def _forward(self, like: Wait, items: list[tuple[Any, int]]) -> Sequence[Any]:
+    def _forward(
+        self, like: Wait, items: list[tuple[Any, int]], confident: bool = False
+    ) -> Sequence[Any]:
         """One physical call over the rows `items` (wait, row): the backbone's denoising step
         or the scorer's scores, one output per row."""
         tokens = [wait.tokens[i] for wait, i in items]
@@ -335,7 +340,7 @@ class Engine:
                 edited=[wait.edited(i) for wait, i in items],
             )
             with self.origins.blame("backbone", self.origins.backbone):
-                if like.confidence is not None and isinstance(self.backbone, ReportsConfidence):
+                if confident and isinstance(self.backbone, ReportsConfidence):
                     out: Sequence[Any] = self.backbone.denoise_step_with_confidence(batch)
                 else:
                     out = self.backbone.denoise_step(batch)

@@ -106,7 +106,7 @@ class Prism:
     async def search(self, problem: Problem, ops: Ops) -> Pool:
         c = self.config
         denoised, cuts = widths(c, ops.T)
-        rows = ops.start(problem, copies=c.n)
+        rows = ops.start(problem, copies=c.n, confidence=True)  # branching reads them
         info: dict[str, list] = {"step": [], "scores": [], "kept": []}
         for k in range(ops.T):
             if cuts[k]:
