@@ -133,7 +133,10 @@ def test_ops_misuse_is_the_plugins_fault_in_one_line(cli, tmp_path, faulty):
 @pytest.mark.parametrize(
     ("selector", "raised"),
     [
-        ("changes_scores", "TypeError: 'mappingproxy' object does not support item assignment"),
+        (
+            "changes_scores",
+            "TypeError: a candidate's scores are read-only; copy them with dict(...)",
+        ),
         ("sorts_in_place", "AttributeError: 'tuple' object has no attribute 'sort'"),
     ],
 )

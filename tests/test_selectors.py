@@ -259,6 +259,17 @@ def test_candidates_are_read_only_yet_copy_and_pickle_as_before():
         with pytest.raises(TypeError):
             copied.scores["orm"] = 1.0  # type: ignore[index]
     assert json.loads(json.dumps(dict(cand.scores))) == {"orm": 0.5}
+    assert json.loads(json.dumps(cand.scores)) == {"orm": 0.5}
+    assert dataclasses.asdict(cand)["scores"] == {"orm": 0.5}  # a selector may log it
+    for change in (
+        lambda: cand.scores.update(orm=1.0),
+        lambda: cand.scores.pop("orm"),
+        lambda: cand.scores.setdefault("prm", 0.0),
+        lambda: cand.scores.clear(),
+    ):
+        with pytest.raises(TypeError):
+            change()
+    assert cand.scores == {"orm": 0.5}
     mine = {"orm": 0.5}
     built = Candidate(0, "", None, None, [0], mine)
     mine["orm"] = 2.0  # the caller's dict is copied, not shared

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -225,10 +224,24 @@ class Pool:
         )
 
 
+class ReadOnlyScores(dict):
+    """A candidate's scores: a dict that refuses every change (TypeError), yet copies,
+    pickles, serialises to JSON and converts with `dataclasses.asdict` like a dict."""
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("a candidate's scores are read-only; copy them with dict(...)")
+
+    __setitem__ = __delitem__ = __ior__ = _refuse  # type: ignore[assignment]
+    clear = pop = popitem = setdefault = update = _refuse  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ReadOnlyScores, (dict(self),))
+
+
 @dataclass(frozen=True)
 class Candidate:
     """What a selector sees of one candidate: never its label. Read-only: its `scores` are a
-    read-only mapping, and a selector receives the candidates as a tuple."""
+    read-only dict (`ReadOnlyScores`), and a selector receives the candidates as a tuple."""
 
     index: int
     text: str
@@ -239,11 +252,11 @@ class Candidate:
     weight: float | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "scores", MappingProxyType(dict(self.scores)))
+        object.__setattr__(self, "scores", ReadOnlyScores(self.scores))
         object.__setattr__(self, "lineage", tuple(self.lineage))
 
     def __reduce__(self) -> tuple[Any, ...]:
-        """Pickled and copied (`copy.deepcopy` included) with its scores as a plain dict,
-        which a read-only mapping cannot be; the copy is read-only again."""
+        """Pickled and copied (`copy.deepcopy` included) anew through `__post_init__`, so the
+        copy's scores are read-only again."""
         fields = (self.index, self.text, self.answer, self.answer_key, self.lineage)
         return (type(self), (*fields, dict(self.scores), self.weight))
