@@ -219,3 +219,18 @@ def test_scorer_swap():
     assert d.value == pytest.approx(-4 / 9) and d.low <= d.value <= d.high
     assert swap.accuracy["random"].value == pytest.approx(4 / 9)
     assert scorer_swap(pools, ["orm", "prm"], resamples=1_000, seed=4) == swap
+
+
+def test_kendall_reports_the_median_the_paper_headlines_beside_the_mean():
+    """By hand: a problem ranked backwards (τ = −1) and two ranked slightly right, each with
+    one correct of four where one wrong candidate outscores it: C = 2, D = 1, τ-b =
+    (2 − 1) / sqrt(6 · 3). The median is positive, the mean negative."""
+    rows = [ScoredState("a", 0.0, True, 0.0), ScoredState("a", 1.0, False, 0.0)]
+    for pid in ("b", "c"):
+        for score, label in ((2.0, True), (3.0, False), (1.0, False), (0.0, False)):
+            rows.append(ScoredState(pid, score, label, 0.0))
+    tau = within_problem_kendall(rows)
+    small = 1 / math.sqrt(18)
+    assert tau.median == pytest.approx(small)
+    assert tau.mean == pytest.approx((2 * small - 1) / 3)
+    assert tau.median > 0 > tau.mean and tau.problems == 3 and tau.undefined == 0

@@ -159,7 +159,7 @@ def md_discrimination(report: Report) -> list[str]:
     lines += md_table(headers, rows)
     lines += [
         "Within-problem Kendall τ-b between score and correctness, over problems with "
-        "both correct and incorrect states:",
+        "both correct and incorrect states; the median first, the paper's headline statistic:",
         "",
     ]
     taus = [
@@ -168,14 +168,19 @@ def md_discrimination(report: Report) -> list[str]:
             e["states"],
             str(e["count"]),
             str(e["kendall_tau"]["problems"]),
-            "–" if e["kendall_tau"]["mean"] is None else f"{e['kendall_tau']['mean']:.3f}",
+            _tau(e["kendall_tau"].get("median")),
+            _tau(e["kendall_tau"]["mean"]),
             str(e["kendall_tau"]["undefined"]),
         )
         for e in entries
     ]
     return lines + md_table(
-        ("scorer", "states", "states n", "problems", "mean τ", "undefined"), taus
+        ("scorer", "states", "states n", "problems", "median τ", "mean τ", "undefined"), taus
     )
+
+
+def _tau(value: float | None) -> str:
+    return "–" if value is None else f"{value:.3f}"
 
 
 def md_pools(report: Report) -> list[str]:

@@ -330,6 +330,7 @@ def _discrimination(
         positives=sum(bool(s.label) for s in states),
         roc_auc_by_mask=[_bucket(b) for b in diagnostics.auc_by_mask_bucket(states, **opts)],
         kendall_tau=KendallEntry(
+            median=None if tau.median is None else round(tau.median, DIGITS),
             mean=None if tau.mean is None else round(tau.mean, DIGITS),
             problems=tau.problems,
             undefined=tau.undefined,

@@ -210,6 +210,7 @@ class BucketEntry(TypedDict):
 
 
 class KendallEntry(TypedDict):
+    median: float | None  # the paper's headline statistic
     mean: float | None
     problems: int
     undefined: int
