@@ -236,8 +236,8 @@ class VariesPerRow(Protocol):
 
     `row_settings` names what a strategy may set per row (`ops.start(settings=...)`); the
     name `steps` (a row's own T) is honoured through `StepBatch.totals`. Rows whose settings
-    differ share one forward. `check_row_settings` refuses a value, or a block schedule the
-    canvas cannot take, with a `UserError` naming what would work."""
+    differ share one forward. `check_row_settings` refuses a setting it cannot vary, or a
+    value its sampler cannot take, with a `UserError` naming what would work."""
 
     row_settings: frozenset[str]
 

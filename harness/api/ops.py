@@ -207,8 +207,11 @@ class Ops:
                     f"{sorted(set(rows.totals))} asked for {steps} more"
                 )
             asked = (steps,) * len(rows)
+        by_steps: dict[int, list[Owners]] = {}  # rows asking the same steps: one charge
         for owners, n in zip(rows.owners, asked, strict=True):
-            self._ledger.charge(self.problem.id, [owners], "denoise", n * self._passes_per_step)
+            by_steps.setdefault(n, []).append(owners)
+        for n, owners_of in by_steps.items():
+            self._ledger.charge(self.problem.id, owners_of, "denoise", n * self._passes_per_step)
         return self._issue(await _Post(DenoiseRequest(rows, asked)))
 
     async def score(self, rows: Rows, scorer: str) -> np.ndarray:
@@ -290,7 +293,8 @@ class Ops:
             width = rows.tokens.shape[1] - rows.prompt_len
             if any(not 0 <= p < width for p in mine):
                 raise ValueError(f"ops.remask: positions must lie in 0..{width - 1}")
-            return [p for p in mine if p in set(free)]
+            committed = set(free)
+            return [p for p in mine if p in committed]
         if sigma is not None:
             if not 0 <= sigma <= 1:
                 raise ValueError(f"ops.remask: sigma must be in [0, 1], got {sigma}")

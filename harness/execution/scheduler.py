@@ -172,7 +172,7 @@ class DenoiseWait:
         steps it asked for."""
         for i in self.computed():
             self.remaining[i] -= 1
-        return not self.computed()
+        return not any(self.remaining)  # reused rows have none left
 
     def answer(self) -> Rows:
         return self.rows.advanced(self.tokens, self.steps, self.confidence)
