@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 
@@ -11,8 +12,11 @@ import scipy.stats
 
 from dllmbench.analysis.results import summarize
 from dllmbench.analysis.stats import (
+    Discordant,
     Interval,
     bootstrap_ci,
+    mcnemar_p,
+    trinomial_difference,
     entropy_bits,
     paired_difference,
     resample_indices,
@@ -91,7 +95,121 @@ def test_bootstrap_agrees_with_scipy_percentile():
 
 def test_interval_as_dict_rounds():
     d = Interval(1 / 3, 0.1234567891, 0.9).as_dict(digits=3)
-    assert d == {"value": 0.333, "low": 0.123, "high": 0.9}
+    assert d == {"value": 0.333, "low": 0.123, "high": 0.9, "exact": False}
+    d = Interval(0.5, 0.25, 0.75, True).as_dict()
+    assert d == {"value": 0.5, "low": 0.25, "high": 0.75, "exact": True}
+    d = Interval(0.5, 0.25, 0.75, False, 0.0123456789).as_dict(digits=4)
+    assert d["mc_error"] == 0.0123
+
+
+# -- exact intervals of 0/1 outcomes --------------------------------------------------------------
+
+
+def _every_resample(values: np.ndarray) -> np.ndarray:
+    """The mean of each of the n^n equally likely resamples of n values."""
+    n = values.size
+    grid = np.array(list(itertools.product(range(n), repeat=n)))
+    return values[grid].mean(axis=1)
+
+
+def _inverse_cdf(means: np.ndarray, q: float) -> float:
+    """The q-quantile of equally likely means, by counting: the smallest mean whose share of
+    means at or below it reaches q."""
+    for value in np.unique(means):
+        if (means <= value + 1e-12).mean() >= q - 1e-12:
+            return float(value)
+    raise AssertionError("unreachable")
+
+
+@pytest.mark.parametrize("ones", [0, 1, 3, 5, 6])
+@pytest.mark.parametrize("level", [0.95, 0.8, 0.5])
+def test_binary_interval_is_the_exact_bootstrap_law(ones, level):
+    x = np.array([1.0] * ones + [0.0] * (6 - ones))
+    means = _every_resample(x)
+    ci = bootstrap_ci(x, level=level)
+    tail = (1 - level) / 2
+    assert ci.exact and ci.mc_error is None
+    assert ci.value == pytest.approx(ones / 6)
+    assert ci.low == pytest.approx(_inverse_cdf(means, tail))
+    assert ci.high == pytest.approx(_inverse_cdf(means, 1 - tail))
+
+
+@pytest.mark.parametrize(
+    "pairs",
+    [
+        [(1, 0), (1, 0), (0, 1), (1, 1), (0, 0), (1, 0)],
+        [(1, 0), (0, 0), (0, 0), (1, 1), (0, 0), (0, 0)],
+        [(0, 1), (0, 1), (0, 1), (0, 1), (1, 0), (1, 1)],
+        [(1, 1)] * 6,
+    ],
+)
+@pytest.mark.parametrize("level", [0.95, 0.8])
+def test_paired_interval_enumerates_the_trinomial(pairs, level):
+    """Every one of the 6^6 resamples of six problems, counted: the paired interval's ends
+    are the quantiles of that law, with no resampling noise."""
+    a, b = (np.array(side, float) for side in zip(*pairs, strict=True))
+    means = _every_resample(a - b)
+    diff = paired_difference(a, b, level=level)
+    tail = (1 - level) / 2
+    assert diff.exact
+    assert diff.low == pytest.approx(_inverse_cdf(means, tail))
+    assert diff.high == pytest.approx(_inverse_cdf(means, 1 - tail))
+    support, probs = trinomial_difference(diff.discordant)
+    for value, p in zip(support, probs, strict=True):
+        assert p == pytest.approx(np.isclose(means, value).mean(), abs=1e-12)
+
+
+def test_paired_interval_of_thirty_problems_four_against_one():
+    """4 problems solved only by a, 1 only by b, 25 ties: the exact upper end is 7/30 (a
+    2,000-resample percentile bootstrap often says 8/30), and McNemar's p is 2·P(X ≤ 1) for
+    X ~ Binomial(5, ½) = 12/32."""
+    a = [1] * 4 + [0] + [1] * 10 + [0] * 15
+    b = [0] * 4 + [1] + [1] * 10 + [0] * 15
+    diff = paired_difference(a, b)
+    assert diff.value == pytest.approx(3 / 30)
+    assert diff.high == pytest.approx(7 / 30)
+    assert diff.low == pytest.approx(-1 / 30)
+    assert diff.discordant == Discordant(4, 1, 30)
+    assert diff.p_value == pytest.approx(0.375)
+    assert diff.p_value == pytest.approx(scipy.stats.binomtest(4, 5, 0.5).pvalue)
+    entry = diff.as_dict()
+    assert (entry["better"], entry["worse"], entry["mcnemar_p"]) == (4, 1, 0.375)
+
+
+@pytest.mark.parametrize("better,worse", [(0, 0), (3, 0), (7, 7), (12, 30), (40, 1)])
+def test_mcnemar_matches_scipy_binomtest(better, worse):
+    p = mcnemar_p(Discordant(better, worse, 100))
+    expected = 1.0 if better + worse == 0 else scipy.stats.binomtest(better, better + worse).pvalue
+    assert p == pytest.approx(expected)
+
+
+def test_trinomial_law_of_many_problems_agrees_with_resampling():
+    """At n = 1319 (GSM8K's test set) the exact law sums to one, has the right mean and
+    variance, and a 20,000-resample bootstrap lands within its Monte-Carlo error."""
+    d = Discordant(300, 250, 1319)
+    support, probs = trinomial_difference(d)
+    assert probs.sum() == pytest.approx(1.0)
+    mean = (d.better - d.worse) / d.problems
+    second = (d.better + d.worse) / d.problems
+    assert (support * probs).sum() == pytest.approx(mean)
+    assert ((support - mean) ** 2 * probs).sum() == pytest.approx((second - mean**2) / d.problems)
+    a = np.array([1] * 300 + [0] * 250 + [1] * 400 + [0] * 369, float)
+    b = np.array([0] * 300 + [1] * 250 + [1] * 400 + [0] * 369, float)
+    exact = paired_difference(a, b)
+    resampled = bootstrap_ci(a - b + 1e-9, resamples=20_000)  # not 0/1: resampled
+    assert not resampled.exact and resampled.mc_error > 0
+    for end in ("low", "high"):
+        gap = abs(getattr(exact, end) + 1e-9 - getattr(resampled, end))
+        assert gap <= 3 * resampled.mc_error + 1 / 1319
+
+
+def test_resampled_ends_are_means_a_resample_gave():
+    x = np.random.default_rng(11).random(30)
+    ci = bootstrap_ci(x, resamples=400, seed=2)
+    means = x[resample_indices(30, 400, 2)].mean(axis=1)
+    assert ci.low in means and ci.high in means
+    assert ci.mc_error > 0
+    assert bootstrap_ci(x, resamples=20_000, seed=2).mc_error < ci.mc_error
 
 
 # -- paired_difference --------------------------------------------------------------------------
@@ -282,7 +400,8 @@ def test_summarize_delta_is_paired_over_common_problems():
     # on p0..p2: Maj (1, 1, 0) vs Vanilla (1, 0, 0)
     assert delta["value"] == pytest.approx(1 / 3, abs=1e-6)
     expected = paired_difference([1, 1, 0], [1, 0, 0], resamples=500).as_dict()
-    assert {k: delta[k] for k in ("value", "low", "high")} == expected
+    assert {k: v for k, v in delta.items() if k != "problems"} == expected
+    assert (delta["better"], delta["worse"], delta["mcnemar_p"]) == (1, 0, 1.0)
 
 
 def test_summarize_explicit_reference():

@@ -25,7 +25,7 @@ from dllmbench.analysis.pooled import (
     bootstrap_interval,
     paired_difference,
 )
-from dllmbench.analysis.stats import CONFIDENCE, entropy_bits, resample_indices
+from dllmbench.analysis.stats import CONFIDENCE, entropy_bits, mc_error, resample_indices
 
 BUCKETS = 10
 
@@ -97,12 +97,14 @@ def weighted_auc(scores: np.ndarray, labels: np.ndarray, weights: np.ndarray) ->
 
 
 def _percentile(draws: np.ndarray, value: float, level: float) -> Interval | None:
+    """The percentile interval (inverted-CDF quantiles) of the defined draws around `value`,
+    with its Monte-Carlo error; None when no draw is defined."""
     draws = draws[~np.isnan(draws)]
     if draws.size == 0:
         return None
     tail = (1.0 - level) / 2.0
-    low, high = np.quantile(draws, [tail, 1.0 - tail])
-    return Interval(value, float(low), float(high))
+    low, high = np.quantile(draws, [tail, 1.0 - tail], method="inverted_cdf")
+    return Interval(value, float(low), float(high), False, mc_error(draws, level))
 
 
 def _clustered_auc(

@@ -15,6 +15,7 @@ COLUMNS = (
     "acc %",
     "{level}% CI",
     "Δ vs {ref} [{level}% CI]",
+    "McNemar p",
     "oracle %",
     "unique",
 )
@@ -58,6 +59,7 @@ def _cells(m: MethodResult) -> list[str]:
             if delta
             else "–"
         ),
+        f"{delta['mcnemar_p']:.3g}" if delta and "mcnemar_p" in delta else "–",
         _pct(pool["oracle"]["value"]) if pool else "–",
         f"{pool['unique_answers']:.2f}" if pool else "–",
     ]
@@ -70,7 +72,7 @@ def headers(results: Results) -> list[str]:
 
 
 # Columns a narrow terminal keeps, most wanted first; the method label is always shown in full.
-PRIORITY = (4, 6, 2, 5, 7, 3, 8, 1)
+PRIORITY = (4, 6, 2, 7, 5, 8, 3, 9, 1)
 CONFIG_WIDTH = (16, 40)  # the configuration column folds within these widths
 CEILINGS = "ceilings (not ranked):"
 

@@ -28,6 +28,14 @@ def _delta(entry: IntervalEntry | None) -> str:
     return f"{v:+.1f} [{lo:+.1f}, {hi:+.1f}]"
 
 
+def p_value(entry: IntervalEntry | None) -> str:
+    """The exact McNemar p-value of a paired difference of 0/1 outcomes, with its
+    discordant counts (`+better/−worse`); – where the outcomes are not 0/1."""
+    if entry is None or "mcnemar_p" not in entry:
+        return "–"
+    return f"{entry['mcnemar_p']:.3g} (+{entry['better']}/−{entry['worse']})"
+
+
 def _num(entry: IntervalEntry | None, digits: int = 2) -> str:
     if entry is None:
         return "–"
@@ -49,10 +57,19 @@ def md_methods(report: Report) -> list[str]:
         "passes",
         "acc % [95% CI]",
         f"Δ vs {ref} (pp)",
+        "McNemar p",
         "oracle %",
         "unique",
     )
-    lines = ["## Accuracy by method and budget", ""]
+    lines = [
+        "## Accuracy by method and budget",
+        "",
+        "Intervals are 95% percentile bootstrap intervals over problems, computed exactly "
+        "from the bootstrap law of 0/1 outcomes (binomial for an accuracy, trinomial for a "
+        f"paired difference). McNemar p: the exact two-sided test of Δ vs {ref} on the "
+        f"problems the two disagree on (+ solved by the method only, − by {ref} only).",
+        "",
+    ]
     for budget in report["budgets"]:
         rows = []
         for m in (m for m in report["methods"] if m["budget"] == budget):
@@ -66,6 +83,7 @@ def md_methods(report: Report) -> list[str]:
                     "–" if passes is None else f"{passes:.0f}",
                     _ci(m["accuracy"]),
                     _delta(m.get("delta_vs_reference")),
+                    p_value(m.get("delta_vs_reference")),
                     _pct(pool["oracle"]["value"]) if pool else "–",
                     f"{pool['unique_answers']:.2f}" if pool else "–",
                 )

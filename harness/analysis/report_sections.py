@@ -48,11 +48,7 @@ class Options:
 def interval(value: pooled.Interval | None) -> IntervalEntry | None:
     if value is None:
         return None
-    return IntervalEntry(
-        value=round(value.value, DIGITS),
-        low=round(value.low, DIGITS),
-        high=round(value.high, DIGITS),
-    )
+    return value.as_dict(DIGITS)
 
 
 # -- accuracy by method and budget ----------------------------------------------------------

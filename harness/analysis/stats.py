@@ -1,7 +1,11 @@
 """Statistics: bootstrap intervals over problems, paired differences, pool diversity.
 
-All resampling draws one index matrix per (seed, number of problems), so every method of a
-run is resampled on the same problems and differences are paired. Vectorised over resamples.
+For 0/1 outcomes (a problem solved or not) the bootstrap distribution has a closed form: a
+mean's is binomial, a paired difference's depends only on the counts of discordant and tied
+problems (trinomial), so their percentile intervals are computed exactly, with no resampling
+noise, and a paired difference carries the exact McNemar p-value. Other values are resampled:
+one index matrix per (seed, number of problems), so every method of a run is resampled on the
+same problems and differences are paired; those intervals carry their Monte-Carlo error.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.stats import binom
 
 from dllmbench.core.keys import numpy_rng
 from dllmbench.core.schema import IntervalEntry
@@ -23,17 +28,27 @@ RESAMPLES = 2000
 
 @dataclass(frozen=True)
 class Interval:
+    """A mean over problems and its percentile interval. `exact`: the interval's ends are
+    the quantiles of the exact bootstrap distribution (0/1 values); otherwise they come from
+    resampling and `mc_error` is the Monte-Carlo error of the ends (see `mc_error`)."""
+
     value: float
     low: float
     high: float
+    exact: bool = False
+    mc_error: float | None = None
 
     def as_dict(self, digits: int = 6) -> IntervalEntry:
         """The interval as results.json holds it, rounded to `digits`."""
-        return IntervalEntry(
+        out = IntervalEntry(
             value=round(self.value, digits),
             low=round(self.low, digits),
             high=round(self.high, digits),
+            exact=self.exact,
         )
+        if self.mc_error is not None:
+            out["mc_error"] = round(self.mc_error, digits)
+        return out
 
 
 def resample_indices(n: int, resamples: int, seed: int) -> np.ndarray:
@@ -41,10 +56,53 @@ def resample_indices(n: int, resamples: int, seed: int) -> np.ndarray:
     return numpy_rng("bootstrap", seed, n, resamples).integers(0, n, size=(resamples, n))
 
 
-def _interval(values: np.ndarray, draws: np.ndarray, level: float) -> Interval:
+def binary(values: np.ndarray) -> bool:
+    """True when every value is 0 or 1 (correctness per problem)."""
+    return bool(np.isin(values, (0.0, 1.0)).all())
+
+
+def _tails(level: float) -> tuple[float, float]:
     tail = (1.0 - level) / 2.0
-    low, high = np.quantile(draws, [tail, 1.0 - tail])
-    return Interval(float(values.mean()), float(low), float(high))
+    return tail, 1.0 - tail
+
+
+def exact_quantile(support: np.ndarray, probs: np.ndarray, q: float) -> float:
+    """The q-quantile (inverse CDF: the smallest value whose CDF reaches q) of the discrete
+    law with ascending `support` and probabilities `probs`."""
+    cdf = np.cumsum(probs)
+    return float(support[min(int(np.searchsorted(cdf, q - 1e-12)), support.size - 1)])
+
+
+def mc_error(draws: np.ndarray, level: float) -> float:
+    """Monte-Carlo error of a percentile interval's ends from R resamples: for each end,
+    half the distance between the order statistics at ranks R·q ± sqrt(R·q·(1 − q)) (one
+    binomial standard deviation of the rank), the larger of the two ends."""
+    ordered = np.sort(draws)
+    r = ordered.size
+    out = 0.0
+    for q in _tails(level):
+        spread = np.sqrt(r * q * (1.0 - q))
+        lo = ordered[max(int(np.floor(r * q - spread)), 0)]
+        hi = ordered[min(int(np.ceil(r * q + spread)), r - 1)]
+        out = max(out, float(hi - lo) / 2.0)
+    return out
+
+
+def _resampled(values: np.ndarray, draws: np.ndarray, level: float) -> Interval:
+    """Percentile interval of resampled means: the inverted-CDF quantiles, so each end is a
+    mean some resample gave (no interpolation between resamples)."""
+    low, high = np.quantile(draws, _tails(level), method="inverted_cdf")
+    return Interval(float(values.mean()), float(low), float(high), False, mc_error(draws, level))
+
+
+def _binomial_interval(x: np.ndarray, level: float) -> Interval:
+    """The exact bootstrap interval of the mean of n 0/1 values with c ones: a resample's
+    count of ones is Binomial(n, c/n)."""
+    n, c = x.size, int(x.sum())
+    counts = np.arange(n + 1)
+    probs = binom.pmf(counts, n, c / n)
+    low, high = (exact_quantile(counts, probs, q) / n for q in _tails(level))
+    return Interval(c / n, low, high, True)
 
 
 def bootstrap_ci(
@@ -54,12 +112,72 @@ def bootstrap_ci(
     level: float = CONFIDENCE,
     seed: int = 0,
 ) -> Interval:
-    """Mean of `values` (e.g. 0/1 correctness per problem) with a percentile bootstrap CI."""
+    """Mean of `values` over problems with its percentile bootstrap interval: exact for 0/1
+    values (`_binomial_interval`), else from `resamples` resamples of the problems."""
     x = np.asarray(values, dtype=np.float64)
     if x.size == 0:
         raise ValueError("bootstrap_ci needs at least one value")
+    if binary(x):
+        return _binomial_interval(x, level)
     idx = resample_indices(x.size, resamples, seed)
-    return _interval(x, x[idx].mean(axis=1), level)
+    return _resampled(x, x[idx].mean(axis=1), level)
+
+
+@dataclass(frozen=True)
+class Discordant:
+    """The problems where two 0/1 outcomes differ: `better` (a right, b wrong), `worse`
+    (a wrong, b right), out of `problems`."""
+
+    better: int
+    worse: int
+    problems: int
+
+
+def trinomial_difference(d: Discordant) -> tuple[np.ndarray, np.ndarray]:
+    """The exact bootstrap law of mean(a − b) for 0/1 outcomes, as (support ascending,
+    probabilities). Resampling n problems draws (B, W, n − B − W) ~ Multinomial(n; better/n,
+    worse/n, ties/n) and the mean difference is (B − W)/n. Summed as the trinomial factors:
+    the discordant draws M = B + W ~ Binomial(n, (better + worse)/n) and, given M = m,
+    B ~ Binomial(m, better/(better + worse)); values of M whose probability is below 1e-18
+    are left out (their total cannot move a quantile)."""
+    n, m_all = d.problems, d.better + d.worse
+    support = (np.arange(2 * n + 1) - n) / n
+    probs = np.zeros(2 * n + 1)
+    if m_all == 0:
+        probs[n] = 1.0
+        return support, probs
+    ms = np.arange(n + 1)
+    p_m = binom.pmf(ms, n, m_all / n)
+    share = d.better / m_all
+    for m in ms[p_m > 1e-18]:
+        b = np.arange(m + 1)
+        probs[2 * b - m + n] += p_m[m] * binom.pmf(b, m, share)
+    return support, probs / probs.sum()
+
+
+def mcnemar_p(d: Discordant) -> float:
+    """The exact McNemar test: two-sided binomial test of `better` among the discordant
+    problems against 1/2; 1.0 without a discordant problem."""
+    m = d.better + d.worse
+    if m == 0:
+        return 1.0
+    return float(min(1.0, 2.0 * binom.cdf(min(d.better, d.worse), m, 0.5)))
+
+
+@dataclass(frozen=True)
+class PairedInterval(Interval):
+    """A paired difference; for 0/1 outcomes also its discordant counts and McNemar p."""
+
+    discordant: Discordant | None = None
+    p_value: float | None = None
+
+    def as_dict(self, digits: int = 6) -> IntervalEntry:
+        out = super().as_dict(digits)
+        if self.discordant is not None:
+            out["better"] = self.discordant.better
+            out["worse"] = self.discordant.worse
+            out["mcnemar_p"] = round(float(self.p_value), digits)
+        return out
 
 
 def paired_difference(
@@ -69,12 +187,25 @@ def paired_difference(
     resamples: int = RESAMPLES,
     level: float = CONFIDENCE,
     seed: int = 0,
-) -> Interval:
-    """mean(a − b) over the same problems, with a paired bootstrap CI."""
+) -> PairedInterval:
+    """mean(a − b) over the same problems with its paired bootstrap interval: for 0/1
+    outcomes exact (`trinomial_difference`) with the exact McNemar p-value, else from
+    `resamples` resamples of the problems."""
     x, y = np.asarray(a, np.float64), np.asarray(b, np.float64)
     if x.shape != y.shape:
         raise ValueError("paired_difference needs values on the same problems")
-    return bootstrap_ci(x - y, resamples=resamples, level=level, seed=seed)
+    if x.size == 0:
+        raise ValueError("paired_difference needs at least one problem")
+    if binary(x) and binary(y):
+        d = Discordant(int(((x == 1) & (y == 0)).sum()), int(((x == 0) & (y == 1)).sum()), x.size)
+        support, probs = trinomial_difference(d)
+        low, high = (exact_quantile(support, probs, q) for q in _tails(level))
+        value = (d.better - d.worse) / d.problems
+        return PairedInterval(value, low, high, True, None, d, mcnemar_p(d))
+    diff = x - y
+    idx = resample_indices(diff.size, resamples, seed)
+    ci = _resampled(diff, diff[idx].mean(axis=1), level)
+    return PairedInterval(ci.value, ci.low, ci.high, False, ci.mc_error)
 
 
 def entropy_bits(keys: Sequence[Hashable | None]) -> float:

@@ -89,6 +89,14 @@ class IntervalEntry(TypedDict):
     value: float
     low: float
     high: float
+    # true: the ends are quantiles of the exact bootstrap law (0/1 outcomes); false: resampled
+    exact: NotRequired[bool]
+    mc_error: NotRequired[float]  # Monte-Carlo error of a resampled interval's ends
+    # a paired difference of 0/1 outcomes: problems a solved and b did not, the reverse, and
+    # the exact McNemar p-value
+    better: NotRequired[int]
+    worse: NotRequired[int]
+    mcnemar_p: NotRequired[float]
 
 
 class DeltaEntry(IntervalEntry):
