@@ -107,7 +107,7 @@ def _percentile(draws: np.ndarray, value: float, level: float) -> Interval | Non
     return Interval(value, float(low), float(high), False, mc_error(draws, level))
 
 
-def _clustered_auc(
+def clustered_auc(
     scores: np.ndarray,
     labels: np.ndarray,
     problem: np.ndarray,
@@ -123,7 +123,7 @@ def _clustered_auc(
     return np.concatenate(parts)
 
 
-def _problem_counts(n_problems: int, resamples: int, seed: int) -> np.ndarray:
+def problem_counts(n_problems: int, resamples: int, seed: int) -> np.ndarray:
     """[resamples, n_problems]: how often each problem is drawn in each resample."""
     idx = resample_indices(n_problems, resamples, seed)
     flat = idx + n_problems * np.arange(resamples)[:, None]
@@ -143,7 +143,7 @@ def auc_by_mask_bucket(
     percentile interval is over the resamples whose bucket holds both classes."""
     problems = {r.problem_id: None for r in rows}
     index = {p: i for i, p in enumerate(problems)}
-    counts = _problem_counts(len(index), resamples, seed) if rows else None
+    counts = problem_counts(len(index), resamples, seed) if rows else None
     buckets = np.array([mask_bucket(r.mask_ratio) for r in rows], np.int64)
     out = []
     for b in range(BUCKETS):
@@ -154,7 +154,7 @@ def auc_by_mask_bucket(
         if 0 < labels.sum() < labels.size:
             auc = float(roc_auc_score(labels, scores))
             problem = np.array([index[r.problem_id] for r in members], np.int64)
-            draws = _clustered_auc(scores, labels, problem, counts)
+            draws = clustered_auc(scores, labels, problem, counts)
             interval = _percentile(draws, auc, level)
         low, high = b / BUCKETS, (b + 1) / BUCKETS
         out.append(BucketAUC(low, high, labels.size, int(labels.sum()), auc, interval))

@@ -15,13 +15,24 @@ import sys
 import traceback
 
 from dllmbench import __version__
-from dllmbench.cli import collect, demo, merge, plan, plugins, report, run, tasks, train_scorer
+from dllmbench.cli import (
+    collect,
+    demo,
+    diagnose,
+    merge,
+    plan,
+    plugins,
+    report,
+    run,
+    tasks,
+    train_scorer,
+)
 from dllmbench.cli.common import Interrupted, Parser, Reply, stdout_console
 from dllmbench.core.errors import CostMismatch, PluginViolation, UserError
 from dllmbench.loading.manager import PluginSelection
 from dllmbench.loading.registry import use_plugins
 
-COMMANDS = (run, merge, report, plan, plugins, tasks, collect, train_scorer, demo)
+COMMANDS = (run, merge, report, plan, plugins, tasks, collect, train_scorer, diagnose, demo)
 
 # exit statuses (docs/user-guide.md)
 OK, USER_ERROR, INTERRUPTED, BROKEN_PIPE = 0, 2, 130, 141

@@ -14,6 +14,12 @@ from typing import Literal
 
 TINY_DIR = Path(__file__).parent / "tiny_model"
 SCORER_KINDS = ("prm", "orm")
+# Causal PRMs trained as the PRM is, differing only in attention and readout: the scorer
+# controls' readout and reversed-input comparisons (`dllmbench diagnose`); runs do not use them
+CONTROL_SCORERS: dict[str, dict[str, str]] = {
+    "prm_causal": {"attention": "causal", "pooling": "mean"},
+    "prm_causal_last": {"attention": "causal", "pooling": "last"},
+}
 # The demo's problems, options of `arith`: two or three steps, the first number up to 10, terms
 # added or taken away up to 5. The model learns them, its scorers learn from its samples of
 # them, and `dllmbench run` asks them.
@@ -54,4 +60,11 @@ class RetrainConfig:
         )
 
 
-__all__ = ["DEMO_TASK", "SCORER_KINDS", "TASK_CONFIG", "TINY_DIR", "RetrainConfig"]
+__all__ = [
+    "CONTROL_SCORERS",
+    "DEMO_TASK",
+    "SCORER_KINDS",
+    "TASK_CONFIG",
+    "TINY_DIR",
+    "RetrainConfig",
+]

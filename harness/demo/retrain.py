@@ -29,7 +29,14 @@ import torch
 import dllmbench
 from dllmbench.core.errors import UserError
 from dllmbench.core.types import Problem
-from dllmbench.demo import DEMO_TASK, SCORER_KINDS, TASK_CONFIG, TINY_DIR, RetrainConfig
+from dllmbench.demo import (
+    CONTROL_SCORERS,
+    DEMO_TASK,
+    SCORER_KINDS,
+    TASK_CONFIG,
+    TINY_DIR,
+    RetrainConfig,
+)
 from dllmbench.demo.negatives import slip
 from dllmbench.demo.pretrain import PretrainConfig, answer_tokens, pretrain, word_tokenizer
 from dllmbench.execution.engine import Capacity, Sampling
@@ -109,6 +116,12 @@ def retrain(cfg: RetrainConfig, log: Log = print) -> dict[str, Any]:
             train_scorer(reg, kind, task, backbone, snapshots, cfg, log)
 
         stage(f"training the {kind.upper()}", fit)
+    for name, options in CONTROL_SCORERS.items():
+
+        def fit_control(name: str = name, options: dict[str, str] = options) -> None:
+            train_scorer(reg, "prm", task, backbone, snapshots, cfg, log, options, name)
+
+        stage(f"training {name} (the PRM with {options})", fit_control)
     stage(f"writing {cfg.out}", lambda: publish(model_dir, cfg))
     log(f"[{time.time() - started:6.0f}s] done")
     return {
@@ -203,10 +216,14 @@ def train_scorer(
     snapshots: list,
     cfg: RetrainConfig,
     log: Log,
+    options: dict[str, str] | None = None,
+    name: str | None = None,
 ) -> None:
     """The PRM (every snapshot) or the ORM (final states, and worked solutions with and
-    without a slip) into `work/KIND`."""
-    scorer = reg.scorer(kind, shared={"backbone": backbone}, seed=cfg.seed, **SCORER)
+    without a slip) into `work/NAME` (NAME: the kind unless given); `options` are scorer
+    settings beside SCORER (a causal PRM's attention and readout)."""
+    settings_of = {**SCORER, **(options or {})}
+    scorer = reg.scorer(kind, shared={"backbone": backbone}, seed=cfg.seed, **settings_of)
     steps = cfg.orm_steps if kind == "orm" else cfg.scorer_steps
     if kind == "orm":
         snapshots = snapshots + with_slips(task, backbone, cfg)
@@ -220,14 +237,15 @@ def train_scorer(
         groups=cfg.orm_groups if kind == "orm" else "all",
         seed=cfg.seed,
     )
-    train(scorer, snapshots, settings, cfg.work / kind, backbone.mask_id, log=_indented(log))
+    out = cfg.work / (name or kind)
+    train(scorer, snapshots, settings, out, backbone.mask_id, log=_indented(log))
 
 
 def publish(model_dir: Path, cfg: RetrainConfig) -> None:
     """The model's files and each scorer's best checkpoint, side by side in `out`."""
     for item in model_dir.iterdir():
         shutil.copy2(item, cfg.out / item.name)
-    for kind in SCORER_KINDS:
+    for kind in (*SCORER_KINDS, *CONTROL_SCORERS):
         shutil.rmtree(cfg.out / kind, ignore_errors=True)
         shutil.copytree(cfg.work / kind / "best", cfg.out / kind)
 

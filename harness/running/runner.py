@@ -164,7 +164,7 @@ def _weights(obj: Any) -> dict[str, dict[str, str]]:
     return out
 
 
-def _plugin_entry(reg: Registry, kind: str, name: str, obj: Any) -> dict[str, Any]:
+def plugin_entry(reg: Registry, kind: str, name: str, obj: Any) -> dict[str, Any]:
     info = reg.info(kind, name)
     entry = {
         "name": name,
@@ -204,16 +204,16 @@ def build_manifest(cfg: RunConfig, prepared: Prepared) -> dict[str, Any]:
         "preset": cfg.preset,
         "sampling": asdict(cfg.sampling),
         "task": {
-            **_plugin_entry(reg, "task", cfg.task, task),
+            **plugin_entry(reg, "task", cfg.task, task),
             "split": cfg.split,
             "limit": cfg.limit,
             "problems": len(problem_ids),
             "problem_ids": problem_ids,
             "data_files": task.data_files(),
         },
-        "backbone": _plugin_entry(reg, "backbone", cfg.backbone, prepared.backbone),
+        "backbone": plugin_entry(reg, "backbone", cfg.backbone, prepared.backbone),
         "scorers": {
-            name: _plugin_entry(reg, "scorer", plugin, prepared.scorers[name])
+            name: plugin_entry(reg, "scorer", plugin, prepared.scorers[name])
             for name, (plugin, _) in sorted(prepared.scorer_specs.items())
         },
         "budget": prepared.budget,

@@ -194,16 +194,27 @@ class Snapshot:
     step: int
     correct: bool
     final: bool
+    index: int = 0  # the trajectory's index among its problem's
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    """A collection's collect.json; one line when `path` is not a collection."""
+    meta_path = path / "collect.json"
+    if not meta_path.is_file():
+        raise UserError(
+            f"{path} is not a collection (no collect.json); make one with dllmbench collect"
+        )
+    try:
+        return json.loads(meta_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(
+            f"{meta_path} cannot be read ({exc}); collect again into a new --out"
+        ) from exc
 
 
 def load(path: Path) -> tuple[dict[str, Any], list[Snapshot]]:
     """Every snapshot of a collection, labelled with its trajectory's final correctness."""
-    meta_path = path / "collect.json"
-    if not meta_path.exists():
-        raise UserError(
-            f"{path} is not a collection (no collect.json); make one with dllmbench collect"
-        )
-    meta = json.loads(meta_path.read_text())
+    meta = read_meta(path)
     shards: dict[int, dict[str, torch.Tensor]] = {}
     out = []
     for line in (path / "trajectories.jsonl").read_text().splitlines():
@@ -223,6 +234,7 @@ def load(path: Path) -> tuple[dict[str, Any], list[Snapshot]]:
                     int(shard["steps"][j]),
                     bool(t["correct"]),
                     int(shard["steps"][j]) == meta["sampling"]["total_steps"],
+                    int(t["index"]),
                 )
             )
     return meta, out

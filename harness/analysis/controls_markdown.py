@@ -1,0 +1,263 @@
+"""The scorer controls as Markdown, from controls.json's content alone (`schema.Controls`):
+controls.md of `dllmbench diagnose`, and the section `dllmbench report --controls` adds."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from dllmbench.core.schema import Controls
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
+    return [*lines, ""]
+
+
+def _num(entry: dict[str, Any] | None, digits: int = 3) -> str:
+    if entry is None:
+        return "–"
+    return f"{entry['value']:.{digits}f} [{entry['low']:.{digits}f}, {entry['high']:.{digits}f}]"
+
+
+def _pct(entry: dict[str, Any] | None) -> str:
+    if entry is None:
+        return "–"
+    return f"{100 * entry['value']:.1f} [{100 * entry['low']:.1f}, {100 * entry['high']:.1f}]"
+
+
+def _pp(entry: dict[str, Any] | None) -> str:
+    if entry is None:
+        return "–"
+    v, lo, hi = (100 * entry[k] for k in ("value", "low", "high"))
+    return f"{v:+.1f} [{lo:+.1f}, {hi:+.1f}]"
+
+
+def _opt(x: float | None, digits: int = 3) -> str:
+    return "–" if x is None else f"{x:.{digits}f}"
+
+
+def _bucket_cell(b: dict[str, Any]) -> str:
+    return "–" if b["auc"] is None else f"{_num(b['interval'])} (n={b['n']})"
+
+
+def md_auc_by_mask(controls: Controls) -> list[str]:
+    rows = controls["auc_by_mask"]
+    if not rows:
+        return []
+    lines = [
+        "### ROC-AUC by mask ratio, every stored state",
+        "",
+        "ROC-AUC of each scorer against the trajectory's final correctness, over every stored "
+        "partial state by mask-ratio bucket, and over the fully decoded states apart; 95% "
+        "bootstrap intervals clustered by problem; – where a bucket holds one class.",
+        "",
+    ]
+    headers = ["mask ratio", *(r["scorer"] for r in rows)]
+    table = [["fully decoded", *(_bucket_cell(r["final"]) for r in rows)]]
+    for b in range(len(rows[0]["buckets"])):
+        low, high = rows[0]["buckets"][b]["low"], rows[0]["buckets"][b]["high"]
+        label = f"[{low:.1f}, {high:.1f}{']' if b == len(rows[0]['buckets']) - 1 else ')'}"
+        table.append([label, *(_bucket_cell(r["buckets"][b]) for r in rows)])
+    return lines + _table(headers, table)
+
+
+def md_kendall(controls: Controls) -> list[str]:
+    rows = [
+        (r["scorer"], _opt(r["median"]), _opt(r["mean"]), str(r["problems"]), str(r["undefined"]))
+        for r in controls["kendall_tau"]
+    ]
+    if not rows:
+        return []
+    return [
+        "### Within-problem Kendall τ, fully decoded states",
+        "",
+        "τ-b between score and correctness within each problem holding both; the median first "
+        "(the paper's headline statistic), then the mean.",
+        "",
+        *_table(("scorer", "median τ", "mean τ", "problems", "undefined"), rows),
+    ]
+
+
+def md_removal(controls: Controls) -> list[str]:
+    rows = controls["removal_risk"]
+    if not rows:
+        return []
+    lines = [
+        "### Removal risk: the offline counterfactual",
+        "",
+        f"Each problem's trajectories in groups of K = {controls['width']}; at the initial, "
+        "middle and final stored states a top-M cut by score keeps M of each group. Risk: the "
+        "share of groups holding a trajectory that ends correct whose cut removed every such "
+        "trajectory (%, 95% bootstrap interval clustered by problem).",
+        "",
+    ]
+    for scorer in dict.fromkeys(r["scorer"] for r in rows):
+        mine = [r for r in rows if r["scorer"] == scorer]
+        states = list(dict.fromkeys(r["state"] for r in mine))
+        keeps = sorted({r["keep"] for r in mine})
+        table = []
+        for keep in keeps:
+            cells = []
+            for state in states:
+                hit = next((r for r in mine if r["state"] == state and r["keep"] == keep), None)
+                cells.append(
+                    "–" if hit is None else f"{_pct(hit['rate'])} ({hit['lost']}/{hit['at_risk']})"
+                )
+            table.append([f"top-{keep}", *cells])
+        headers = ["cut"]
+        for state in states:
+            first = next(r for r in mine if r["state"] == state)
+            headers.append(f"{state} (step {first['step']}, mask {first['mask_ratio']:.2f})")
+        lines += [f"{scorer}:", "", *_table(headers, table)]
+    return lines
+
+
+def md_readout(controls: Controls) -> list[str]:
+    rows = [
+        (
+            f"{r['mean']} → {r['last']}",
+            str(r["attention"]),
+            _num(r["mean_auc"]),
+            _num(r["last_auc"]),
+            _num(r["change"], 3),
+        )
+        for r in controls["readout"]
+    ]
+    lines = ["### Readout: mean pooling against the last token", ""]
+    if not rows:
+        return [*lines, "No pair of scorers differing only in pooling was given.", ""]
+    return [
+        *lines,
+        "Final-state ROC-AUC of two scorers trained alike but for the readout, and the change "
+        "(last − mean, paired over the same states).",
+        "",
+        *_table(("scorers", "attention", "mean-pool AUC", "last-token AUC", "change"), rows),
+    ]
+
+
+def md_suffix(controls: Controls) -> list[str]:
+    rows = [
+        (r["scorer"], str(r["n"]), _num(r["original"]), _num(r["ablated"]), _num(r["change"]))
+        for r in controls["suffix_ablation"]
+    ]
+    lines = ["### Suffix ablation", ""]
+    if not rows:
+        return [*lines, "No scorer of partial states was given.", ""]
+    return [
+        *lines,
+        "ROC-AUC over every stored state with the right half of the generated region "
+        "replaced by the mask token, against the original states (paired change).",
+        "",
+        *_table(("scorer", "states", "original AUC", "ablated AUC", "change"), rows),
+    ]
+
+
+def md_reversed(controls: Controls) -> list[str]:
+    rows = []
+    for r in controls["reversed_input"]:
+        ref = r["reference"]
+        rows.append(
+            (
+                r["scorer"],
+                str(r["n"]),
+                _num(r["forward"]),
+                _num(r["reversed"]),
+                _num(r["averaged"]),
+                "–" if ref is None else f"{ref['scorer']}: {_num(ref['auc'])}",
+                "–" if ref is None else _num(ref["gap"]),
+            )
+        )
+    lines = ["### Reversed-input causal scoring", ""]
+    if not rows:
+        return [*lines, "No causal scorer was given.", ""]
+    return [
+        *lines,
+        "A causal scorer's ROC-AUC over every state it scored, on the solution as written, "
+        "reversed (prompt kept), and on the average of the two scores; gap: averaged − the "
+        "bidirectional scorer of the same settings.",
+        "",
+        *_table(
+            ("scorer", "states", "forward", "reversed", "averaged", "bidirectional", "gap"), rows
+        ),
+    ]
+
+
+def md_reranker(controls: Controls) -> list[str]:
+    rows = controls["reranker"]
+    if not rows:
+        return []
+    sizes = [p["n"] for p in rows[0]["points"]]
+    lines = [
+        "### Scorers as best-of-N rerankers",
+        "",
+        "Expected accuracy (%) of the top-scored of N trajectories drawn uniformly from each "
+        "problem's, against a uniform pick of the N, and the paired difference (pp); sign "
+        "check: mean score of correct and incorrect final states, and the share of problems "
+        "holding both whose correct states score higher on average.",
+        "",
+    ]
+    table = []
+    for r in rows:
+        by_n = {p["n"]: p for p in r["points"]}
+        table.append(
+            [
+                r["scorer"],
+                *(f"{_pct(by_n[n]['scorer'])}, {_pp(by_n[n]['difference'])}" for n in sizes),
+                f"{_opt(r['mean_correct'], 2)} / {_opt(r['mean_incorrect'], 2)}",
+                f"{_opt(r['separated'], 2)} of {r['mixed']}",
+            ]
+        )
+    random = {p["n"]: p["random"] for p in rows[0]["points"]}
+    table.append(["uniform pick", *(_pct(random[n]) for n in sizes), "–", "–"])
+    headers = ["scorer", *(f"N = {n}: acc, Δ vs uniform" for n in sizes)]
+    return lines + _table([*headers, "mean score ✓ / ✗", "separated"], table)
+
+
+def md_swap(controls: Controls) -> list[str]:
+    swap = controls["scorer_swap"]
+    acc = [(name, _pct(ci)) for name, ci in swap["accuracy"].items()]
+    diffs = []
+    for d in swap["differences"]:
+        p = f"{d['mcnemar_p']:.3g}" if "mcnemar_p" in d else "–"
+        diffs.append((f"{d['a']} − {d['b']}", _pp(d), p))
+    return [
+        "### Scorer swap on one pool",
+        "",
+        f"Every scorer reranks the same {swap['size']} fully decoded trajectories of each "
+        "problem (argmax; random: a uniform pick's expected accuracy).",
+        "",
+        *_table(("selector", "accuracy %"), acc),
+        *_table(("difference", "pp", "McNemar p"), diffs),
+    ]
+
+
+def sections(controls: Controls) -> list[str]:
+    """Every control's section, without a title."""
+    return [
+        *md_auc_by_mask(controls),
+        *md_kendall(controls),
+        *md_removal(controls),
+        *md_readout(controls),
+        *md_suffix(controls),
+        *md_reversed(controls),
+        *md_reranker(controls),
+        *md_swap(controls),
+    ]
+
+
+def markdown(controls: Controls) -> str:
+    """controls.md."""
+    col = controls["collection"]
+    task = col["task"]
+    head = [
+        "# Scorer controls",
+        "",
+        f"Collection `{col['path']}`: {task['name']}/{task['split']}, {col['problems']} "
+        f"problems × {col['n']} trajectories, {col['states']} stored states at steps "
+        f"{', '.join(map(str, col['snapshot_steps']))} of {col['sampling']['total_steps']}; "
+        f"{100 * col['correct']:.1f}% of the trajectories end correct.",
+        "",
+    ]
+    return "\n".join(head + sections(controls))
