@@ -326,3 +326,47 @@ def test_demo_at_two_budgets_reports_every_table_and_figure(tmp_path, cli, monke
     agreement = {a["method"]: a for a in data["pooled"]["agreement"]}
     orm = [a for a in agreement.values() if a["selector"] == "argmax:orm"]
     assert orm and all(a["equal"] for a in agreement.values())
+
+
+# -- the scorer controls of a collection (dllmbench diagnose) ------------------------------------
+
+
+def _controls(tmp: Path, *sampling: str) -> Path:
+    """A toy collection sampled as GUIDED_RUN (or with `sampling` instead) and its controls."""
+    collection = tmp / "collection"
+    argv = ["collect", "--task", "toy_sum:size=4", "--split", "test", "--backbone", "toy"]
+    argv += [*(sampling or ("--steps", "8", "--gen-length", "5")), "--n", "4"]
+    assert main([*argv, "--snapshots", "4", "--out", str(collection)]) == 0
+    out = tmp / "controls"
+    scorers = ["--scorer", "prm=toy", "--scorer", "orm=toy:partial=false"]
+    assert main(["diagnose", str(collection), *scorers, "--width", "4", "--out", str(out)]) == 0
+    return out
+
+
+def test_report_adds_the_scorer_controls_of_a_collection(two_budgets, tmp_path):
+    controls = _controls(tmp_path)
+    out = tmp_path / "report"
+    assert main(["report", str(two_budgets), "--controls", str(controls), "--out", str(out)]) == 0
+    data = json.loads((out / "report.json").read_text())
+    saved = json.loads((controls / "controls.json").read_text())
+    assert data["controls"] == saved
+    risks = {(r["state"], r["keep"]) for r in data["controls"]["removal_risk"]}
+    assert risks == {(s, m) for s in ("initial", "middle", "final") for m in (1, 2)}
+    text = (out / "report.md").read_text()
+    assert "## Scorer controls over stored trajectories" in text
+    assert "### Removal risk at the first cut in the run" in text
+    assert "### Removal risk: the offline counterfactual" in text
+    assert "### ROC-AUC by mask ratio, every stored state" in text
+    without = json.loads(
+        (two_budgets / "report" / "report.json").read_text()
+        if (two_budgets / "report" / "report.json").exists()
+        else json.dumps({"controls": None})
+    )
+    assert without["controls"] is None
+
+
+def test_report_refuses_controls_sampled_otherwise(two_budgets, tmp_path, capsys):
+    controls = _controls(tmp_path, "--steps", "8", "--gen-length", "6")
+    code = main(["report", str(two_budgets), "--controls", str(controls)])
+    assert_user_error(code, capsys, "gen_length differs")
+    assert main(["report", str(two_budgets), "--controls", str(tmp_path)]) == 2

@@ -15,11 +15,11 @@ from dllmbench.analysis.stats import (
     Discordant,
     Interval,
     bootstrap_ci,
-    mcnemar_p,
-    trinomial_difference,
     entropy_bits,
+    mcnemar_p,
     paired_difference,
     resample_indices,
+    trinomial_difference,
     unique_answers,
 )
 

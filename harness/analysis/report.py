@@ -33,6 +33,7 @@ from dllmbench.analysis.report_sections import (
 from dllmbench.core.errors import UserError
 from dllmbench.core.schema import (
     REPORT_SCHEMA_VERSION,
+    Controls,
     Report,
 )
 from dllmbench.storage.rundir import manifest_differences
@@ -101,8 +102,55 @@ def load_runs(paths: Sequence[str | Path]) -> list[evidence.RunData]:
 # -- the report -----------------------------------------------------------------------------
 
 
-def build_report(paths: Sequence[str | Path], options: Options | None = None) -> Report:
-    """The content of report.json for the run directories at `paths`."""
+def load_controls(folder: str | Path, run: evidence.RunData) -> Controls:
+    """controls.json of `dllmbench diagnose` in `folder`, refused with one line unless its
+    collection was sampled as the run was (task, backbone weights, T, generated length and
+    prompt) and each scorer it shares a name with the run has the run's weights."""
+    file = Path(folder) / "controls.json"
+    if not file.is_file():
+        raise UserError(
+            f"{folder} holds no controls.json; make it with dllmbench diagnose COLLECTION "
+            f"--out {folder}"
+        )
+    try:
+        controls = json.loads(file.read_text(encoding="utf-8"))
+        collection = controls["collection"]
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise UserError(f"{file} cannot be read ({exc!r}); make it again with diagnose") from exc
+    manifest = run.manifest
+    checks = {
+        "task": (collection["task"]["name"], manifest["task"]["name"]),
+        "task options": (collection["task"]["config"], manifest["task"]["config"]),
+        "backbone": (collection["backbone"]["name"], manifest["backbone"]["name"]),
+        "backbone weights": (
+            controls.get("backbone_weights"),
+            manifest["backbone"].get("weights"),
+        ),
+    }
+    for key in ("total_steps", "gen_length", "prompt_style"):
+        checks[key] = (collection["sampling"][key], manifest["sampling"][key])
+    for name, entry in controls["scorers"].items():
+        if name in manifest.get("scorers", {}):
+            checks[f"scorer {name}"] = (
+                entry.get("weights"),
+                manifest["scorers"][name].get("weights"),
+            )
+    for what, (theirs, ours) in checks.items():
+        if theirs != ours:
+            raise UserError(
+                f"the controls in {folder} do not fit {run.path}: their {what} differs "
+                f"({theirs!r} against {ours!r}); collect and diagnose as the run was sampled"
+            )
+    return controls
+
+
+def build_report(
+    paths: Sequence[str | Path],
+    options: Options | None = None,
+    controls: str | Path | None = None,
+) -> Report:
+    """The content of report.json for the run directories at `paths`, with the scorer
+    controls in the folder `controls` (dllmbench diagnose) if given."""
     options = options or Options()
     runs = load_runs(paths)
     first = runs[0]
@@ -128,6 +176,7 @@ def build_report(paths: Sequence[str | Path], options: Options | None = None) ->
         methods=methods_table(runs),
         pooled=pooled_section(runs, seed, resamples, level, options),
         diagnostics=diagnostics_section(runs, seed, resamples, level),
+        controls=None if controls is None else load_controls(controls, first),
         figures={},
     )
 
@@ -144,13 +193,17 @@ class Written:
 
 
 def write_report(
-    paths: Sequence[str | Path], out: str | Path | None = None, options: Options | None = None
+    paths: Sequence[str | Path],
+    out: str | Path | None = None,
+    options: Options | None = None,
+    controls: str | Path | None = None,
 ) -> Written:
-    """Build the report of the runs at `paths` and write report.json, report.md and the
-    figures into `out` (default: RUN_DIR/report of the first run)."""
+    """Build the report of the runs at `paths` (with the scorer controls in `controls`) and
+    write report.json, report.md and the figures into `out` (default: RUN_DIR/report of the
+    first run)."""
     from dllmbench.analysis import figures
 
-    report = build_report(paths, options)
+    report = build_report(paths, options, controls)
     folder = Path(out) if out is not None else Path(paths[0]) / "report"
     try:
         folder.mkdir(parents=True, exist_ok=True)

@@ -244,10 +244,13 @@ def md_removal(report: Report) -> list[str]:
         for e in entries
     ]
     return [
-        "### Removal risk",
+        "### Removal risk at the first cut in the run",
         "",
-        "At the first cut of each guided run: cuts where some first-segment lineage's own "
-        "continuation is correct (at risk), and those that removed every such lineage (lost).",
+        "At the first cut each guided run made: cuts where some first-segment lineage's own "
+        "continuation is correct (at risk), and those that removed every such lineage (lost). "
+        "This is what the runs did, not the paper's offline counterfactual (top-M cuts at the "
+        "initial, middle and final stored states), which `dllmbench diagnose` computes from a "
+        "collection and `report --controls` adds below.",
         "",
         *md_table(("pool", "cuts", "at risk", "lost", "rate %"), rows),
     ]
@@ -311,6 +314,25 @@ def md_swap(report: Report) -> list[str]:
     ]
 
 
+def md_controls(report: Report) -> list[str]:
+    """The scorer controls over a collection's stored states (dllmbench diagnose)."""
+    controls = report.get("controls")
+    if not controls:
+        return []
+    from dllmbench.analysis.controls_markdown import sections
+
+    col = controls["collection"]
+    return [
+        "## Scorer controls over stored trajectories",
+        "",
+        f"From the collection `{col['path']}` ({col['task']['split']} split, "
+        f"{col['problems']} problems × {col['n']} independent trajectories, {col['states']} "
+        "stored states), sampled as the runs were.",
+        "",
+        *sections(controls),
+    ]
+
+
 def markdown(report: Report) -> str:
     """report.md: every table of the report, and the figures it links."""
     task = report["task"]
@@ -332,6 +354,7 @@ def markdown(report: Report) -> str:
         *md_removal(report),
         *md_smc(report),
         *md_swap(report),
+        *md_controls(report),
     ]
     if report["figures"]:
         lines += ["## Figures", ""]

@@ -23,6 +23,12 @@ def add_parser(sub: Any) -> None:
     )
     r.add_argument("runs", nargs="+", metavar="RUN_DIR", help="finished run directories")
     r.add_argument("--out", help="folder to write the report into (default: RUN_DIR/report)")
+    r.add_argument(
+        "--controls",
+        metavar="DIR",
+        help="add the scorer controls dllmbench diagnose wrote into DIR (a collection sampled "
+        "as the runs were)",
+    )
     add_json(r, "print what was written as JSON")
     r.set_defaults(execute=execute)
 
@@ -33,7 +39,7 @@ def execute(args: argparse.Namespace) -> Reply:
     )
 
     start = time.perf_counter()
-    written = write_report(args.runs, args.out)
+    written = write_report(args.runs, args.out, controls=args.controls)
     seconds = round(time.perf_counter() - start, 2)
     data = {
         "out": str(written.out),

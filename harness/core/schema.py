@@ -286,6 +286,31 @@ class RunEntry(TypedDict):
     budgets: list[int]
 
 
+CONTROLS_SCHEMA_VERSION = 1  # `schema_version` of controls.json
+
+
+class Controls(TypedDict):
+    """controls.json, written by `dllmbench diagnose` (docs/results-schema.md, "Scorer
+    controls"): the paper's scorer controls over a collection's stored states."""
+
+    schema_version: int
+    collection: dict[str, Any]  # path, task, backbone, sampling, n, snapshot_steps, problems…
+    backbone_weights: dict[str, Any] | None  # as a run's manifest records them
+    scorers: dict[str, dict[str, Any]]  # name → plugin entry (name, config, weights)
+    seed: int
+    resamples: int
+    level: float
+    width: int  # K: trajectories per group of the removal-risk counterfactual
+    auc_by_mask: list[dict[str, Any]]  # scorer, buckets (partial states), final (decoded)
+    kendall_tau: list[dict[str, Any]]  # scorer, median, mean, problems, undefined
+    removal_risk: list[dict[str, Any]]  # scorer, state, step, keep (M), width, rate, …
+    readout: list[dict[str, Any]]  # mean, last, mean_auc, last_auc, change
+    suffix_ablation: list[dict[str, Any]]  # scorer, original, ablated, change
+    reversed_input: list[dict[str, Any]]  # scorer, forward, reversed, averaged, reference
+    reranker: list[dict[str, Any]]  # scorer, sign check, points (n, scorer, random, …)
+    scorer_swap: dict[str, Any]  # size, accuracy, differences
+
+
 class Report(TypedDict):
     """report.json, written by `dllmbench report` (`report.build_report`)."""
 
@@ -302,28 +327,6 @@ class Report(TypedDict):
     methods: list[ReportMethod]
     pooled: PooledSection | None
     diagnostics: DiagnosticsSection
+    # the scorer controls of `dllmbench report --controls DIR` (controls.json), or None
+    controls: Controls | None
     figures: dict[str, str]
-
-
-CONTROLS_SCHEMA_VERSION = 1  # `schema_version` of controls.json
-
-
-class Controls(TypedDict):
-    """controls.json, written by `dllmbench diagnose` (docs/results-schema.md, "Scorer
-    controls"): the paper's scorer controls over a collection's stored states."""
-
-    schema_version: int
-    collection: dict[str, Any]  # path, task, backbone, sampling, n, snapshot_steps, problems…
-    scorers: dict[str, dict[str, Any]]  # name → plugin entry (name, config, weights)
-    seed: int
-    resamples: int
-    level: float
-    width: int  # K: trajectories per group of the removal-risk counterfactual
-    auc_by_mask: list[dict[str, Any]]  # scorer, buckets (partial states), final (decoded)
-    kendall_tau: list[dict[str, Any]]  # scorer, median, mean, problems, undefined
-    removal_risk: list[dict[str, Any]]  # scorer, state, step, keep (M), width, rate, …
-    readout: list[dict[str, Any]]  # mean, last, mean_auc, last_auc, change
-    suffix_ablation: list[dict[str, Any]]  # scorer, original, ablated, change
-    reversed_input: list[dict[str, Any]]  # scorer, forward, reversed, averaged, reference
-    reranker: list[dict[str, Any]]  # scorer, sign check, points (n, scorer, random, …)
-    scorer_swap: dict[str, Any]  # size, accuracy, differences

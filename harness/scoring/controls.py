@@ -230,6 +230,7 @@ def run_controls(
             "states": len(states),
             "correct": round(float(snaps.label[snaps.final].mean()), DIGITS),
         },
+        "backbone_weights": plugin_entry(reg, "backbone", backbone_name, backbone).get("weights"),
         "scorers": entries,
         "seed": boot.seed,
         "resamples": boot.resamples,
