@@ -144,6 +144,8 @@ def test_run_numbers_out_of_range(cli, finished_run, option, value):
         (["collect", "--task", "toy_sum", "--backbone", "toy", "--limit", "0"], "--limit"),
         (["collect", "--task", "toy_sum", "--backbone", "toy", "--batch-rows", "0"], "rows"),
         (["collect", "--task", "toy_sum", "--backbone", "toy", "--seed", "-1"], ">= 0"),
+        (["collect", "--task", "toy_sum", "--backbone", "toy", "--rollouts", "-2"], "got -2"),
+        (["train-scorer", "--kind", "prm", "--data", "d", "--labels", "soft"], "--labels"),
         (["train-scorer", "--kind", "prm", "--data", "d", "--steps", "0"], "--steps"),
         (["train-scorer", "--kind", "prm", "--data", "d", "--batch", "-1"], "--batch"),
         (["train-scorer", "--kind", "prm", "--data", "d", "--accum", "0"], "--accum"),

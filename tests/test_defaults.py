@@ -14,6 +14,7 @@ from dllmbench.cli.common import field_default
 from dllmbench.demo import RetrainConfig
 from dllmbench.execution.engine import Capacity, Sampling
 from dllmbench.running.runner import RunConfig
+from dllmbench.scoring.collect import CollectConfig
 from dllmbench.scoring.training import TrainConfig
 
 # (command, option dest) → (dataclass, field) holding the same setting
@@ -28,6 +29,7 @@ SOURCES = {
     ("collect", "steps"): (Sampling, "total_steps"),
     ("collect", "gen_length"): (Sampling, "gen_length"),
     ("collect", "prompt"): (Sampling, "prompt_style"),
+    ("collect", "rollouts"): (CollectConfig, "rollouts"),
     ("train-scorer", "steps"): (TrainConfig, "steps"),
     ("train-scorer", "batch"): (TrainConfig, "batch"),
     ("train-scorer", "accum"): (TrainConfig, "accum"),
@@ -36,6 +38,7 @@ SOURCES = {
     ("train-scorer", "val_fraction"): (TrainConfig, "val_fraction"),
     ("train-scorer", "val_every"): (TrainConfig, "val_every"),
     ("train-scorer", "groups"): (TrainConfig, "groups"),
+    ("train-scorer", "labels"): (TrainConfig, "labels"),
     ("train-scorer", "seed"): (TrainConfig, "seed"),
     ("demo retrain", "seed"): (RetrainConfig, "seed"),
     ("demo retrain", "pretrain_steps"): (RetrainConfig, "pretrain_steps"),

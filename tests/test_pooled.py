@@ -289,3 +289,97 @@ def test_closed_forms_on_a_known_pool():
     # k = 1: 1/2; k = 2: position 3 present (3/6) or {0,1} → 0 or {1,2} → 1: 4/6
     assert curves["argmax:orm"][1].mean == pytest.approx(4 / 6)
     assert curves["argmax:orm"][3].mean == 1.0
+
+
+# -- majority:invalid=vote ------------------------------------------------------------------
+
+INVALID_VOTE = "majority:invalid=vote"
+
+
+def _ref_invalid_vote(subset: Sequence[PooledCandidate]) -> float:
+    """The paper's count, written anew: Counter over the answers with every failed extraction
+    one answer, most_common(1) (ties to the first seen); that answer's first candidate, and
+    the invalid answer is never correct."""
+    from collections import Counter
+
+    bloc = object()
+    answers = [bloc if c.key is None else c.key for c in subset]
+    if not answers:
+        return 0.0
+    top = Counter(answers).most_common(1)[0][0]
+    return 0.0 if top is bloc else float(subset[answers.index(top)].correct)
+
+
+BRUTE_INVALID = {
+    name: [_brute(pool, k, _ref_invalid_vote) for k in range(1, N + 1)]
+    for name, pool in POOLS.items()
+}
+
+
+def test_invalid_vote_curve_only_when_asked_and_majority_unchanged():
+    plain, both = _curves(), _curves(invalid_votes=True)
+    assert INVALID_VOTE not in plain
+    assert set(both) == set(plain) | {INVALID_VOTE}
+    assert both["majority"] == plain["majority"]
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [{}, {"exact_limit": 1}],  # every k-subset; past the subset limit, by answer counts
+)
+def test_invalid_vote_is_exact_and_matches_brute_force(limits):
+    points = _curves(invalid_votes=True, **limits)[INVALID_VOTE]
+    for j, point in enumerate(points):
+        assert point.exact and point.stderr == 0.0
+        expected = [BRUTE_INVALID[name][j] for name in POOLS]
+        np.testing.assert_allclose(point.per_problem, expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", list(POOLS))
+def test_majority_by_counts_with_invalid_votes_matches_brute_force(name):
+    pool = POOLS[name]
+    keys, correct = [c.key for c in pool], [c.correct for c in pool]
+    for k in range(1, N + 1):
+        value = majority_by_counts(keys, correct, k, invalid="vote")
+        assert value == pytest.approx(BRUTE_INVALID[name][k - 1], abs=1e-12)
+
+
+def test_invalid_vote_monte_carlo_within_three_standard_errors():
+    curves = _curves(invalid_votes=True, exact_limit=1, count_limit=0, samples=10_000, seed=3)
+    sampled = 0
+    for j, point in enumerate(curves[INVALID_VOTE][:-1]):
+        assert not point.exact
+        expected = [BRUTE_INVALID[name][j] for name in POOLS]
+        assert abs(point.mean - np.mean(expected)) <= 3 * point.stderr + 1e-12
+        errors = point.per_problem_stderr
+        for value, se, exp in zip(point.per_problem, errors, expected, strict=True):
+            assert abs(value - exp) <= 4 * se + 1e-12
+            sampled += se > 0
+    assert sampled > 20
+    last = curves[INVALID_VOTE][-1]
+    assert last.exact and list(last.per_problem) == [BRUTE_INVALID[n][-1] for n in POOLS]
+
+
+def test_invalid_vote_by_hand():
+    # n = 4: invalid, "a" (correct), invalid, "a" (correct). At k = 2 the six subsets:
+    # {0,1} tie, invalid first: wrong; {0,2} invalid: wrong; {0,3} tie, invalid first: wrong;
+    # {1,2} tie, "a" first: right; {1,3} "a": right; {2,3} tie, invalid first: wrong → 2/6.
+    # Dropping invalid answers, only {0,2} is wrong → 5/6.
+    pool = [_cand(None, False, 0, 0), _cand("a", True, 0, 0)]
+    pool += [_cand(None, False, 0, 0), _cand("a", True, 0, 0)]
+    curves = pooled_curves([pool], invalid_votes=True)
+    assert curves[INVALID_VOTE][1].mean == pytest.approx(2 / 6)
+    assert curves["majority"][1].mean == pytest.approx(5 / 6)
+    # k = 1: right iff the one candidate is valid and correct; k = 4: a 2–2 tie, invalid first
+    assert curves[INVALID_VOTE][0].mean == curves["majority"][0].mean == 0.5
+    assert curves[INVALID_VOTE][3].mean == 0.0 and curves["majority"][3].mean == 1.0
+    keys, correct = [c.key for c in pool], [c.correct for c in pool]
+    assert majority_by_counts(keys, correct, 2, invalid="vote") == pytest.approx(2 / 6)
+
+
+def test_an_invalid_candidate_graded_correct_never_counts_when_the_bloc_wins():
+    # a task's grade of an invalid answer is not trusted: the bloc's win is wrong
+    pool = [_cand(None, True, 0, 0), _cand(None, True, 0, 0), _cand("a", False, 0, 0)]
+    curves = pooled_curves([pool], invalid_votes=True, count_limit=0)
+    assert [p.mean for p in curves[INVALID_VOTE]] == [0.0, 0.0, 0.0]
+    assert majority_by_counts([None, None, "a"], [True, True, False], 2, invalid="vote") == 0.0

@@ -208,6 +208,31 @@ def test_unfinished_or_foreign_directories_are_one_line(two_budgets, tmp_path, c
     assert_user_error(cli("report", torn), "not a finished run", f"{len(lines) - 3} of")
 
 
+def test_pooled_selector_names_majority_by_its_treatment_of_invalid_answers():
+    assert sections.pooled_selector({"name": "majority", "config": {}}) == "majority"
+    drop = {"name": "majority", "config": {"invalid": "drop"}}
+    vote = {"name": "majority", "config": {"invalid": "vote"}}
+    assert sections.pooled_selector(drop) == "majority"
+    assert sections.pooled_selector(vote) == "majority:invalid=vote"
+
+
+def test_majority_invalid_vote_has_its_pooled_curve_and_agrees_at_k_equals_n(tmp_path):
+    run = tmp_path / "run"
+    argv = [*toy_argv(4, prm=False), "--budget", "40", "--resamples", "200"]
+    argv += ["--methods", "majority,orm_rerank"]
+    argv += ["--method", "independent:n=*+majority:invalid=vote"]
+    assert main([*argv, "--out", str(run)]) == 0
+    assert main(["report", str(run), "--out", str(tmp_path / "report")]) == 0
+    data = json.loads((tmp_path / "report" / "report.json").read_text())
+    curves = {c["selector"]: c for c in data["pooled"]["curves"]}
+    assert {"majority", "majority:invalid=vote"} <= set(curves)
+    agreement = {a["selector"]: a for a in data["pooled"]["agreement"]}
+    for selector in ("majority", "majority:invalid=vote"):
+        assert agreement[selector]["equal"], agreement[selector]
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "Majority (invalid answers vote)@k" in text
+
+
 def test_merge_new_counts_states_shared_by_runs_once():
     assert sections.merge_new([[1, 1, 2], [1, 2, 3], [3, 4]]) == [1, 1, 2, 3, 4]
     assert sections.merge_new([[1], [1, 1]]) == [1, 1]

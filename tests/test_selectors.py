@@ -81,6 +81,53 @@ def test_majority_all_invalid_or_empty_is_none():
     assert select("majority", []) is None
 
 
+def test_majority_drops_invalid_answers_by_default():
+    selector = registry().selector("majority")
+    assert dataclasses.asdict(selector.config) == {"invalid": "drop"}
+    c = cands([None, None, None, 4, 7, 4])
+    assert select("majority", c) == select("majority", c, invalid="drop") == 3
+
+
+def test_majority_invalid_vote_bloc_wins_and_is_wrong():
+    # three failed extractions outvote two 4s: the choice is None, which counts as wrong
+    assert select("majority", cands([None, 4, None, 4, None]), invalid="vote") is None
+    assert select("majority", cands([None, None, None]), invalid="vote") is None
+    # with fewer invalid answers than the leading answer, the leading answer wins as before
+    assert select("majority", cands([None, 4, 7, 4, None, 4]), invalid="vote") == 1
+
+
+def test_majority_invalid_vote_ties_go_to_the_first_seen():
+    # invalid bloc and 4 both have two votes; the bloc appears first
+    assert select("majority", cands([None, 4, 4, None]), invalid="vote") is None
+    # 4 appears first
+    assert select("majority", cands([4, None, None, 4]), invalid="vote") == 0
+    # three-way tie, 9 first seen at index 1 after the bloc's index 0: the bloc
+    assert select("majority", cands([None, 9, 2]), invalid="vote") is None
+    assert select("majority", cands([9, None, 2]), invalid="vote") == 0
+    # the same pools with invalid=drop: the bloc never votes
+    assert select("majority", cands([None, 4, 4, None])) == 1
+    assert select("majority", cands([None, 9, 2])) == 1
+
+
+def test_majority_invalid_vote_matches_counter_most_common():
+    """The paper's count: Counter over answers with failed extraction as the string "None",
+    most_common(1) (ties to the first seen); the pick is that answer's first candidate."""
+    from collections import Counter
+
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        keys = [None if rng.random() < 0.35 else int(rng.integers(0, 3)) for _ in range(7)]
+        answers = ["None" if k is None else str(k) for k in keys]
+        top = Counter(answers).most_common(1)[0][0]
+        expected = None if top == "None" else answers.index(top)
+        assert select("majority", cands(keys), invalid="vote") == expected, keys
+
+
+def test_majority_invalid_option_is_checked():
+    with pytest.raises(PluginError):
+        registry().selector("majority", invalid="count")
+
+
 # -- weighted_majority --------------------------------------------------------------------------
 
 

@@ -16,6 +16,7 @@ from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from dllmbench.analysis.pooled import MAJORITY_INVALID_VOTE
 from dllmbench.core.schema import Report
 
 DPI = 120
@@ -27,6 +28,8 @@ POOLED_COLORS = list(colormaps["Dark2"].colors)  # pooled curves, dashed
 def selector_label(selector: str) -> str:
     """A pooled selector's display name: ORM@k, Weighted Majority (ORM)@k, Majority@k, …"""
     family, _, scorer = selector.partition(":")
+    if selector == MAJORITY_INVALID_VOTE:
+        return "Majority (invalid answers vote)@k"
     if family == "argmax":
         return f"{scorer.upper()}@k"
     if family == "weighted_majority":

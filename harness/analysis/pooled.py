@@ -18,12 +18,16 @@ Selectors and their estimators:
   ``weighted_majority:weight`` (the candidates' own weights, when every candidate has one):
   invalid candidates (key None) never vote; each key totals its weights; the winning key
   maximises (total, −first position in the subset); the chosen candidate is the first one
-  holding it; no valid candidate means wrong. Exact by enumerating every k-subset when
-  C(n, k) ≤ ``exact_limit`` (and always at k = n, where one subset exists). Plain majority
-  is otherwise still exact when the vectors of per-answer counts number at most
-  ``count_limit`` (see `majority_by_counts`). Otherwise a Monte-Carlo mean over ``samples``
-  uniform k-subsets drawn from a generator keyed by (seed, problem index, k), reported with
-  its standard error. All voting selectors see the same subsets (common random numbers).
+  holding it; no valid candidate means wrong. ``majority:invalid=vote`` (the selector
+  ``majority:invalid=vote``, the paper's scripts' count) differs only in the invalid
+  candidates, which vote as one more answer that is never correct: when that bloc wins, or
+  ties with an answer and appears first in the subset, the vote is wrong. Exact by
+  enumerating every k-subset when C(n, k) ≤ ``exact_limit`` (and always at k = n, where one
+  subset exists). Plain majority (either treatment of invalid answers) is otherwise still
+  exact when the vectors of per-answer counts number at most ``count_limit`` (see
+  `majority_by_counts`). Otherwise a Monte-Carlo mean over ``samples`` uniform k-subsets
+  drawn from a generator keyed by (seed, problem index, k), reported with its standard
+  error. All voting selectors see the same subsets (common random numbers).
 
 Bootstrap intervals resample problems with replacement from one index matrix per
 (seed, number of problems, resamples), so every curve is resampled on the same problems and
@@ -44,12 +48,14 @@ from scipy.special import expit
 
 from dllmbench.analysis import stats
 from dllmbench.analysis.stats import CONFIDENCE, Interval, bootstrap_ci
-from dllmbench.core.voting import vote
+from dllmbench.core.voting import Invalid, vote
 
 EXACT_LIMIT = 20_000
 COUNT_LIMIT = 20_000
 SAMPLES = 10_000
 RESAMPLES = 10_000
+# the pooled name of `majority:invalid=vote`; "majority" is the default, invalid=drop
+MAJORITY_INVALID_VOTE = "majority:invalid=vote"
 
 
 @dataclass(frozen=True)
@@ -165,14 +171,24 @@ def subsets(
 
 
 def vote_outcomes(
-    rows: np.ndarray, ids: np.ndarray, weights: np.ndarray, correct: np.ndarray
+    rows: np.ndarray,
+    ids: np.ndarray,
+    weights: np.ndarray,
+    correct: np.ndarray,
+    invalid: Invalid = "drop",
 ) -> np.ndarray:
     """Correctness (0/1) of the vote on each subset row, with `vote_index`'s tie rules.
 
     Totals are accumulated in subset order (bincount adds in input order), as `vote_index`
     does, so float ties match. The pick is the earliest candidate whose key is among the
-    keys of largest total: the first holder of the tied key that appears first.
+    keys of largest total: the first holder of the tied key that appears first. With
+    invalid="vote" the invalid candidates (id −1) are one more key, and a pick of one of them
+    is wrong.
     """
+    valid = ids >= 0
+    if invalid == "vote":
+        ids = np.where(valid, ids, int(ids.max(initial=-1)) + 1)
+        correct = correct & valid
     m = rows.shape[0]
     u = int(ids.max()) + 1 if ids.size else 0
     if u == 0:
@@ -196,13 +212,19 @@ def _estimate(outcomes: np.ndarray, exact: bool) -> Estimate:
     return Estimate(float(outcomes.mean()), se, False)
 
 
-def key_groups(keys: Sequence[Hashable | None]) -> tuple[list[list[int]], int]:
-    """Positions of each valid key (keys by first appearance) and the number of invalid ones."""
+def key_groups(
+    keys: Sequence[Hashable | None], invalid: Invalid = "drop"
+) -> tuple[list[list[int]], int]:
+    """Positions of each valid key (keys by first appearance) and the number of invalid ones
+    left out of the vote: all of them with invalid="drop"; with invalid="vote" none, the
+    invalid positions being one more group (in its place by first appearance)."""
     groups: dict[Hashable, list[int]] = {}
+    bloc = object()  # the invalid answers' one key when they vote
     for i, key in enumerate(keys):
-        if key is not None:
-            groups.setdefault(key, []).append(i)
-    return list(groups.values()), sum(key is None for key in keys)
+        if key is not None or invalid == "vote":
+            groups.setdefault(bloc if key is None else key, []).append(i)
+    left_out = 0 if invalid == "vote" else sum(key is None for key in keys)
+    return list(groups.values()), left_out
 
 
 def count_vectors(sizes: Sequence[int], k: int) -> int:
@@ -254,15 +276,22 @@ def _first_correct(
 
 
 def majority_by_counts(
-    keys: Sequence[Hashable | None], correct: Sequence[bool], k: int, *, limit: int = COUNT_LIMIT
+    keys: Sequence[Hashable | None],
+    correct: Sequence[bool],
+    k: int,
+    *,
+    limit: int = COUNT_LIMIT,
+    invalid: Invalid = "drop",
 ) -> float | None:
     """Exact Majority@k by enumerating how many candidates of each answer the subset holds:
     Σ over count vectors of Π_g C(m_g, c_g)/C(n, k) · P(correct | counts). None when there
-    are more than `limit` count vectors (invalid candidates count as one more group)."""
+    are more than `limit` count vectors (invalid candidates count as one more group, which
+    votes with invalid="vote" and whose candidates are then never correct)."""
     n = len(keys)
     _check_k(n, k)
-    groups, invalid = key_groups(keys)
-    sizes = [invalid, *(len(g) for g in groups)]
+    groups, left_out = key_groups(keys, invalid)
+    correct = [bool(c) and key is not None for c, key in zip(correct, keys, strict=True)]
+    sizes = [left_out, *(len(g) for g in groups)]
     if count_vectors(sizes, k) > limit:
         return None
     acc = 0.0
@@ -302,9 +331,11 @@ def problem_estimates(
     exact_limit: int = EXACT_LIMIT,
     count_limit: int = COUNT_LIMIT,
     samples: int = SAMPLES,
+    invalid_votes: bool = False,
 ) -> dict[str, list[Estimate]]:
     """Every selector's estimate at every k for one pool. `rng_for(k)` gives the keyed
-    generator of the Monte-Carlo subsets at k (shared by the voting selectors)."""
+    generator of the Monte-Carlo subsets at k (shared by the voting selectors).
+    `invalid_votes` adds ``majority:invalid=vote``."""
     correct = [bool(c.correct) for c in pool]
     correct_arr = np.array(correct, bool)
     keys = [c.key for c in pool]
@@ -317,16 +348,24 @@ def problem_estimates(
         scores = [c.scores[name] for c in pool]
         out[f"argmax:{name}"] = [Estimate(argmax_at_k(scores, correct, k), 0.0, True) for k in ks]
     weights = vote_weights(pool, scorers)
-    for name in weights:
+    votes: dict[str, tuple[np.ndarray, Invalid]] = {n: (w, "drop") for n, w in weights.items()}
+    if invalid_votes:
+        votes[MAJORITY_INVALID_VOTE] = (weights["majority"], "vote")
+    counted = {"majority": "drop", MAJORITY_INVALID_VOTE: "vote"}
+    for name in votes:
         out[name] = []
     for k in ks:
         rows, exact = subsets(len(pool), k, rng_for(k), exact_limit=exact_limit, samples=samples)
-        for name, w in weights.items():
-            out[name].append(_estimate(vote_outcomes(rows, ids, w, correct_arr), exact))
-        if not exact and count_limit > 0:
-            value = majority_by_counts(keys, correct, k, limit=count_limit)
-            if value is not None:
-                out["majority"][-1] = Estimate(value, 0.0, True)
+        for name, (w, invalid) in votes.items():
+            outcomes = vote_outcomes(rows, ids, w, correct_arr, invalid)
+            out[name].append(_estimate(outcomes, exact))
+        if exact or count_limit <= 0:
+            continue
+        for name, invalid in counted.items():
+            if name in votes:
+                value = majority_by_counts(keys, correct, k, limit=count_limit, invalid=invalid)
+                if value is not None:
+                    out[name][-1] = Estimate(value, 0.0, True)
     return out
 
 
@@ -354,13 +393,14 @@ def pooled_curves(
     exact_limit: int = EXACT_LIMIT,
     count_limit: int = COUNT_LIMIT,
     samples: int = SAMPLES,
+    invalid_votes: bool = False,
 ) -> dict[str, list[PooledPoint]]:
     """Pooled curves of every selector: name → one point per k (default 1..smallest pool).
 
     Selectors: "oracle", "random", "argmax:<s>" and "weighted_majority:<s>" for each scorer s
-    (default: those every candidate carries), "majority", and "weighted_majority:weight" when
-    every candidate of every pool has a weight. Monte-Carlo subsets of problem i at k come
-    from a generator keyed by (seed, i, k).
+    (default: those every candidate carries), "majority", "majority:invalid=vote" when
+    `invalid_votes`, and "weighted_majority:weight" when every candidate of every pool has a
+    weight. Monte-Carlo subsets of problem i at k come from a generator keyed by (seed, i, k).
     """
     if not pools or any(len(p) == 0 for p in pools):
         raise ValueError("pooled_curves needs at least one problem and no empty pool")
@@ -378,6 +418,7 @@ def pooled_curves(
             exact_limit=exact_limit,
             count_limit=count_limit,
             samples=samples,
+            invalid_votes=invalid_votes,
         )
         for i, pool in enumerate(pools)
     ]

@@ -162,10 +162,16 @@ Curves = dict[str, tuple[int, list[pooled.PooledPoint], list[pooled.Interval]]]
 
 
 def _curves(
-    pool_set: evidence.PoolSet, seed: int, resamples: int, level: float, options: Options
+    pool_set: evidence.PoolSet,
+    seed: int,
+    resamples: int,
+    level: float,
+    options: Options,
+    invalid_votes: bool = False,
 ) -> Curves:
     """selector → (pool size, points at k = 1..size, bootstrap intervals). The scorer-less
-    selectors come from the whole pool; on a shorter prefix only its scorers' selectors."""
+    selectors come from the whole pool; on a shorter prefix only its scorers' selectors.
+    `invalid_votes` adds Majority@k with invalid answers voting (`majority:invalid=vote`)."""
     full = min(len(p) for p in pool_set.pools)
     out: Curves = {}
     for size, scorers in _curve_groups(pool_set).items():
@@ -176,6 +182,7 @@ def _curves(
             exact_limit=options.exact_limit,
             count_limit=options.count_limit if size == full else 0,
             samples=options.samples,
+            invalid_votes=invalid_votes and size == full,
         )
         for selector, points in curves.items():
             if size != full and not set(selector_scorers(selector)) & set(scorers):
@@ -222,6 +229,8 @@ def _agreement(
 def pooled_selector(selector: dict[str, Any]) -> str | None:
     """The pooled selector name of a manifest selector entry; None when it has none."""
     name, config = selector["name"], selector.get("config", {})
+    if name == "majority" and config.get("invalid", "drop") == "vote":
+        return pooled.MAJORITY_INVALID_VOTE
     if name in ("oracle", "random", "majority"):
         return name
     if name == "argmax":
@@ -241,7 +250,13 @@ def pooled_section(
         return None
     index, key, pool_set = found
     run = runs[index]
-    curves = _curves(pool_set, seed, resamples, level, options)
+    # Majority@k with invalid answers voting, only where a run's method votes so
+    invalid_votes = any(
+        pooled_selector(m["selector"]) == pooled.MAJORITY_INVALID_VOTE
+        for r in runs
+        for m in r.manifest["methods"]
+    )
+    curves = _curves(pool_set, seed, resamples, level, options, invalid_votes)
     costs = cost_model(run.manifest, key)
     out_curves = [
         PooledCurve(

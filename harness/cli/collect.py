@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.console import Console
 
-from dllmbench.cli.argtypes import positive_int
+from dllmbench.cli.argtypes import natural_int, positive_int
 from dllmbench.cli.common import Reply, add_json, add_limit, add_sampling, field_default
 from dllmbench.cli.progress import Progress
 from dllmbench.core.errors import UserError
@@ -33,6 +33,13 @@ def add_parser(sub: Any) -> None:
     c.add_argument(
         "--snapshots", type=positive_int, default=8, help="snapshot steps per trajectory"
     )
+    c.add_argument(
+        "--rollouts",
+        type=natural_int,
+        default=field_default(CollectConfig, "rollouts"),
+        help="R continuations to T of every snapshot state before T, graded by the task; "
+        "each snapshot stores how many were correct (train-scorer --labels rollout)",
+    )
     add_sampling(c, defaults=True)
     add_limit(c)
     c.add_argument("--batch-rows", type=positive_int, default=field_default(Capacity, "batch_rows"))
@@ -55,11 +62,30 @@ def execute(args: argparse.Namespace) -> Reply:
     sampling = Sampling(args.steps, args.gen_length, args.prompt, args.seed)
     steps = snapshot_steps(args.steps, args.snapshots)
     description = collection_manifest(
-        task_name, task, args.split, backbone_name, backbone, sampling, args.n, steps, len(problems)
+        task_name,
+        task,
+        args.split,
+        backbone_name,
+        backbone,
+        sampling,
+        args.n,
+        steps,
+        len(problems),
+        rollouts=args.rollouts,
     )
     out = Path(args.out)
     capacity = Capacity(batch_rows=args.batch_rows)
-    cfg = CollectConfig(task, backbone, description, problems, args.n, steps, sampling, capacity)
+    cfg = CollectConfig(
+        task,
+        backbone,
+        description,
+        problems,
+        args.n,
+        steps,
+        sampling,
+        capacity,
+        rollouts=args.rollouts,
+    )
     with Progress() as bar:
         done = len(done_problems(out)) if out.exists() else 0
         bar.start(f"collect {task_name}/{args.split}", len(problems), done)

@@ -17,7 +17,7 @@ from dllmbench.core.errors import UserError
 from dllmbench.execution.method import parse_part
 from dllmbench.loading.registry import registry
 from dllmbench.scoring.collect import load
-from dllmbench.scoring.training import TrainConfig, train
+from dllmbench.scoring.training import NO_ROLLOUTS, TrainConfig, train
 
 
 def add_parser(sub: Any) -> None:
@@ -44,6 +44,13 @@ def add_parser(sub: Any) -> None:
         help="mixed: only problems with both correct and incorrect trajectories; balanced: "
         "of those, as many correct as incorrect trajectories per problem",
     )
+    t.add_argument(
+        "--labels",
+        choices=["final", "rollout"],
+        default=field_default(TrainConfig, "labels"),
+        help="final: each snapshot's trajectory's final correctness; rollout: the share of "
+        "its rollouts that were correct (a collection made with collect --rollouts)",
+    )
     t.add_argument("--seed", type=natural_int, default=field_default(TrainConfig, "seed"))
     t.add_argument("--out", required=True, help="training directory (resumed if it exists)")
     add_json(t)
@@ -62,12 +69,15 @@ def _config(args: argparse.Namespace) -> TrainConfig:
         val_every=args.val_every,
         groups=args.groups,
         seed=args.seed,
+        labels=args.labels,
     )
 
 
 def execute(args: argparse.Namespace) -> Reply:
     reg = registry()
     meta, snapshots = load(Path(args.data))
+    if args.labels == "rollout" and not meta.get("rollouts"):
+        raise UserError(f"{args.data} has no rollouts: {NO_ROLLOUTS}")
     if args.backbone:
         backbone_name, backbone_config = parse_part(args.backbone)
     else:
@@ -99,6 +109,8 @@ def _show(console: Console, record: dict[str, Any], out: Path) -> None:
         f"{best['bce']:.4f}, accuracy {best['accuracy']:.3f}, ROC-AUC "
         f"{best['auc']})"
     )
+    if "rollout_bce" in best:
+        console.print(f"  validation BCE against the rollouts' shares: {best['rollout_bce']:.4f}")
     ranked = best["rerank"]
     if ranked["problems"]:
         console.print(

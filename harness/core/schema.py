@@ -180,7 +180,9 @@ class PooledPointEntry(TypedDict):
 
 
 class PooledCurve(TypedDict):
-    selector: str  # oracle, random, majority, argmax:<scorer>, weighted_majority:<scorer>
+    # oracle, random, majority, majority:invalid=vote, argmax:<scorer>,
+    # weighted_majority:<scorer>
+    selector: str
     pool_size: int  # n: the candidates per problem the curve is estimated from
     points: list[PooledPointEntry]  # k = 1..pool_size
 

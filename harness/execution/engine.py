@@ -137,7 +137,7 @@ def plan_units(problem: Problem, methods: Iterable[Method]) -> list[Unit]:
 
 
 @dataclass(frozen=True)
-class _Judged:
+class Judged:
     """A finished pool as the task sees it: decoded once, extracted, keyed and graded."""
 
     texts: list[str]
@@ -370,12 +370,17 @@ class Engine:
             pool.scores[scorer] = full
 
     # -- finishing -----------------------------------------------------------------------
-    def _judge(self, problem: Problem, pool: Pool) -> _Judged:
+    def _judge(self, problem: Problem, pool: Pool) -> Judged:
         """Decode every candidate once, extract and key its answer, grade the pool."""
-        rows = pool.rows
+        return self.judge(problem, pool.rows)
+
+    def judge(self, problem: Problem, rows: Rows) -> Judged:
+        """Decode every row once, extract and key its answer, grade them all: how the pool's
+        candidates are graded, for rows a strategy kept beside its pool (the collector's
+        rollouts)."""
         with self.origins.blame("backbone", self.origins.backbone):
             texts = [
-                self.backbone.decode(rows.tokens[i], rows.prompt_len) for i in range(len(pool))
+                self.backbone.decode(rows.tokens[i], rows.prompt_len) for i in range(len(rows))
             ]
         with self.origins.blame("task", self.origins.task):
             answers = [self.task.extract(text) for text in texts]
@@ -384,7 +389,7 @@ class Engine:
             notes: list[str | None] = [None] * len(answers)
             if isinstance(self.task, NotesGrades):
                 notes = [None if a is None else self.task.grade_note(problem, a) for a in answers]
-        return _Judged(texts, answers, answer_keys, labels, notes)
+        return Judged(texts, answers, answer_keys, labels, notes)
 
     def _grade(self, items: list[tuple[Problem, str | None, str]]) -> list[bool]:
         """A pool's grades: all at once through the task's optional `grade_many` (MBPP's
@@ -453,7 +458,7 @@ class Engine:
         method: Method,
         chosen: int | None,
         candidates: list[Candidate],
-        judged: _Judged,
+        judged: Judged,
         pool: Pool,
     ) -> Record:
         return Record(

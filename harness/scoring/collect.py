@@ -3,11 +3,24 @@
 Each problem gets `n` independent trajectories through the engine (batched like any run);
 the canvas of every trajectory is kept at chosen steps. The output directory holds:
 
-- `collect.json`: what was collected (task, split, backbone, sampling, n, snapshot steps);
+- `collect.json`: what was collected (task, split, backbone, sampling, n, snapshot steps,
+  rollouts R per state);
 - `trajectories.jsonl`: one line per trajectory — problem id, index, final text, extracted
   answer, correctness, prompt length, and where its snapshots are (shard, first row);
 - `snapshots-NNNNN.safetensors`: `tokens` [rows, width] int32 padded with −1, and `steps`
-  [rows] int32; a trajectory's snapshots are consecutive rows, in step order.
+  [rows] int32; a trajectory's snapshots are consecutive rows, in step order. With R > 0
+  rollouts, also `rollouts` [rows] int32: how many of the R rollouts from that state reached
+  a correct answer (a final state: R when it is correct, else 0).
+
+Rollouts (`--rollouts R`): from every snapshot state before T, R continuations of that exact
+canvas to T, each with noise of its own (rollout r of trajectory i from snapshot k has lineage
+(i, k, r); the trajectory itself keeps (i,)). They are denoised by the same `Trajectories`
+search through `ops`, so the ledger charges them like any step and the method declares them
+(n·R·Σ(T − s) more passes, s over the snapshot steps before T). They never join the pool,
+which stays the n trajectories: the search keeps their final rows in `kept`, and the writer
+grades them as each problem's record arrives, with the engine's own `Engine.judge` (the
+backbone's decode, the task's extract and grade, `grade_many` where the task has it), the
+way the pool's candidates are graded; then only the counts are kept.
 
 Shards are written as problems finish, so an interrupted collection resumes where it
 stopped (problems already in trajectories.jsonl are skipped). The snapshots travel from the
@@ -30,7 +43,7 @@ from safetensors.torch import load_file, save_file
 from dllmbench.api.ops import Ops
 from dllmbench.core.errors import UserError
 from dllmbench.core.schema import Record, TrajectoryLine
-from dllmbench.core.types import Pool, Problem
+from dllmbench.core.types import Pool, Problem, Rows
 from dllmbench.execution.engine import Capacity, Engine, Sampling
 from dllmbench.execution.method import Method, MethodSpec
 from dllmbench.loading.provenance import config_data
@@ -47,26 +60,33 @@ def snapshot_steps(total_steps: int, count: int) -> list[int]:
 
 @dataclass
 class Kept:
-    """The snapshots of one problem's trajectories: the canvas of all n at each step."""
+    """The snapshots of one problem's trajectories: the canvas of all n at each step, and
+    with rollouts, their final rows (until graded) and then their correct counts."""
 
     prompt_len: int
     snapshots: list[tuple[int, torch.Tensor]]  # (step, tokens [n, canvas])
+    rollouts: Rows | None = None  # final rollout rows, snapshot-major: [k][i][r]
+    correct: np.ndarray | None = None  # [n, snapshots before T]: correct rollouts per state
 
 
 class Trajectories:
     """n independent trajectories, keeping the canvas at each snapshot step in `kept`
-    (problem id → `Kept`) until the writer takes it."""
+    (problem id → `Kept`) until the writer takes it; with `rollouts` R > 0, R continuations
+    to T of every snapshot state before T, kept beside them for the writer to grade."""
 
     prefix_field: ClassVar[str | None] = None
     scorers: tuple[str, ...] = ()
 
-    def __init__(self, n: int, steps: list[int]):
-        self.n, self.steps = n, steps
-        self.config = {"n": n, "steps": steps}
+    def __init__(self, n: int, steps: list[int], rollouts: int = 0):
+        if rollouts < 0:
+            raise UserError(f"--rollouts must be >= 0, got {rollouts}")
+        self.n, self.steps, self.rollouts = n, steps, rollouts
+        self.config = {"n": n, "steps": steps, "rollouts": rollouts}
         self.kept: dict[str, Kept] = {}
 
     def cost(self, total_steps: int) -> dict[str, int]:
-        return {"denoise": self.n * total_steps}
+        rollout_steps = sum(total_steps - s for s in self.steps if s < total_steps)
+        return {"denoise": self.n * total_steps + self.n * self.rollouts * rollout_steps}
 
     def pool_size(self) -> int:
         return self.n
@@ -76,16 +96,43 @@ class Trajectories:
 
     async def search(self, problem: Problem, ops: Ops) -> Pool:
         rows = ops.start(problem, copies=self.n, stream="collect")
-        snapshots, done = [], 0
+        snapshots, states, done = [], [], 0
         for step in self.steps:
             if step > done:
                 rows = await ops.denoise(rows, step - done)
                 done = step
             snapshots.append((step, rows.tokens.clone()))
+            if step < ops.T and self.rollouts:
+                states.append(rows)
         if done < ops.T:
             rows = await ops.denoise(rows, ops.T - done)
-        self.kept[problem.id] = Kept(rows.prompt_len, snapshots)
+        kept = Kept(rows.prompt_len, snapshots)
+        if states:
+            kept.rollouts = await ops.denoise(rollout_rows(states, self.rollouts))
+        self.kept[problem.id] = kept
         return ops.pool(rows)
+
+
+def rollout_rows(states: list[Rows], r: int) -> Rows:
+    """R children of every row of every state, state-major ([k][i][r]); child r of row i of
+    state k has lineage (i, k, r), so each draws its own noise, unlike any other rollout's
+    and unlike the trajectory's own continuation (lineage (i,))."""
+    parts = []
+    for k, state in enumerate(states):
+        n = len(state)
+        # (i,) → (i, k): the k-th of len(states) copies of each row; then (i, k, r)
+        marked = state.repeat(len(states)).take([i * len(states) + k for i in range(n)])
+        parts.append(marked.repeat(r))
+    return Rows.concat(*parts)
+
+
+def rollout_counts(labels: list[bool], n: int, states: int, r: int) -> np.ndarray:
+    """[n, states]: how many of the R rollouts of trajectory i from state k were correct,
+    from the rollouts' grades in `rollout_rows` order ([k][i][r])."""
+    if len(labels) != n * states * r:
+        raise ValueError(f"{len(labels)} rollout grades for {n}×{states}×{r} rollouts")
+    grid = np.asarray(labels, dtype=np.int64).reshape(states, n, r)
+    return grid.sum(axis=2).T
 
 
 @dataclass
@@ -99,6 +146,7 @@ class CollectConfig:
     sampling: Sampling
     capacity: Capacity
     shard_problems: int = 64
+    rollouts: int = 0  # R continuations to T of every snapshot state before T
 
 
 def done_problems(out: Path) -> set[str]:
@@ -128,7 +176,7 @@ def run_collection(
     done = done_problems(out)
     shard = len(list(out.glob("snapshots-*.safetensors")))
     todo = [p for p in cfg.problems if p.id not in done]
-    trajectories = Trajectories(cfg.n, cfg.steps)
+    trajectories = Trajectories(cfg.n, cfg.steps, cfg.rollouts)
     method = Method("collect", MethodSpec("collect"), trajectories, reg.selector("first"))
     written = 0
     for start in range(0, len(todo), cfg.shard_problems):
@@ -141,18 +189,45 @@ def run_collection(
             sampling=cfg.sampling,
             capacity=cfg.capacity,
         )
-        records = engine.run(chunk, on_record=(lambda _r: advance()) if advance else None)
-        _write_shard(out, shard, records, trajectories.kept)
+        finished = _grading(engine, trajectories, chunk, advance)
+        records = engine.run(chunk, on_record=finished)
+        _write_shard(out, shard, records, trajectories.kept, cfg.rollouts)
         shard += 1
         written += sum(len(r["candidates"]) for r in records)
     return {"problems": len(cfg.problems), "skipped": len(done), "trajectories": written}
 
 
-def _write_shard(out: Path, shard: int, records: list[Record], kept: dict[str, Kept]) -> None:
+def _grading(
+    engine: Engine,
+    trajectories: Trajectories,
+    problems: list[Problem],
+    advance: Callable[[], None] | None,
+) -> Callable[[Record], None]:
+    """What to do as each problem's record arrives: grade its rollouts the way the engine
+    graded its pool (`Engine.judge`) and keep only their counts; then `advance()`."""
+    by_id = {p.id: p for p in problems}
+    n, r = trajectories.n, trajectories.rollouts
+
+    def finished(record: Record) -> None:
+        kept = trajectories.kept[record["problem"]]
+        if kept.rollouts is not None:
+            labels = engine.judge(by_id[record["problem"]], kept.rollouts).labels
+            kept.correct = rollout_counts(labels, n, len(kept.rollouts) // (n * r), r)
+            kept.rollouts = None
+        if advance:
+            advance()
+
+    return finished
+
+
+def _write_shard(
+    out: Path, shard: int, records: list[Record], kept: dict[str, Kept], rollouts: int = 0
+) -> None:
     """One shard of snapshots and the index lines of its trajectories; `kept` entries of
-    the written problems are taken out."""
+    the written problems are taken out. With rollouts, each snapshot's correct count too."""
     rows: list[torch.Tensor] = []
     steps: list[int] = []
+    correct: list[int] = []
     lines: list[TrajectoryLine] = []
     for record in records:
         problem = kept.pop(record["problem"])
@@ -170,15 +245,25 @@ def _write_shard(out: Path, shard: int, records: list[Record], kept: dict[str, K
                     snapshots=len(problem.snapshots),
                 )
             )
-            for step, tokens in problem.snapshots:
+            # the snapshots before T come first (steps ascending) and have rollout counts;
+            # the final state's is its own correctness, R or 0
+            counted = 0 if problem.correct is None else problem.correct.shape[1]
+            for j, (step, tokens) in enumerate(problem.snapshots):
                 rows.append(tokens[i])
                 steps.append(step)
+                if rollouts and j < counted:
+                    correct.append(int(problem.correct[i, j]))  # type: ignore[index]
+                elif rollouts:
+                    correct.append(rollouts if cand["correct"] else 0)
     width = max(len(r) for r in rows)
     tokens = torch.full((len(rows), width), -1, dtype=torch.int32)
     for j, r in enumerate(rows):
         tokens[j, : len(r)] = r.to(torch.int32)
     name = out / f"snapshots-{shard:05d}.safetensors"
-    save_file({"tokens": tokens, "steps": torch.tensor(steps, dtype=torch.int32)}, str(name))
+    tensors = {"tokens": tokens, "steps": torch.tensor(steps, dtype=torch.int32)}
+    if rollouts:
+        tensors["rollouts"] = torch.tensor(correct, dtype=torch.int32)
+    save_file(tensors, str(name))
     with open(out / "trajectories.jsonl", "a", encoding="utf-8") as fh:
         for line in lines:
             fh.write(json.dumps(line) + "\n")
@@ -192,8 +277,11 @@ class Snapshot:
     tokens: torch.Tensor
     prompt_len: int
     step: int
-    correct: bool
+    correct: bool  # the trajectory's final correctness
     final: bool
+    # the share of the collection's R rollouts from this state that reached a correct answer
+    # (a final state: its own correctness, 0 or 1); None when collected without rollouts
+    value: float | None = None
     index: int = 0  # the trajectory's index among its problem's
 
 
@@ -213,8 +301,10 @@ def read_meta(path: Path) -> dict[str, Any]:
 
 
 def load(path: Path) -> tuple[dict[str, Any], list[Snapshot]]:
-    """Every snapshot of a collection, labelled with its trajectory's final correctness."""
+    """Every snapshot of a collection, labelled with its trajectory's final correctness and,
+    when the collection has rollouts, with the share of its rollouts that were correct."""
     meta = read_meta(path)
+    r = int(meta.get("rollouts", 0))
     shards: dict[int, dict[str, torch.Tensor]] = {}
     out = []
     for line in (path / "trajectories.jsonl").read_text().splitlines():
@@ -234,6 +324,7 @@ def load(path: Path) -> tuple[dict[str, Any], list[Snapshot]]:
                     int(shard["steps"][j]),
                     bool(t["correct"]),
                     int(shard["steps"][j]) == meta["sampling"]["total_steps"],
+                    int(shard["rollouts"][j]) / r if r else None,
                     int(t["index"]),
                 )
             )
@@ -256,6 +347,7 @@ def collection_manifest(
     n: int,
     steps: list[int],
     problems: int,
+    rollouts: int = 0,
 ) -> dict[str, Any]:
     """The content of collect.json: what was collected, compared on resume."""
     return {
@@ -274,4 +366,5 @@ def collection_manifest(
         },
         "n": n,
         "snapshot_steps": steps,
+        "rollouts": rollouts,
     }

@@ -4,9 +4,14 @@ Works with any scorer plugin that can be trained, a `dllmbench.interfaces.Traina
 `trainable()` (its parameters), a differentiable `logits(tokens, prompt_lens)`,
 `train_mode(flag)`, `save(path, extra)` and `load_weights(path)`. A PRM learns from every
 snapshot, an ORM from final states only; each is labelled with its trajectory's final
-correctness (BCE). AdamW, a cosine schedule with optional warmup, gradient clipping and
-accumulation. Validation uses held-out *training* problems: BCE, accuracy and ROC-AUC overall
-and per mask-ratio bucket; the checkpoint with the lowest validation BCE is kept as `best/`.
+correctness (`labels="final"`), or, on a collection with rollouts (`labels="rollout"`), with
+the share of its R rollouts that reached a correct answer (a final state keeps its 0/1);
+BCE either way, on fractional targets for rollouts (`targets()`). AdamW, a cosine schedule
+with optional warmup, gradient clipping and accumulation. Validation uses held-out *training*
+problems: BCE, accuracy and ROC-AUC overall and per mask-ratio bucket, against the final
+correctness whatever the labels; on a collection with rollouts also `rollout_bce`, the mean
+BCE against the rollout shares. The checkpoint with the lowest validation BCE (against the
+final correctness) is kept as `best/`.
 `latest/` holds everything needed to resume exactly. `train()` runs `select_data()`, then
 `train_step()` until the last step, with `validate()` and `save_checkpoint()` every
 `val_every` steps; `resume()` picks up `latest/`.
@@ -49,10 +54,15 @@ class TrainConfig:
     # correct as incorrect final states per problem (drawn with the seed)
     groups: str = "all"
     seed: int = 0
+    # "final": every snapshot's target is its trajectory's final correctness (0/1);
+    # "rollout": the share of its R rollouts that were correct (a collection with rollouts)
+    labels: str = "final"
 
     def __post_init__(self) -> None:
         if self.kind not in ("prm", "orm"):
             raise ValueError(f"kind must be 'prm' or 'orm', got {self.kind!r}")
+        if self.labels not in ("final", "rollout"):
+            raise ValueError(f"labels must be 'final' or 'rollout', got {self.labels!r}")
         if self.groups not in ("all", "mixed", "balanced"):
             raise ValueError(f"groups must be 'all', 'mixed' or 'balanced', got {self.groups!r}")
 
@@ -133,9 +143,28 @@ def rerank(data: list[Snapshot], scores: np.ndarray) -> dict[str, Any]:
     }
 
 
+def targets(snapshots: list[Snapshot], labels: str) -> torch.Tensor:
+    """The BCE targets of `snapshots`: the trajectory's final correctness (0.0 or 1.0) with
+    labels "final", the share of the state's rollouts that were correct with "rollout"."""
+    if labels == "final":
+        return torch.tensor([float(s.correct) for s in snapshots])
+    if labels != "rollout":
+        raise ValueError(f"labels must be 'final' or 'rollout', got {labels!r}")
+    if any(s.value is None for s in snapshots):
+        raise UserError(NO_ROLLOUTS)
+    return torch.tensor([float(s.value) for s in snapshots])  # type: ignore[arg-type]
+
+
+NO_ROLLOUTS = (
+    "--labels rollout needs a collection with rollouts; collect one with "
+    "dllmbench collect --rollouts R, or train with --labels final"
+)
+
+
 def evaluate(scorer: TrainableScorer, data: list[Snapshot], ratios: np.ndarray, batch: int) -> dict:
     """Validation BCE, accuracy and ROC-AUC, overall and by mask-ratio bucket, and the
-    best-of-N accuracy of reranking each problem's final states by score."""
+    best-of-N accuracy of reranking each problem's final states by score, all against the
+    final correctness; with rollouts in the data, `rollout_bce` against their shares too."""
     logits = []
     scorer.train_mode(False)
     with torch.no_grad():
@@ -147,7 +176,7 @@ def evaluate(scorer: TrainableScorer, data: list[Snapshot], ratios: np.ndarray, 
                 .cpu()
             )
     z = torch.cat(logits)
-    y = torch.tensor([float(s.correct) for s in data])
+    y = targets(data, "final")
     yn, zn = y.numpy(), z.numpy()
     buckets = {}
     for b in range(10):
@@ -159,7 +188,7 @@ def evaluate(scorer: TrainableScorer, data: list[Snapshot], ratios: np.ndarray, 
                 "auc": auc(yn[sel], zn[sel]),
                 "accuracy": float(((zn[sel] > 0) == (yn[sel] > 0.5)).mean()),
             }
-    return {
+    metrics = {
         "bce": float(torch.nn.functional.binary_cross_entropy_with_logits(z, y)),
         "accuracy": float(((zn > 0) == (yn > 0.5)).mean()),
         "auc": auc(yn, zn),
@@ -167,6 +196,11 @@ def evaluate(scorer: TrainableScorer, data: list[Snapshot], ratios: np.ndarray, 
         "rerank": rerank(data, zn),
         "by_mask_ratio": buckets,
     }
+    if data and all(s.value is not None for s in data):
+        shares = targets(data, "rollout")
+        bce = torch.nn.functional.binary_cross_entropy_with_logits(z, shares)
+        metrics["rollout_bce"] = float(bce)
+    return metrics
 
 
 @dataclass
@@ -182,7 +216,10 @@ class TrainData:
 
 def select_data(snapshots: list[Snapshot], cfg: TrainConfig, mask_id: int) -> TrainData:
     """Final states only for an ORM; held-out validation problems (a seeded sample of at most
-    `max_val` snapshots); `groups` filtering of the training problems."""
+    `max_val` snapshots); `groups` filtering of the training problems. Rollout labels need
+    every snapshot to carry its rollouts' share."""
+    if cfg.labels == "rollout" and any(s.value is None for s in snapshots):
+        raise UserError(NO_ROLLOUTS)
     if cfg.kind == "orm":
         snapshots = [s for s in snapshots if s.final]
     val_ids = split_problems(snapshots, cfg.val_fraction, cfg.seed)
@@ -279,7 +316,7 @@ def train_step(
         start = state.step * per_step + micro * cfg.batch
         chunk = _batch(data.train, start, cfg.batch, cfg.seed)
         z = scorer.logits([s.tokens for s in chunk], [s.prompt_len for s in chunk])
-        y = torch.tensor([float(s.correct) for s in chunk], device=z.device)
+        y = targets(chunk, cfg.labels).to(z.device)
         loss = torch.nn.functional.binary_cross_entropy_with_logits(z.float(), y) / cfg.accum
         loss.backward()
         total += loss.item()
@@ -306,16 +343,19 @@ def validate(
         {
             "step": state.step,
             "train_bce": total,
-            **{k: metrics[k] for k in ("bce", "accuracy", "auc")},
+            **{k: metrics[k] for k in ("bce", "rollout_bce", "accuracy", "auc") if k in metrics},
             "rerank_top1": top1,
         }
     )
     if state.best is None or metrics["bce"] < state.best["bce"]:
         state.best = {"step": state.step, **metrics}
         scorer.save(out / "best", {"validation": state.best})
+    rollout = (
+        f" (against rollouts {metrics['rollout_bce']:.4f})" if "rollout_bce" in metrics else ""
+    )
     return (
-        f"step {state.step}: train BCE {total:.4f}, validation BCE {metrics['bce']:.4f}, "
-        f"accuracy {metrics['accuracy']:.3f}, ROC-AUC {_fmt(metrics['auc'])}, "
+        f"step {state.step}: train BCE {total:.4f}, validation BCE {metrics['bce']:.4f}"
+        f"{rollout}, accuracy {metrics['accuracy']:.3f}, ROC-AUC {_fmt(metrics['auc'])}, "
         f"best-of-N {_fmt(top1)} (mean {_fmt(metrics['rerank']['mean_accuracy'])})"
     )
 
@@ -366,6 +406,8 @@ def data_digest(snapshots: list[Snapshot]) -> str:
     digest = hashlib.blake2b(digest_size=16)
     for s in snapshots:
         digest.update(f"{s.problem}|{s.step}|{s.correct}|{s.final}|{s.prompt_len}|".encode())
+        if s.value is not None:
+            digest.update(f"{s.value!r}|".encode())
         digest.update(s.tokens.numpy().tobytes())
     return digest.hexdigest()
 
