@@ -216,9 +216,8 @@ def _pooled_panels(sub: FigureBase, report: Report) -> None:
     keys.append(Patch(color="0.3", alpha=0.2, label=f"{_level(report)} CI"))
     sub.legend(handles=keys, loc="outside right upper", fontsize=7)
     sub.suptitle(
-        f"Pooled independent samples: k drawn from a pool of {pooled['size']} per problem, "
-        f"mean over {pooled['problems']} problems; bands: {_level(report)} bootstrap CIs "
-        "over problems",
+        f"Pooled independent samples: k of a pool of {pooled['size']} per problem, mean over "
+        f"{pooled['problems']} problems\nbands: {_level(report)} bootstrap CIs over problems",
         fontsize=9,
     )
 
