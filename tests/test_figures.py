@@ -429,3 +429,22 @@ def test_render_writes_what_the_report_has_and_leaves_the_rest_out(tmp_path):
     written = figures.render(data, tmp_path)
     assert written == {"pareto": "pareto.png", "pool_diversity": "pool_diversity.png"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pareto.png", "pool_diversity.png"]
+
+
+def test_pareto_gives_two_methods_of_one_family_at_one_budget_a_row_each():
+    data = report()
+    data["methods"].append(
+        _method("Majority@4", "majority", "independent:n=4+majority", 40, 0.58, 16)
+    )
+    left, right = figures.pareto(data).subfigs[1].axes
+    rows = [t.get_text() for t in left.get_yticklabels()]
+    assert rows == [
+        "Vanilla",
+        "Majority (Majority@8)",
+        "PRM Guided",
+        "Majority (Majority@4)",
+        "Oracle",
+    ]
+    got = sorted((line.get_ydata()[0], line.get_xdata()[0]) for line in _marker_lines(left))
+    np.testing.assert_allclose(got, [(0, 50), (1, 60), (2, 55), (3, 58), (4, 80)])
+    assert len(_marker_lines(right)) == 4

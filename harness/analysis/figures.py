@@ -34,7 +34,6 @@ KIND_LABELS = {
     "guided": "guided search (cuts, particles)",
     "other": "other samplers (HEX, ensembles, remasking, …)",
 }
-INDEPENDENT, GUIDED = KIND_COLORS["plain"], KIND_COLORS["guided"]
 SCORER_COLORS = ["tab:blue", "tab:red", "tab:purple", "tab:brown", "tab:olive", "tab:cyan"]
 NO_SCORER = "0.15"  # Oracle@k, Majority@k: no scorer
 REFERENCE = "0.55"  # Random@k, chance, thresholds
@@ -236,16 +235,30 @@ def _method_kinds(report: Report) -> dict[str, str]:
     return kinds
 
 
+def _row_keys(methods: Sequence[Any]) -> dict[int, tuple[str, int]]:
+    """id(method) → (family, j): the panels share a row per family, and a family with several
+    methods at one budget takes one row for each."""
+    keys: dict[int, tuple[str, int]] = {}
+    seen: dict[tuple[str, int], int] = {}
+    for m in methods:
+        family = m["family"] or m["id"]
+        j = seen.get((family, m["budget"]), 0)
+        seen[(family, m["budget"])] = j + 1
+        keys[id(m)] = (family, j)
+    return keys
+
+
 def _method_panels(sub: FigureBase, report: Report, methods: Sequence[Any]) -> None:
     """One panel per budget: each method family on its own row (shared by the panels), its
     accuracy with its interval, and its size and passes per problem at the right."""
-    families = list(dict.fromkeys(m["family"] or m["id"] for m in methods))
-    ceilings = {m["family"] or m["id"] for m in methods if m["ceiling"]}
+    keys = _row_keys(methods)  # (family, j): the j-th method of its family at its budget
+    families = list(dict.fromkeys(keys.values()))
+    ceilings = {keys[id(m)] for m in methods if m["ceiling"]}
     families = [f for f in families if f not in ceilings] + [f for f in families if f in ceilings]
-    first = {f: next(m for m in methods if (m["family"] or m["id"]) == f) for f in families}
+    first = {f: next(m for m in methods if keys[id(m)] == f) for f in families}
     names = {f: method_label(first[f]["id"])[0] for f in families}
     repeated = {n for n in names.values() if list(names.values()).count(n) > 1}
-    names = {f: f"{n} ({f})" if n in repeated else n for f, n in names.items()}
+    names = {f: f"{n} ({first[f]['id']})" if n in repeated else n for f, n in names.items()}
     rows = {f: i for i, f in enumerate(families)}
     kinds = _method_kinds(report)
     budgets = list(dict.fromkeys(m["budget"] for m in methods))
@@ -253,7 +266,7 @@ def _method_panels(sub: FigureBase, report: Report, methods: Sequence[Any]) -> N
     for ax, budget in zip(axes, budgets, strict=True):
         at = [m for m in methods if m["budget"] == budget]
         for m in at:
-            acc, y = m["accuracy"], rows[m["family"] or m["id"]]
+            acc, y = m["accuracy"], rows[keys[id(m)]]
             color = KIND_COLORS.get(kinds[m["id"]], NO_SCORER)
             value = 100 * acc["value"]
             ax.errorbar(
@@ -332,7 +345,7 @@ def pareto(report: Report) -> Figure | None:
     has_pooled = bool(pooled and pooled["curves"])
     if not methods and not has_pooled:
         return None
-    families = len({m["family"] or m["id"] for m in methods})
+    families = len(set(_row_keys(methods).values()))
     heights = ([3.6] if has_pooled else []) + ([1.4 + 0.24 * families] if methods else [])
     fig = _figure(12, sum(heights))
     subs = fig.subfigures(len(heights), 1, height_ratios=heights, squeeze=False)[:, 0]
@@ -480,7 +493,7 @@ def roc_auc(report: Report, extra: Sequence[AUCSeries | tuple] = ()) -> Figure |
     final_ax.set_xticks([0], ["fully\ndecoded"])
     final_ax.grid(axis="x", visible=False)
     final_ax.set_ylabel(f"ROC-AUC ({_level(report)} CI)")
-    final_ax.set_ylim(min(0.45, min(lows) - 0.03), 1.0)
+    final_ax.set_ylim(min(0.45, min(lows) - 0.03), 1.02)
     mask_ax.set_xlim(-0.02, 1.02)
     mask_ax.set_xticks([i / 10 for i in range(11)])
     mask_ax.set_xlabel("mask ratio of the scored state (points at bucket midpoints)", fontsize=9)
