@@ -382,16 +382,16 @@ def test_report_adds_the_scorer_controls_of_a_collection(two_budgets, tmp_path):
     assert "### Removal risk at the first cut in the run" in text
     assert "### Removal risk: the offline counterfactual" in text
     assert "### ROC-AUC by mask ratio, every stored state" in text
-    without = json.loads(
-        (two_budgets / "report" / "report.json").read_text()
-        if (two_budgets / "report" / "report.json").exists()
-        else json.dumps({"controls": None})
-    )
-    assert without["controls"] is None
+    plain = tmp_path / "plain"
+    assert main(["report", str(two_budgets), "--out", str(plain)]) == 0
+    assert json.loads((plain / "report.json").read_text())["controls"] is None
+    assert "Scorer controls" not in (plain / "report.md").read_text()
 
 
-def test_report_refuses_controls_sampled_otherwise(two_budgets, tmp_path, capsys):
+def test_report_refuses_controls_sampled_otherwise(two_budgets, tmp_path, cli):
     controls = _controls(tmp_path, "--steps", "8", "--gen-length", "6")
-    code = main(["report", str(two_budgets), "--controls", str(controls)])
-    assert_user_error(code, capsys, "gen_length differs")
-    assert main(["report", str(two_budgets), "--controls", str(tmp_path)]) == 2
+    out = tmp_path / "report"
+    result = cli("report", str(two_budgets), "--controls", str(controls), "--out", str(out))
+    assert_user_error(result, "gen_length differs")
+    result = cli("report", str(two_budgets), "--controls", str(tmp_path), "--out", str(out))
+    assert_user_error(result, "holds no controls.json")

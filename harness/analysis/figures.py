@@ -4,25 +4,42 @@ Figures are drawn on matplotlib `Figure` objects with the Agg canvas, never thro
 so they render without a display and leave no global state behind. Each function returns
 the figure, or None when the report has nothing to draw for it; `render` saves those that
 exist and returns {figure name: file name}.
+
+Every figure states what its points are means of (n), what its bars and bands are (the
+report's bootstrap intervals over problems) and marks Monte-Carlo estimates; legends sit
+outside the data, and labels are short (a strategy's name and the options that tell its
+pools apart).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
+from matplotlib.figure import Figure, FigureBase
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
 from dllmbench.analysis.pooled import MAJORITY_INVALID_VOTE
 from dllmbench.core.schema import Report
 
 DPI = 120
-INDEPENDENT, GUIDED = "tab:blue", "tab:orange"
-COLORS = [f"C{i}" for i in range(10)]  # methods, by family
-POOLED_COLORS = list(colormaps["Dark2"].colors)  # pooled curves, dashed
+KIND_COLORS = {"plain": "tab:blue", "guided": "tab:orange", "other": "tab:green"}
+KIND_LABELS = {
+    "plain": "independent samples",
+    "guided": "guided search (cuts, particles)",
+    "other": "other samplers (HEX, ensembles, remasking, …)",
+}
+SCORER_COLORS = ["tab:blue", "tab:red", "tab:purple", "tab:brown", "tab:olive", "tab:cyan"]
+NO_SCORER = "0.15"  # Oracle@k, Majority@k: no scorer
+REFERENCE = "0.55"  # Random@k, chance, thresholds
+CAPTION = {"fontsize": 7.5, "color": "0.25"}
+NOTE = 6.5  # font size of per-point annotations
 
 
 def selector_label(selector: str) -> str:
@@ -43,153 +60,586 @@ def _figure(width: float, height: float) -> Figure:
     return fig
 
 
+def _caption(fig: FigureBase, text: str) -> None:
+    """A caption under the panels (the figure's shared x label, so the layout makes room)."""
+    fig.supxlabel(text, **CAPTION)
+
+
+def _level(report: Report) -> str:
+    return f"{round(100 * report.get('level', 0.95)):g}%"
+
+
 def _errors(value: float, low: float, high: float) -> list[list[float]]:
     return [[max(0.0, value - low)], [max(0.0, high - value)]]
 
 
-def _pooled_lines(ax: Any, report: Report) -> None:
+def strategy_options(spec: str) -> tuple[str, dict[str, str]]:
+    """A spec's strategy name and its options as text: `smc:k=8,every=12+…` → ('smc', {…})."""
+    name, _, rest = spec.partition("+")[0].partition(":")
+    options = {}
+    for item in filter(None, (s.strip() for s in rest.split(","))):
+        key, _, value = item.partition("=")
+        options[key.strip()] = value.strip()
+    return name.strip(), options
+
+
+def short_labels(specs: Sequence[str]) -> dict[str, str]:
+    """A short label for each strategy spec: its name, and the options whose values tell it
+    apart from the other specs of the same name (`prism n=19` beside `prism n=99`)."""
+    parsed = {spec: strategy_options(spec) for spec in specs}
+    by_name: dict[str, list[dict[str, str]]] = {}
+    for name, options in parsed.values():
+        by_name.setdefault(name, []).append(options)
+    out = {}
+    for spec, (name, options) in parsed.items():
+        group = by_name[name]
+        keys = sorted({k for o in group for k in o})
+        differ = [k for k in keys if len({o.get(k) for o in group}) > 1]
+        out[spec] = " ".join([name, *(f"{k}={options[k]}" for k in differ if k in options)])
+    counts: dict[str, int] = {}
+    for label in out.values():
+        counts[label] = counts.get(label, 0) + 1
+    return {spec: label if counts[label] == 1 else spec for spec, label in out.items()}
+
+
+# -- pareto.png ------------------------------------------------------------------------------
+
+SIZE_WORD = re.compile(r"@\d+|\b[A-Za-z]=\d+\b")  # the budget-specific parts of a method id
+POOLED_GROUPS = ("oracle", "majority", "weighted_majority", "argmax")
+POOLED_TITLES = {
+    "oracle": "Oracle@k (ceiling)",
+    "majority": "Majority@k",
+    "weighted_majority": "Weighted Majority@k",
+    "argmax": "best score@k (rerank)",
+}
+
+
+def method_label(method_id: str) -> tuple[str, str]:
+    """(short name, budget-specific part) of a method id: 'PRM Guided K=8 b=12' →
+    ('PRM Guided', 'K=8 b=12'); 'Majority@8' → ('Majority', '@8')."""
+    short = " ".join(SIZE_WORD.sub(" ", method_id).split())
+    details = " ".join(SIZE_WORD.findall(method_id))
+    return short or method_id, details
+
+
+def _scorer_colors(curves: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    scorers = dict.fromkeys(c["selector"].partition(":")[2] for c in curves)
+    scorers.pop("", None)
+    return {s: SCORER_COLORS[i % len(SCORER_COLORS)] for i, s in enumerate(scorers)}
+
+
+def _pooled_panels(sub: FigureBase, report: Report) -> None:
+    """One panel per pooled selector family; Random@k as a reference line in each."""
     pooled = report["pooled"]
-    for i, curve in enumerate(pooled["curves"] if pooled else []):
-        xs = [p["passes"] for p in curve["points"]]
-        acc = [p["accuracy"] for p in curve["points"]]
-        color = POOLED_COLORS[i % len(POOLED_COLORS)]
-        line = ax.plot(xs, [100 * a["value"] for a in acc], lw=1.2, ls="--", color=color)[0]
-        line.set_label(f"pooled {selector_label(curve['selector'])}")
-        lows, highs = [100 * a["low"] for a in acc], [100 * a["high"] for a in acc]
-        ax.fill_between(xs, lows, highs, color=line.get_color(), alpha=0.1, lw=0)
+    assert pooled is not None
+    curves = pooled["curves"]
+    families = list(dict.fromkeys(c["selector"].partition(":")[0] for c in curves))
+    groups = [f for f in POOLED_GROUPS if f in families]
+    groups += [f for f in families if f not in groups and f != "random"]
+    if not groups:
+        groups = ["random"]
+    random = next((c for c in curves if c["selector"] == "random"), None)
+    colors = _scorer_colors(curves)
+    axes = sub.subplots(1, len(groups), sharey=True, squeeze=False)[0]
+    stderr = max((p["stderr"] for c in curves for p in c["points"]), default=0.0)
+    monte_carlo = any(not p["exact"] for c in curves for p in c["points"])
+    used: set[str] = set()
+    for ax, group in zip(axes, groups, strict=True):
+        members = [c for c in curves if c["selector"].partition(":")[0] == group]
+        if random is not None and group != "random":
+            xs = [p["passes"] for p in random["points"]]
+            ys = [100 * p["accuracy"]["value"] for p in random["points"]]
+            ax.plot(xs, ys, ls=":", lw=1.2, color=REFERENCE, label="Random@k (reference)")
+        for curve in members:
+            scorer = curve["selector"].partition(":")[2]
+            color = colors.get(scorer, NO_SCORER)
+            used.add(color)
+            points = curve["points"]
+            xs = [p["passes"] for p in points]
+            acc = [p["accuracy"] for p in points]
+            ys = [100 * a["value"] for a in acc]
+            label = scorer.upper() if scorer else selector_label(curve["selector"])
+            ax.plot(xs, ys, lw=1.3, color=color, label=label)
+            ax.fill_between(
+                xs,
+                [100 * a["low"] for a in acc],
+                [100 * a["high"] for a in acc],
+                color=color,
+                alpha=0.15,
+                lw=0,
+            )
+            exact = [(x, y) for x, y, p in zip(xs, ys, points, strict=True) if p["exact"]]
+            estimated = [(x, y) for x, y, p in zip(xs, ys, points, strict=True) if not p["exact"]]
+            for pts, face in ((exact, color), (estimated, "white")):
+                if pts:
+                    px, py = zip(*pts, strict=True)
+                    ax.plot(px, py, ls="none", marker="o", ms=3.2, mew=0.8, color=color, mfc=face)
+        for budget in report["budgets"]:
+            ax.axvline(budget, color=REFERENCE, lw=0.8, ls="--", zorder=0)
+        ax.set_title(POOLED_TITLES.get(group, selector_label(group)), fontsize=9)
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_locator(LogLocator(base=2))
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    for budget in report["budgets"]:
+        axes[0].annotate(
+            f"{budget}",
+            xy=(budget, 1.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(-2, -2),
+            textcoords="offset points",
+            ha="right",
+            va="top",
+            fontsize=NOTE,
+            color="0.3",
+        )
+    axes[0].set_ylabel("accuracy %", fontsize=8)
+    sub.supxlabel("passes per problem (log scale; dashed: the run's budgets)", fontsize=8)
+    keys = [Line2D([], [], color=NO_SCORER, label="no scorer")] if NO_SCORER in used else []
+    keys += [Line2D([], [], color=c, label=s.upper()) for s, c in colors.items() if c in used]
+    keys += [
+        Line2D([], [], ls=":", color=REFERENCE, label="Random@k (reference)"),
+        Line2D([], [], ls="none", marker="o", color="0.3", label="exact"),
+    ]
+    if monte_carlo:
+        keys.append(
+            Line2D(
+                [],
+                [],
+                ls="none",
+                marker="o",
+                color="0.3",
+                mfc="white",
+                label=f"Monte-Carlo estimate\n(s.e. ≤ {100 * stderr:.2f} percentage points)",
+            )
+        )
+    keys.append(Patch(color="0.3", alpha=0.2, label=f"{_level(report)} CI"))
+    sub.legend(handles=keys, loc="outside right upper", fontsize=7)
+    sub.suptitle(
+        f"Pooled independent samples: k of a pool of {pooled['size']} per problem, mean over "
+        f"{pooled['problems']} problems\nbands: {_level(report)} bootstrap CIs over problems",
+        fontsize=9,
+    )
 
 
-MARKERS = "oDs^v<>pPX*h"
+def _method_kinds(report: Report) -> dict[str, str]:
+    """Method id → pool kind (plain, guided, other) from the diagnostics' pools; a method of
+    no listed pool takes the kind of a pool with its strategy's name."""
+    kinds: dict[str, str] = {}
+    by_name: dict[str, str] = {}
+    for pool in report["diagnostics"]["pools"]:
+        by_name.setdefault(strategy_options(pool["pool"])[0], pool["kind"])
+        for mid in pool["methods"]:
+            kinds[mid] = pool["kind"]
+    for m in report["methods"]:
+        kinds.setdefault(m["id"], by_name.get(strategy_options(m["spec"])[0], "other"))
+    return kinds
+
+
+def _row_keys(methods: Sequence[Any]) -> dict[int, tuple[str, int]]:
+    """id(method) → (family, j): the panels share a row per family, and a family with several
+    methods at one budget takes one row for each."""
+    keys: dict[int, tuple[str, int]] = {}
+    seen: dict[tuple[str, int], int] = {}
+    for m in methods:
+        family = m["family"] or m["id"]
+        j = seen.get((family, m["budget"]), 0)
+        seen[(family, m["budget"])] = j + 1
+        keys[id(m)] = (family, j)
+    return keys
+
+
+def _method_panels(sub: FigureBase, report: Report, methods: Sequence[Any]) -> None:
+    """One panel per budget: each method family on its own row (shared by the panels), its
+    accuracy with its interval, and its size and passes per problem at the right."""
+    keys = _row_keys(methods)  # (family, j): the j-th method of its family at its budget
+    families = list(dict.fromkeys(keys.values()))
+    ceilings = {keys[id(m)] for m in methods if m["ceiling"]}
+    families = [f for f in families if f not in ceilings] + [f for f in families if f in ceilings]
+    first = {f: next(m for m in methods if keys[id(m)] == f) for f in families}
+    names = {f: method_label(first[f]["id"])[0] for f in families}
+    repeated = {n for n in names.values() if list(names.values()).count(n) > 1}
+    names = {f: f"{n} ({first[f]['id']})" if n in repeated else n for f, n in names.items()}
+    rows = {f: i for i, f in enumerate(families)}
+    kinds = _method_kinds(report)
+    budgets = list(dict.fromkeys(m["budget"] for m in methods))
+    axes = sub.subplots(1, len(budgets), sharey=True, sharex=True, squeeze=False)[0]
+    for ax, budget in zip(axes, budgets, strict=True):
+        at = [m for m in methods if m["budget"] == budget]
+        for m in at:
+            acc, y = m["accuracy"], rows[keys[id(m)]]
+            color = KIND_COLORS.get(kinds[m["id"]], NO_SCORER)
+            value = 100 * acc["value"]
+            ax.errorbar(
+                [value],
+                [y],
+                xerr=_errors(value, 100 * acc["low"], 100 * acc["high"]),
+                fmt="o",
+                color=color,
+                mfc="white" if m["ceiling"] else color,
+                ms=5,
+                capsize=2,
+                lw=1.2,
+            )
+            details = method_label(m["id"])[1]
+            note = (
+                f"{details}  {m['passes_per_problem']:g}"
+                if details
+                else f"{m['passes_per_problem']:g}"
+            )
+            ax.annotate(
+                note,
+                xy=(1.0, y),
+                xycoords=("axes fraction", "data"),
+                xytext=(3, 0),
+                textcoords="offset points",
+                ha="left",
+                va="center",
+                fontsize=NOTE,
+                color="0.3",
+                annotation_clip=False,
+            )
+        problems = sorted({m["problems"] for m in at})
+        n = "/".join(str(p) for p in problems)
+        ax.set_title(f"budget {budget} (n = {n} problems)", fontsize=9, loc="left")
+        if ceilings and len(ceilings) < len(families):
+            ax.axhline(len(families) - len(ceilings) - 0.5, color=REFERENCE, lw=0.6)
+        ax.grid(axis="x", alpha=0.3)
+        ax.tick_params(labelsize=7)
+        ax.set_xlabel(f"accuracy % ({_level(report)} bootstrap CI over problems)", fontsize=8)
+        ax.annotate(
+            "size  passes",
+            xy=(1.0, 1.0),
+            xycoords="axes fraction",
+            xytext=(3, 2),
+            textcoords="offset points",
+            ha="left",
+            va="bottom",
+            fontsize=NOTE,
+            color="0.3",
+        )
+    axes[0].set_yticks(range(len(families)), [names[f] for f in families], fontsize=7.5)
+    axes[0].set_ylim(len(families) - 0.5, -0.5)
+    lows = [100 * m["accuracy"]["low"] for m in methods]
+    axes[0].set_xlim(max(0.0, 10 * math.floor(min(lows) / 10) - 2), 102)
+    used = [k for k in KIND_COLORS if k in {kinds[m["id"]] for m in methods}]
+    keys = [
+        Line2D([], [], ls="none", marker="o", color=KIND_COLORS[k], label=KIND_LABELS[k])
+        for k in used
+    ]
+    if ceilings:
+        keys.append(
+            Line2D(
+                [], [], ls="none", marker="o", color="0.3", mfc="white", label="ceiling (oracle)"
+            )
+        )
+    sub.legend(handles=keys, loc="outside right upper", fontsize=7)
+    sub.suptitle("Methods at matched compute, one panel per budget", fontsize=9)
 
 
 def pareto(report: Report) -> Figure | None:
-    """Accuracy against passes per problem: every method at every budget with its interval
-    (one colour and marker per family, ceilings hollow), and the pooled independent curves
-    with their bands."""
+    """Accuracy against compute: the pooled independent curves against passes per problem,
+    one panel per selector family (Monte-Carlo points hollow), over the methods at each
+    budget, one row per method family with its interval (ceilings hollow)."""
     methods = [m for m in report["methods"] if m["accuracy"] and m["passes_per_problem"]]
-    if not methods:
+    pooled = report["pooled"]
+    has_pooled = bool(pooled and pooled["curves"])
+    if not methods and not has_pooled:
         return None
-    fig = _figure(11, 6)
-    ax = fig.add_subplot()
-    _pooled_lines(ax, report)
-    families = list(dict.fromkeys(m["family"] or m["id"] for m in methods))
-    seen: set[str] = set()
-    for m in methods:
-        if m["id"] in seen:  # one point per method: its accuracy is the same at every budget
-            continue
-        seen.add(m["id"])
-        i = families.index(m["family"] or m["id"])
-        acc, x = m["accuracy"], m["passes_per_problem"]
-        color = COLORS[i % len(COLORS)]
-        ax.errorbar(
-            [x],
-            [100 * acc["value"]],
-            yerr=_errors(100 * acc["value"], 100 * acc["low"], 100 * acc["high"]),
-            fmt=MARKERS[i % len(MARKERS)],
-            color=color,
-            mfc="white" if m["ceiling"] else color,
-            ms=6,
-            capsize=2,
-            label=m["id"],
-        )
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("passes per problem (log scale)")
-    ax.set_ylabel("accuracy % (95% CI)")
-    ax.set_title(f"{report['task']['name']}: accuracy against compute (hollow: ceilings)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    families = len(set(_row_keys(methods).values()))
+    heights = ([3.6] if has_pooled else []) + ([1.4 + 0.24 * families] if methods else [])
+    fig = _figure(12, sum(heights))
+    subs = fig.subfigures(len(heights), 1, height_ratios=heights, squeeze=False)[:, 0]
+    if has_pooled:
+        _pooled_panels(subs[0], report)
+    if methods:
+        _method_panels(subs[-1], report, methods)
     return fig
 
 
-def roc_auc(report: Report) -> Figure | None:
-    """ROC-AUC by mask-ratio bucket for each scorer (guided states; final states at 0)."""
-    entries = report["diagnostics"]["discrimination"]
-    if not any(b["auc"] is not None for e in entries for b in e["roc_auc_by_mask"]):
+# -- roc_auc_by_mask.png ---------------------------------------------------------------------
+
+
+class AUCSeries(NamedTuple):
+    """One line of the ROC-AUC figure: its label, its mask-ratio buckets (`BucketEntry`
+    dicts, in mask order) and the bucket of its fully decoded states (or None)."""
+
+    label: str
+    buckets: Sequence[Mapping[str, Any]]
+    final: Mapping[str, Any] | None = None
+
+
+def _final_bucket(entry: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The bucket a `final` discrimination entry's states fall in (all are fully decoded)."""
+    return next((b for b in entry["roc_auc_by_mask"] if b["n"]), None)
+
+
+def auc_series(report: Report) -> tuple[list[AUCSeries], str]:
+    """The series the ROC-AUC figure draws, and a sentence on what their states are: the
+    per-snapshot AUC of collected trajectories (`controls.auc_by_mask`) when the report has
+    it, else the discrimination entries, one series per scorer (its guided states by mask
+    ratio, its final candidates as fully decoded)."""
+    controls = (dict(report).get("controls") or {}).get("auc_by_mask") or []
+    if controls:
+        series = [
+            AUCSeries(c["scorer"].upper(), c.get("buckets") or [], c.get("final")) for c in controls
+        ]
+        return series, "states: every snapshot of the collected trajectories"
+    by_scorer: dict[str, dict[str, Any]] = {}
+    for e in report["diagnostics"]["discrimination"]:
+        found = by_scorer.setdefault(e["scorer"], {"buckets": [], "final": None})
+        if e["states"] == "final":
+            found["final"] = _final_bucket(e)
+        else:
+            found["buckets"] = e["roc_auc_by_mask"]
+    series = [AUCSeries(s.upper(), f["buckets"], f["final"]) for s, f in by_scorer.items()]
+    return series, (
+        "mask buckets: scored states of guided runs; "
+        "fully decoded: final candidates of the independent pools"
+    )
+
+
+def _with_gaps(buckets: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any] | None]:
+    """The buckets in mask order with None where the AUC is undefined or a bucket is missing,
+    so that a line never joins two buckets across an empty one."""
+    out: list[Mapping[str, Any] | None] = []
+    previous = None
+    for b in sorted(buckets, key=lambda b: b["low"]):
+        if previous is not None and not math.isclose(b["low"], previous["high"]):
+            out.append(None)
+        out.append(b if b["auc"] is not None else None)
+        previous = b
+    return out
+
+
+def _dodge(members: Sequence[AUCSeries], s: AUCSeries, width: float) -> float:
+    """The horizontal offset of `s` among the series sharing a panel, within `width`."""
+    if s not in members or len(members) < 2:
+        return 0.0
+    return (members.index(s) - (len(members) - 1) / 2) * width / (len(members) + 1)
+
+
+def _auc_point(ax: Any, x: float, bucket: Mapping[str, Any], color: str, below: bool) -> None:
+    auc = bucket["auc"]
+    interval = bucket["interval"] or {"low": auc, "high": auc}
+    ax.errorbar(
+        [x],
+        [auc],
+        yerr=_errors(auc, interval["low"], interval["high"]),
+        fmt="o",
+        color=color,
+        ms=4.5,
+        capsize=3,
+        lw=1.2,
+    )
+    y, dy, va = (interval["low"], -3, "top") if below else (interval["high"], 3, "bottom")
+    ax.annotate(
+        f"n={bucket['n']}",
+        xy=(x, y),
+        xytext=(0, dy),
+        textcoords="offset points",
+        ha="center",
+        va=va,
+        fontsize=NOTE,
+        color=color,
+    )
+
+
+def roc_auc(report: Report, extra: Sequence[AUCSeries | tuple] = ()) -> Figure | None:
+    """ROC-AUC by mask-ratio bucket of each series (`auc_series`, then `extra`: (label,
+    buckets, final bucket or None)), with its clustered bootstrap interval and n; fully
+    decoded states in a panel of their own at the left. A bucket without an AUC breaks its
+    line."""
+    series, states = auc_series(report)
+    series += [AUCSeries(*s) for s in extra]
+    series = [
+        s
+        for s in series
+        if any(b["auc"] is not None for b in s.buckets)
+        or (s.final is not None and s.final["auc"] is not None)
+    ]
+    if not series:
         return None
-    fig = _figure(7, 4.5)
-    ax = fig.add_subplot()
-    for e in entries:
-        points = [b for b in e["roc_auc_by_mask"] if b["auc"] is not None]
-        if not points:
-            continue
-        xs = [(b["low"] + b["high"]) / 2 for b in points]
-        ys = [b["auc"] for b in points]
-        lows = [b["auc"] - (b["interval"] or {"low": b["auc"]})["low"] for b in points]
-        highs = [(b["interval"] or {"high": b["auc"]})["high"] - b["auc"] for b in points]
-        ax.errorbar(
-            xs,
-            ys,
-            yerr=[lows, highs],
-            fmt="o-",
-            capsize=3,
-            ms=4,
-            label=f"{e['scorer']} ({e['states']} states)",
-        )
-    ax.axhline(0.5, color="gray", ls="--", lw=0.8)
-    ax.set_xlim(-0.02, 1.02)
-    ax.set_xlabel("mask ratio of the scored state (bucket midpoint)")
-    ax.set_ylabel("ROC-AUC (95% CI)")
-    ax.set_title("Scorer discrimination by mask ratio")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    fig = _figure(9, 4.8)
+    final_ax, mask_ax = fig.subplots(1, 2, sharey=True, width_ratios=[1, 6])
+    colors = [f"C{i % 10}" for i in range(len(series))]
+    in_mask = [s for s in series if any(b["auc"] is not None for b in s.buckets)]
+    in_final = [s for s in series if s.final is not None and s.final["auc"] is not None]
+    lows: list[float] = []
+    for i, (s, color) in enumerate(zip(series, colors, strict=True)):
+        below = i % 2 == 0
+        line = mask_ax.plot([], [], "o-", color=color, lw=1.3, ms=4.5, label=s.label)[0]
+        offset = _dodge(in_mask, s, 0.1)
+        xs: list[float] = []
+        ys: list[float] = []
+        for b in _with_gaps(s.buckets):
+            if b is None:
+                xs.append(math.nan)
+                ys.append(math.nan)
+                continue
+            x = (b["low"] + b["high"]) / 2 + offset
+            xs.append(x)
+            ys.append(b["auc"])
+            _auc_point(mask_ax, x, b, color, below)
+            lows.append((b["interval"] or {"low": b["auc"]})["low"])
+        line.set_data(xs, ys)
+        if s.final is not None and s.final["auc"] is not None:
+            _auc_point(final_ax, _dodge(in_final, s, 0.4), s.final, color, below)
+            lows.append((s.final["interval"] or {"low": s.final["auc"]})["low"])
+    for ax in (final_ax, mask_ax):
+        ax.axhline(0.5, color=REFERENCE, ls="--", lw=0.8, label="chance (0.5)")
+        ax.grid(alpha=0.3)
+        ax.tick_params(labelsize=8)
+    final_ax.set_xlim(-0.25, 0.25)
+    final_ax.set_xticks([0], ["fully\ndecoded"])
+    final_ax.grid(axis="x", visible=False)
+    final_ax.set_ylabel(f"ROC-AUC ({_level(report)} CI)")
+    final_ax.set_ylim(min(0.45, min(lows) - 0.03), 1.02)
+    mask_ax.set_xlim(-0.02, 1.02)
+    mask_ax.set_xticks([i / 10 for i in range(11)])
+    mask_ax.set_xlabel("mask ratio of the scored state (points at bucket midpoints)", fontsize=9)
+    mask_ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.suptitle("Scorer discrimination by mask ratio", fontsize=10)
+    _caption(
+        fig,
+        f"Error bars: {_level(report)} bootstrap CIs, problems resampled (clustered by problem); "
+        "n: states in the bucket.\n"
+        f"{states}. A gap in a line: a bucket without both classes (no AUC).",
+    )
     return fig
 
+
+# -- pool_diversity.png ----------------------------------------------------------------------
 
 POOL_PANELS = (
-    ("oracle", "Oracle@K", 100.0),
+    ("oracle", "Oracle@K (%)", 100.0),
     ("unique_answers", "unique valid answers", 1.0),
     ("entropy_bits", "answer entropy (bits)", 1.0),
 )
 
 
 def pool_diversity(report: Report) -> Figure | None:
-    """Oracle@K, unique answers and answer entropy per pool, independent and guided pools
-    side by side, with 95% intervals over problems."""
+    """Oracle@K, unique answers and answer entropy per pool (one row each, short labels),
+    coloured by the pool's kind, with the report's bootstrap intervals over problems."""
     pools = report["diagnostics"]["pools"]
     if not pools:
         return None
-    fig = _figure(max(7.0, 1.1 * len(pools) + 3), 4.5)
-    axes = fig.subplots(1, len(POOL_PANELS))
-    xs = list(range(len(pools)))
-    colors = [INDEPENDENT if p["kind"] == "plain" else GUIDED for p in pools]
+    labels = short_labels([p["pool"] for p in pools])
+    fig = _figure(11, 1.6 + 0.3 * len(pools))
+    axes = fig.subplots(1, len(POOL_PANELS), sharey=True)
+    ys = list(range(len(pools)))
+    colors = [KIND_COLORS.get(p["kind"], NO_SCORER) for p in pools]
     for ax, (key, title, scale) in zip(axes, POOL_PANELS, strict=True):
         values = [scale * p[key]["value"] for p in pools]
         lows = [scale * (p[key]["value"] - p[key]["low"]) for p in pools]
         highs = [scale * (p[key]["high"] - p[key]["value"]) for p in pools]
-        ax.bar(xs, values, color=colors, yerr=[lows, highs], capsize=3)
-        ax.set_xticks(
-            xs, [f"{p['pool']} (K={p['size']})" for p in pools], rotation=60, ha="right", fontsize=6
-        )
-        ax.set_title(title, fontsize=9)
-        ax.grid(axis="y", alpha=0.3)
-    fig.suptitle("Pool diversity (blue: independent, orange: guided)", fontsize=10)
+        ax.barh(ys, values, color=colors, xerr=[lows, highs], capsize=2, height=0.7)
+        ax.set_xlabel(title, fontsize=9)
+        ax.grid(axis="x", alpha=0.3)
+        ax.tick_params(labelsize=8)
+    axes[0].set_xlim(0, 100)
+    axes[0].set_yticks(ys, [f"{labels[p['pool']]} (K={p['size']})" for p in pools])
+    axes[0].set_ylim(len(pools) - 0.5, -0.5)
+    used = [k for k in KIND_COLORS if k in {p["kind"] for p in pools}]
+    fig.legend(
+        handles=[Patch(color=KIND_COLORS[k], label=KIND_LABELS[k]) for k in used],
+        loc="outside right upper",
+        fontsize=8,
+    )
+    problems = "/".join(str(n) for n in sorted({p["problems"] for p in pools}))
+    fig.suptitle("Pool diversity: K candidates per problem", fontsize=10)
+    _caption(
+        fig,
+        f"Means over n = {problems} problems; error bars: {_level(report)} bootstrap CIs over "
+        "problems. Labels: the strategy and the options that tell its pools apart.",
+    )
     return fig
 
 
+# -- smc_ess.png -----------------------------------------------------------------------------
+
+ESS_FRACTION, RESAMPLE_FRACTION = 0.5, 0.75  # the smc strategy's defaults
+
+
+def _number(text: str | None) -> float | None:
+    try:
+        return float(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def particle_count(report: Report, entry: Mapping[str, Any]) -> int | None:
+    """K of an SMC entry: its spec's `k`, else the size of the pool its methods share."""
+    k = _number(strategy_options(entry["pool"])[1].get("k"))
+    if k:
+        return int(k)
+    methods = set(entry["methods"])
+    sizes = [p["size"] for p in report["diagnostics"]["pools"] if methods & set(p["methods"])]
+    return sizes[0] if sizes else None
+
+
 def smc_ess(report: Report) -> Figure | None:
-    """Mean ESS before and after resampling at each SMC checkpoint, per SMC run."""
-    entries = [e for e in report["diagnostics"]["particles"] if e["by_checkpoint"]]
+    """ESS/K before and after resampling at each SMC checkpoint (its report.json index), one
+    panel per SMC run, with the tempering target and the resampling threshold."""
+    entries = [
+        (e, particle_count(report, e))
+        for e in report["diagnostics"]["particles"]
+        if e["by_checkpoint"]
+    ]
+    entries = [(e, k) for e, k in entries if k]
     if not entries:
         return None
-    fig = _figure(7, 4.5)
-    ax = fig.add_subplot()
-    for e in entries:
-        xs = [c["index"] + 1 for c in e["by_checkpoint"]]
-        before = ax.plot(
-            xs, [c["ess_before"] for c in e["by_checkpoint"]], "o-", label=f"{e['pool']}: before"
-        )[0]
+    labels = short_labels([e["pool"] for e, _ in entries])
+    fig = _figure(3.2 * len(entries) + 2.6, 4.2)
+    axes = fig.subplots(1, len(entries), sharey=True, squeeze=False)[0]
+    for ax, (e, k) in zip(axes, entries, strict=True):
+        options = strategy_options(e["pool"])[1]
+        temper = _number(options.get("ess_fraction")) or ESS_FRACTION
+        resample = _number(options.get("resample_fraction"))
+        resample = RESAMPLE_FRACTION if resample is None else resample
+        rows = e["by_checkpoint"]
+        xs = [c["index"] for c in rows]
+        ax.axhline(resample, color="tab:red", ls="--", lw=1, label=f"resample below {resample:g}·K")
+        ax.axhline(temper, color=REFERENCE, ls=":", lw=1.2, label=f"tempering target {temper:g}·K")
         ax.plot(
             xs,
-            [c["ess_after"] for c in e["by_checkpoint"]],
+            [c["ess_after"] / k for c in rows],
             "s--",
-            color=before.get_color(),
-            label=f"{e['pool']}: after",
+            color="tab:blue",
+            ms=9,
+            mfc="white",
+            mew=1.3,
+            lw=1,
+            label="after resampling",
         )
-    ax.set_xlabel("checkpoint")
-    ax.set_ylabel("effective sample size (mean over problems)")
-    ax.set_title("SMC: ESS before and after each checkpoint")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+        ax.plot(
+            xs,
+            [c["ess_before"] / k for c in rows],
+            "o-",
+            color="tab:blue",
+            ms=4.5,
+            lw=1,
+            label="before resampling",
+        )
+        ax.set_xticks(xs)
+        ax.set_xlim(min(xs) - 0.5, max(xs) + 0.5)
+        ax.set_ylim(0, 1.05)
+        ax.set_xlabel("checkpoint index", fontsize=9)
+        problems = e["checkpoints"] // len(rows)
+        ax.set_title(
+            f"{labels[e['pool']]} (K={k}), n = {problems} problems\n"
+            f"resampled at {100 * e['resample_rate']:.0f}% of checkpoints",
+            fontsize=9,
+        )
+        ax.grid(alpha=0.3)
+        ax.tick_params(labelsize=8)
+    axes[0].set_ylabel("ESS / K (mean over problems)")
+    handles, names = axes[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="outside right upper", fontsize=8)
+    fig.suptitle("SMC: effective sample size as a share of the K particles", fontsize=10)
+    _caption(fig, "ESS/K at each checkpoint, averaged over problems; 1 = uniform weights.")
     return fig
 
 

@@ -1,0 +1,450 @@
+"""The report's figures, checked on their matplotlib objects: each is drawn from a small
+hand-made report.json dict, and what it plots is compared with the dict."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+from matplotlib.collections import PolyCollection
+from matplotlib.lines import Line2D
+from matplotlib.patches import Rectangle
+
+from dllmbench.analysis import figures
+
+
+def _interval(value: float, half: float = 0.05) -> dict:
+    return {"value": value, "low": max(0.0, value - half), "high": min(1.0, value + half)}
+
+
+def _method(
+    mid: str,
+    family: str,
+    spec: str,
+    budget: int,
+    value: float,
+    passes: float,
+    *,
+    ceiling: bool = False,
+) -> dict:
+    return {
+        "id": mid,
+        "family": family,
+        "spec": spec,
+        "ceiling": ceiling,
+        "budget": budget,
+        "problems": 10,
+        "accuracy": _interval(value),
+        "passes_per_problem": passes,
+        "planned_passes": budget,
+        "share_of_budget": passes / budget,
+        "run": 0,
+    }
+
+
+def _point(k: int, value: float, *, exact: bool = True) -> dict:
+    return {
+        "k": k,
+        "passes": 4 * k,
+        "accuracy": _interval(value),
+        "exact": exact,
+        "stderr": 0.0 if exact else 0.002,
+    }
+
+
+def _bucket(i: int, auc: float | None = None, n: int = 0) -> dict:
+    interval = None if auc is None else _interval(auc)
+    return {
+        "low": i / 10,
+        "high": (i + 1) / 10,
+        "n": n,
+        "positives": n // 2,
+        "auc": auc,
+        "interval": interval,
+    }
+
+
+def _buckets(filled: dict[int, tuple[float, int]]) -> list[dict]:
+    return [_bucket(i, *filled.get(i, (None, 0))) for i in range(10)]
+
+
+def _discrimination(scorer: str, states: str, buckets: list[dict]) -> dict:
+    return {
+        "scorer": scorer,
+        "states": states,
+        "count": sum(b["n"] for b in buckets),
+        "positives": 0,
+        "roc_auc_by_mask": buckets,
+        "kendall_tau": {"median": None, "mean": None, "problems": 0, "undefined": 0},
+    }
+
+
+def _pool(pool: str, kind: str, methods: list[str], size: int, oracle: float) -> dict:
+    return {
+        "pool": pool,
+        "kind": kind,
+        "methods": methods,
+        "size": size,
+        "problems": 10,
+        "oracle": _interval(oracle),
+        "unique_answers": {"value": 2.0, "low": 1.5, "high": 2.5},
+        "entropy_bits": {"value": 0.5, "low": 0.4, "high": 0.6},
+    }
+
+
+SMC_SPEC = "smc:beta_step=0.05,ess_fraction=0.5,every=4,k={k},resample_fraction=0.75,scorer=prm"
+
+
+def _smc(k: int, ess: list[tuple[float, float]]) -> dict:
+    return {
+        "pool": SMC_SPEC.format(k=k),
+        "methods": [f"SMC K={k}"],
+        "checkpoints": 10 * len(ess),
+        "ess_before": 0.0,
+        "ess_after": 0.0,
+        "resample_rate": 0.5,
+        "beta": {"mean": 1.0, "min": 1.0, "max": 1.0},
+        "distinct_ancestors": None,
+        "ancestor_perplexity": None,
+        "by_checkpoint": [
+            {"index": i, "ess_before": before, "ess_after": after}
+            for i, (before, after) in enumerate(ess)
+        ],
+    }
+
+
+METHODS = [
+    _method("Vanilla", "vanilla", "independent:n=1+first", 40, 0.5, 4),
+    _method("Majority@8", "majority", "independent:n=8+majority", 40, 0.6, 32),
+    _method("PRM Guided K=2 b=4", "prm_guided", "prm_guided:k=2,every=4+first", 40, 0.55, 40),
+    _method("Oracle@8", "oracle", "independent:n=8+oracle", 40, 0.8, 32, ceiling=True),
+    _method("Vanilla", "vanilla", "independent:n=1+first", 80, 0.5, 4),
+    _method("Majority@16", "majority", "independent:n=16+majority", 80, 0.65, 64),
+    _method("PRM Guided K=4 b=4", "prm_guided", "prm_guided:k=4,every=4+first", 80, 0.45, 80),
+    _method("Oracle@16", "oracle", "independent:n=16+oracle", 80, 0.9, 64, ceiling=True),
+]
+CURVES = [
+    {
+        "selector": "oracle",
+        "pool_size": 4,
+        "points": [_point(k, 0.5 + 0.1 * k) for k in (1, 2, 3, 4)],
+    },
+    {"selector": "random", "pool_size": 4, "points": [_point(k, 0.5) for k in (1, 2, 3, 4)]},
+    {
+        "selector": "majority",
+        "pool_size": 4,
+        "points": [
+            _point(1, 0.5),
+            _point(2, 0.55, exact=False),
+            _point(3, 0.6, exact=False),
+            _point(4, 0.62),
+        ],
+    },
+    {"selector": "argmax:orm", "pool_size": 4, "points": [_point(k, 0.6) for k in (1, 2, 3, 4)]},
+    {"selector": "argmax:prm", "pool_size": 4, "points": [_point(k, 0.4) for k in (1, 2, 3, 4)]},
+]
+# the PRM's guided states fill buckets 0, 1 and 6 only: the line must break between 1 and 6
+GUIDED = _buckets({0: (0.8, 40), 1: (0.75, 30), 6: (0.7, 20)})
+FINAL_ORM = _buckets({0: (0.9, 50)})
+FINAL_PRM = _buckets({0: (0.85, 50)})
+
+
+def report() -> dict:
+    return {
+        "schema_version": 1,
+        "task": {"name": "arith", "split": "test", "problems": 10},
+        "backbone": "tiny",
+        "steps": 24,
+        "seed": 0,
+        "level": 0.95,
+        "resamples": 100,
+        "reference": None,
+        "runs": [{"path": "run", "budgets": [40, 80]}],
+        "budgets": [40, 80],
+        "methods": copy.deepcopy(METHODS),
+        "pooled": {
+            "pool": "independent",
+            "run": 0,
+            "size": 4,
+            "problems": 10,
+            "samples": 100,
+            "exact_limit": 10,
+            "count_limit": 10,
+            "curves": copy.deepcopy(CURVES),
+            "agreement": [],
+        },
+        "diagnostics": {
+            "discrimination": [
+                _discrimination("orm", "final", FINAL_ORM),
+                _discrimination("prm", "guided", GUIDED),
+                _discrimination("prm", "final", FINAL_PRM),
+            ],
+            "pools": [
+                _pool("independent:n=8", "plain", ["Majority@8", "Oracle@8"], 8, 0.8),
+                _pool("independent:n=16", "plain", ["Majority@16", "Oracle@16"], 16, 0.9),
+                _pool("prm_guided:k=2,every=4", "guided", ["PRM Guided K=2 b=4"], 2, 0.6),
+                _pool("prism:n=9,final=4,scorer=self", "other", [], 4, 0.7),
+                _pool("prism:n=19,final=4,scorer=self", "other", [], 4, 0.75),
+            ],
+            "removal_risk": [],
+            "particles": [_smc(2, [(1.8, 2.0), (0.9, 1.7)]), _smc(8, [(6.0, 8.0)])],
+            "scorer_swap": None,
+        },
+        "figures": {},
+    }
+
+
+def _legend_texts(fig) -> list[list[str]]:
+    """The entries of each legend of a figure and its subfigures, legend by legend."""
+    found = list(fig.legends)
+    for sub in fig.subfigs:
+        found += sub.legends
+    for ax in _axes(fig):
+        if ax.get_legend() is not None:
+            found.append(ax.get_legend())
+    return [[t.get_text() for t in legend.get_texts()] for legend in found]
+
+
+def _axes(fig) -> list:
+    return [*fig.axes, *(ax for sub in fig.subfigs for ax in _axes(sub))]
+
+
+def _marker_lines(ax) -> list[Line2D]:
+    """The lines with markers, less an error bar's caps."""
+    return [line for line in ax.get_lines() if line.get_marker() not in ("None", "", "_", "|")]
+
+
+def _inside(fig, ax, legend) -> bool:
+    """Whether a legend's box overlaps the axes' data area."""
+    fig.canvas.draw()
+    return legend.get_window_extent().overlaps(ax.get_window_extent())
+
+
+def test_pareto_has_a_panel_per_selector_family_and_per_budget_with_short_legends():
+    fig = figures.pareto(report())
+    top, bottom = fig.subfigs
+    assert [ax.get_title() for ax in top.axes] == [
+        "Oracle@k (ceiling)",
+        "Majority@k",
+        "best score@k (rerank)",
+    ]
+    # the pooled curves' legend: scorers, the reference, exact and Monte-Carlo points, the band
+    (pooled_keys,) = [[t.get_text() for t in g.get_texts()] for g in top.legends]
+    assert pooled_keys[:4] == ["no scorer", "ORM", "PRM", "Random@k (reference)"]
+    assert pooled_keys[4] == "exact" and pooled_keys[5].startswith("Monte-Carlo estimate")
+    assert "s.e. ≤ 0.20 percentage points" in pooled_keys[5]
+    assert pooled_keys[6] == "95% CI" and len(pooled_keys) == 7
+    (method_keys,) = [[t.get_text() for t in g.get_texts()] for g in bottom.legends]
+    assert method_keys == [
+        "independent samples",
+        "guided search (cuts, particles)",
+        "ceiling (oracle)",
+    ]
+    assert all(len(text) <= 60 for texts in _legend_texts(fig) for text in texts)
+    assert not any(ax.get_legend() for ax in _axes(fig))  # every legend outside the panels
+    # one band per pooled curve, at 100 × the interval
+    majority = top.axes[1]
+    (band,) = [c for c in majority.collections if isinstance(c, PolyCollection)]
+    ys = band.get_paths()[0].vertices[:, 1]
+    assert ys.max() == pytest.approx(100 * 0.67) and ys.min() == pytest.approx(100 * 0.45)
+
+
+def test_pareto_marks_monte_carlo_points_hollow_and_plots_the_dicts_values():
+    fig = figures.pareto(report())
+    majority = fig.subfigs[0].axes[1]
+    points = [line for line in _marker_lines(majority) if line.get_linestyle() == "None"]
+    hollow = [line for line in points if line.get_markerfacecolor() == "white"]
+    filled = [line for line in points if line.get_markerfacecolor() != "white"]
+    assert len(hollow) == len(filled) == 1
+    np.testing.assert_allclose(hollow[0].get_xdata(), [8, 12])  # passes of k = 2, 3
+    np.testing.assert_allclose(hollow[0].get_ydata(), [55, 60])  # 100 × value
+    np.testing.assert_allclose(filled[0].get_xdata(), [4, 16])
+    # the methods: one row per family shared by the budgets, x = 100 × accuracy
+    left, right = fig.subfigs[1].axes
+    rows = [t.get_text() for t in left.get_yticklabels()]
+    assert rows == ["Vanilla", "Majority", "PRM Guided", "Oracle"]  # ceilings last
+    for ax, budget in ((left, 40), (right, 80)):
+        assert ax.get_title(loc="left").startswith(f"budget {budget}")
+        got = {(line.get_ydata()[0], line.get_xdata()[0]) for line in _marker_lines(ax)}
+        want = {
+            (rows.index(figures.method_label(m["id"])[0]), 100 * m["accuracy"]["value"])
+            for m in METHODS
+            if m["budget"] == budget
+        }
+        np.testing.assert_allclose(sorted(got), sorted(want))
+        ceiling = [line for line in _marker_lines(ax) if line.get_ydata()[0] == 3]
+        assert ceiling[0].get_markerfacecolor() == "white"
+        notes = {t.get_text() for t in ax.texts}
+        assert any(note.endswith(f"{budget}") for note in notes)  # passes at the right
+
+
+def test_method_label_splits_the_budget_specific_part():
+    assert figures.method_label("PRM Guided K=8 b=12") == ("PRM Guided", "K=8 b=12")
+    assert figures.method_label("Majority@34") == ("Majority", "@34")
+    assert figures.method_label("ReMDM-cap@8 + ORM Rerank") == ("ReMDM-cap + ORM Rerank", "@8")
+    assert figures.method_label("Vanilla") == ("Vanilla", "")
+
+
+def _auc_lines(ax) -> dict[str, Line2D]:
+    return {line.get_label(): line for line in ax.get_lines() if line.get_label()[0] != "_"}
+
+
+def _segments(line: Line2D) -> list[tuple[float, float]]:
+    """The (x0, x1) of each drawn segment: consecutive points both finite."""
+    xs, ys = np.asarray(line.get_xdata(), float), np.asarray(line.get_ydata(), float)
+    finite = np.isfinite(xs) & np.isfinite(ys)
+    return [(xs[i], xs[i + 1]) for i in range(len(xs) - 1) if finite[i] and finite[i + 1]]
+
+
+def test_roc_auc_breaks_lines_at_empty_buckets_and_draws_final_states_apart():
+    fig = figures.roc_auc(report())
+    final_ax, mask_ax = fig.axes
+    lines = _auc_lines(mask_ax)
+    assert set(lines) == {"ORM", "PRM", "chance (0.5)"}
+    prm = lines["PRM"]
+    # buckets 0 and 1 are joined; no segment reaches over the empty buckets 2..5 to bucket 6
+    assert _segments(prm) == [pytest.approx((0.05, 0.15))]
+    spans = [x1 - x0 for label in ("ORM", "PRM") for x0, x1 in _segments(lines[label])]
+    assert all(span <= 0.1 + 1e-9 for span in spans)
+    ys = np.asarray(prm.get_ydata(), float)
+    np.testing.assert_allclose(ys[np.isfinite(ys)], [0.8, 0.75, 0.7])
+    assert np.isnan(ys).sum() == 7  # the seven empty buckets
+    assert not _segments(lines["ORM"])  # the ORM has no guided states: nothing at a mask ratio
+    # the final candidates: their own panel, one point per scorer, none at mask ratio 0.05
+    assert [t.get_text() for t in final_ax.get_xticklabels()] == ["fully\ndecoded"]
+    finals = sorted(line.get_ydata()[0] for line in _marker_lines(final_ax))
+    assert finals == pytest.approx([0.85, 0.9])
+    # n beside every point, and what the bars are
+    notes = sorted(t.get_text() for ax in (final_ax, mask_ax) for t in ax.texts)
+    assert notes == ["n=20", "n=30", "n=40", "n=50", "n=50"]
+    caption = fig.get_supxlabel()
+    assert "95% bootstrap CIs" in caption and "clustered by problem" in caption
+    assert mask_ax.get_legend() is not None and not _inside(fig, mask_ax, mask_ax.get_legend())
+
+
+def test_roc_auc_draws_the_controls_series_when_the_report_has_them_and_extra_series():
+    data = report()
+    data["controls"] = {
+        "auc_by_mask": [
+            {"scorer": "prm", "buckets": _buckets({2: (0.6, 12), 4: (0.65, 14)}), "final": None},
+            {"scorer": "orm", "buckets": _buckets({9: (0.55, 9)}), "final": _bucket(0, 0.9, 50)},
+        ]
+    }
+    extra = [("ORM (paper)", _buckets({8: (0.7, 5), 9: (0.72, 6)}), None)]
+    fig = figures.roc_auc(data, extra=extra)
+    final_ax, mask_ax = fig.axes
+    lines = _auc_lines(mask_ax)
+    assert set(lines) == {"PRM", "ORM", "ORM (paper)", "chance (0.5)"}
+    assert _segments(lines["PRM"]) == []  # buckets 2 and 4: two points, no line between
+    assert len(_segments(lines["ORM (paper)"])) == 1
+    assert [line.get_ydata()[0] for line in _marker_lines(final_ax)] == [0.9]
+    assert "snapshot" in fig.get_supxlabel()
+    # an empty controls list falls back to the discrimination entries
+    data["controls"] = {"auc_by_mask": []}
+    assert set(_auc_lines(figures.roc_auc(data).axes[1])) == {"ORM", "PRM", "chance (0.5)"}
+
+
+def test_pool_diversity_uses_short_labels_and_states_units_and_intervals():
+    data = report()
+    fig = figures.pool_diversity(data)
+    oracle, unique, entropy = fig.axes
+    labels = [t.get_text() for t in oracle.get_yticklabels()]
+    assert labels == [
+        "independent n=8 (K=8)",
+        "independent n=16 (K=16)",
+        "prm_guided (K=2)",
+        "prism n=9 (K=4)",
+        "prism n=19 (K=4)",
+    ]
+    assert oracle.get_xlabel() == "Oracle@K (%)" and oracle.get_xlim() == (0, 100)
+    pools = data["diagnostics"]["pools"]
+    bars = [p for p in oracle.patches if isinstance(p, Rectangle)]
+    assert [b.get_width() for b in bars] == pytest.approx(
+        [100 * p["oracle"]["value"] for p in pools]
+    )
+    assert [b.get_width() for b in unique.patches] == pytest.approx([2.0] * 5)
+    assert [b.get_width() for b in entropy.patches] == pytest.approx([0.5] * 5)
+    assert [t for texts in _legend_texts(fig) for t in texts] == [
+        "independent samples",
+        "guided search (cuts, particles)",
+        "other samplers (HEX, ensembles, remasking, …)",
+    ]
+    assert "95% bootstrap CIs over problems" in fig.get_supxlabel()
+
+
+def test_short_labels_name_the_options_that_tell_pools_apart():
+    labels = figures.short_labels(["smc:k=8,every=12", "smc:k=32,every=12", "hex:n=8"])
+    assert labels == {
+        "smc:k=8,every=12": "smc k=8",
+        "smc:k=32,every=12": "smc k=32",
+        "hex:n=8": "hex",
+    }
+
+
+def test_smc_ess_plots_ess_over_k_at_the_reports_checkpoint_indices_with_thresholds():
+    data = report()
+    fig = figures.smc_ess(data)
+    axes = fig.axes
+    assert len(axes) == 2  # one panel per SMC run, so K=2 and K=8 do not share an ESS scale
+    for ax, entry, k in zip(axes, data["diagnostics"]["particles"], (2, 8), strict=True):
+        assert ax.get_title().startswith(f"smc k={k} (K={k})")
+        assert ax.get_ylim() == (0, 1.05)
+        horizontal = [line for line in ax.get_lines() if line.get_marker() in ("None", "")]
+        assert all(line.get_ydata()[0] == line.get_ydata()[1] for line in horizontal)
+        thresholds = {line.get_label(): line.get_ydata()[0] for line in horizontal}
+        assert thresholds == {"resample below 0.75·K": 0.75, "tempering target 0.5·K": 0.5}
+        points = {line.get_label(): line for line in _marker_lines(ax)}
+        rows = entry["by_checkpoint"]
+        indices = [c["index"] for c in rows]
+        for key, label in (("ess_before", "before resampling"), ("ess_after", "after resampling")):
+            assert list(points[label].get_xdata()) == indices
+            assert list(points[label].get_ydata()) == pytest.approx([c[key] / k for c in rows])
+        assert [t for t in ax.get_xticks()] == indices
+        # "before" is drawn over "after", smaller, so both show where they are equal
+        before, after = points["before resampling"], points["after resampling"]
+        assert before.get_zorder() >= after.get_zorder()
+        assert before.get_markersize() < after.get_markersize()
+    (legend,) = fig.legends
+    assert len(legend.get_texts()) == 4
+    assert all(len(t.get_text()) <= 30 for t in legend.get_texts())
+
+
+def test_particle_count_falls_back_to_the_pool_size():
+    data = report()
+    entry = _smc(2, [(1.0, 1.0)])
+    assert figures.particle_count(data, entry) == 2
+    entry["pool"] = "smc:every=4"
+    entry["methods"] = ["PRM Guided K=2 b=4"]  # a method of the pool of size 2
+    assert figures.particle_count(data, entry) == 2
+    entry["methods"] = ["nowhere"]
+    assert figures.particle_count(data, entry) is None
+
+
+def test_render_writes_what_the_report_has_and_leaves_the_rest_out(tmp_path):
+    data = report()
+    data["diagnostics"]["particles"] = []
+    for entry in data["diagnostics"]["discrimination"]:
+        entry["roc_auc_by_mask"] = _buckets({})
+    written = figures.render(data, tmp_path)
+    assert written == {"pareto": "pareto.png", "pool_diversity": "pool_diversity.png"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pareto.png", "pool_diversity.png"]
+
+
+def test_pareto_gives_two_methods_of_one_family_at_one_budget_a_row_each():
+    data = report()
+    data["methods"].append(
+        _method("Majority@4", "majority", "independent:n=4+majority", 40, 0.58, 16)
+    )
+    left, right = figures.pareto(data).subfigs[1].axes
+    rows = [t.get_text() for t in left.get_yticklabels()]
+    assert rows == [
+        "Vanilla",
+        "Majority (Majority@8)",
+        "PRM Guided",
+        "Majority (Majority@4)",
+        "Oracle",
+    ]
+    got = sorted((line.get_ydata()[0], line.get_xdata()[0]) for line in _marker_lines(left))
+    np.testing.assert_allclose(got, [(0, 50), (1, 60), (2, 55), (3, 58), (4, 80)])
+    assert len(_marker_lines(right)) == 4
