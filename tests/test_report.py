@@ -388,8 +388,9 @@ def test_report_adds_the_scorer_controls_of_a_collection(two_budgets, tmp_path):
     assert "Scorer controls" not in (plain / "report.md").read_text()
 
 
-def test_report_refuses_controls_sampled_otherwise(two_budgets, tmp_path, cli):
+def test_report_refuses_controls_sampled_otherwise(two_budgets, tmp_path, cli, capsys):
     controls = _controls(tmp_path, "--steps", "8", "--gen-length", "6")
+    capsys.readouterr()  # what collecting and diagnosing printed
     out = tmp_path / "report"
     result = cli("report", str(two_budgets), "--controls", str(controls), "--out", str(out))
     assert_user_error(result, "gen_length differs")
