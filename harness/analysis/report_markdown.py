@@ -342,8 +342,10 @@ def markdown(report: Report) -> str:
         f"{report['backbone']} · T = {report['steps']} · seed {report['seed']}",
         "",
         f"Runs: {runs}. Budgets: {', '.join(map(str, report['budgets']))} passes per problem. "
-        f"Intervals: {round(100 * report['level'])}% percentile bootstrap over problems "
-        f"({report['resamples']} resamples).",
+        f"Intervals: {round(100 * report['level'])}% percentile bootstrap over problems, exact "
+        "for 0/1 outcomes (the binomial law of an accuracy, the trinomial law of a paired "
+        f"difference), else from {report['resamples']} resamples (the Monte-Carlo error of "
+        "their ends is `mc_error` in report.json).",
         "",
         *md_methods(report),
         *md_pooled(report),
