@@ -35,8 +35,10 @@ offset − gap·j (j = 0..7), the offset found by bisection so that the top-1 pr
 T = 1 is the shape's target: `peaked` (gap 3, top-1 0.9), `medium` (gap 0.7, top-1 0.4),
 `flat` (gap 0.3, top-1 0.05, most of the mass in the long tail).
 
-    python benchmarks/sampler_tv.py --device cpu --draws 8192 --json tv_cpu.json
-    python benchmarks/sampler_tv.py --device cuda --draws 4000000 --json tv_cuda.json
+    python benchmarks/sampler_tv.py --device cpu --draws 6144 --chunk 2048 --json tv_cpu.json
+    python benchmarks/sampler_tv.py --device cuda --draws 8388608 --chunk 16384 --json tv_cuda.json
+
+The figures, and what they say, are in docs/backbones.md (Precision).
 """
 
 from __future__ import annotations
