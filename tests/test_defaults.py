@@ -15,6 +15,7 @@ from dllmbench.demo import RetrainConfig
 from dllmbench.execution.engine import Capacity, Sampling
 from dllmbench.running.runner import RunConfig
 from dllmbench.scoring.collect import CollectConfig
+from dllmbench.scoring.controls import ControlsConfig
 from dllmbench.scoring.training import TrainConfig
 
 # (command, option dest) → (dataclass, field) holding the same setting
@@ -30,6 +31,8 @@ SOURCES = {
     ("collect", "gen_length"): (Sampling, "gen_length"),
     ("collect", "prompt"): (Sampling, "prompt_style"),
     ("collect", "rollouts"): (CollectConfig, "rollouts"),
+    ("diagnose", "width"): (ControlsConfig, "width"),
+    ("diagnose", "seed"): (ControlsConfig, "seed"),
     ("train-scorer", "steps"): (TrainConfig, "steps"),
     ("train-scorer", "batch"): (TrainConfig, "batch"),
     ("train-scorer", "accum"): (TrainConfig, "accum"),

@@ -9,10 +9,11 @@ from typing import Any
 from rich.console import Console
 
 from dllmbench.cli.argtypes import natural_int, positive_int
-from dllmbench.cli.common import Reply, add_json, add_scorers, scorers_arg
+from dllmbench.cli.common import Reply, add_json, add_scorers, field_default, scorers_arg
 from dllmbench.cli.progress import Progress
 from dllmbench.core.errors import UserError
 from dllmbench.execution.method import parse_part
+from dllmbench.scoring.controls import ControlsConfig
 
 
 def add_parser(sub: Any) -> None:
@@ -40,10 +41,15 @@ def add_parser(sub: Any) -> None:
     d.add_argument(
         "--width",
         type=positive_int,
-        default=8,
+        default=field_default(ControlsConfig, "width"),
         help="K: trajectories per group of the removal-risk counterfactual (the paper's 8)",
     )
-    d.add_argument("--seed", type=natural_int, default=0, help="seed of the bootstrap")
+    d.add_argument(
+        "--seed",
+        type=natural_int,
+        default=field_default(ControlsConfig, "seed"),
+        help="seed of the bootstrap",
+    )
     d.add_argument(
         "--out", help="where controls.json and controls.md go (default: COLLECTION/controls)"
     )
@@ -67,9 +73,7 @@ def default_scorers(backbone: str, config: dict[str, Any]) -> dict[str, tuple[st
 
 
 def execute(args: argparse.Namespace) -> Reply:
-    from dllmbench.analysis.controls import Boot
     from dllmbench.analysis.controls_markdown import markdown
-    from dllmbench.analysis.stats import CONFIDENCE, RESAMPLES
     from dllmbench.loading.registry import registry
     from dllmbench.scoring.collect import read_meta
     from dllmbench.scoring.controls import run_controls, write
@@ -87,7 +91,7 @@ def execute(args: argparse.Namespace) -> Reply:
             "NAME=SPEC, e.g. --scorer prm=prm:checkpoint=DIR"
         )
     out = Path(args.out) if args.out else path / "controls"
-    boot = Boot(args.seed, RESAMPLES, CONFIDENCE)
+    cfg = ControlsConfig(width=args.width, seed=args.seed)
     with Progress() as bar:
 
         def progress(name: str, rows: int):
@@ -98,8 +102,7 @@ def execute(args: argparse.Namespace) -> Reply:
             path,
             specs,
             registry(),
-            boot,
-            width=args.width,
+            cfg,
             backbone_override=backbone,
             progress=progress,
         )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ import torch
 from dllmbench.analysis import controls as c
 from dllmbench.analysis.diagnostics import BucketAUC, scorer_swap
 from dllmbench.analysis.pooled import PooledCandidate
-from dllmbench.analysis.stats import Interval
+from dllmbench.analysis.stats import CONFIDENCE, RESAMPLES, Interval
 from dllmbench.api.interfaces import ScoreBatch
 from dllmbench.core.errors import UserError
 from dllmbench.core.schema import CONTROLS_SCHEMA_VERSION, Controls
@@ -36,6 +37,20 @@ from dllmbench.scoring.collect import Snapshot, load, mask_ratios
 
 DIGITS = 6
 BATCH = 256  # rows per call into a scorer
+
+
+@dataclass(frozen=True)
+class ControlsConfig:
+    """The settings of `dllmbench diagnose`."""
+
+    width: int = 8  # K: trajectories per group of the removal-risk counterfactual (the paper's)
+    seed: int = 0  # of the bootstrap
+    resamples: int = RESAMPLES
+    level: float = CONFIDENCE
+
+    @property
+    def boot(self) -> c.Boot:
+        return c.Boot(self.seed, self.resamples, self.level)
 
 
 def _interval(value: Interval | None) -> dict[str, Any] | None:
@@ -149,13 +164,13 @@ def run_controls(
     path: Path,
     scorer_specs: Mapping[str, tuple[str, dict[str, Any]]],
     reg: Registry,
-    boot: c.Boot,
+    cfg: ControlsConfig,
     *,
-    width: int,
     backbone_override: tuple[str, dict[str, Any]] | None = None,
     progress: Callable[[str, int], Callable[[int], None]] | None = None,
 ) -> Controls:
     """Score the collection at `path` with each scorer and compute every control."""
+    boot = cfg.boot
     meta, states = load(path)
     if not states:
         raise UserError(f"{path} holds no trajectories yet; finish it with dllmbench collect")
@@ -235,7 +250,7 @@ def run_controls(
         "seed": boot.seed,
         "resamples": boot.resamples,
         "level": boot.level,
-        "width": min(width, int(meta["n"])),
+        "width": min(cfg.width, int(meta["n"])),
     }
     out.update(_controls(snaps, scores, variants, settings, partial, total, boot, out["width"]))
     return Controls(**out)
