@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.sparse import csr_matrix
 from scipy.stats import kendalltau
-from sklearn.metrics import roc_auc_score
 
 from dllmbench.analysis.pooled import (
     RESAMPLES,
@@ -141,6 +140,8 @@ def auc_by_mask_bucket(
     buckets, with a clustered bootstrap interval: problems are resampled with replacement
     (one draw shared by all buckets) and each state weighs its problem's draw count; the
     percentile interval is over the resamples whose bucket holds both classes."""
+    from sklearn.metrics import roc_auc_score  # scikit-learn loads only when asked
+
     problems = {r.problem_id: None for r in rows}
     index = {p: i for i, p in enumerate(problems)}
     counts = problem_counts(len(index), resamples, seed) if rows else None
