@@ -13,7 +13,7 @@ import dllmbench.demo
 import dllmbench.plugins
 from dllmbench.cli import main
 from dllmbench.cli.run import DEMO
-from dllmbench.demo import DEMO_TASK, TASK_CONFIG, TINY_DIR
+from dllmbench.demo import CONTROL_SCORERS, DEMO_TASK, TASK_CONFIG, TINY_DIR
 from dllmbench.plugins.backbones import tiny
 
 FAMILIES = (
@@ -53,6 +53,13 @@ def test_the_package_ships_the_demo_model_and_its_scorers():
     for kind in ("prm", "orm"):
         validation = json.loads((TINY_DIR / kind / "config.json").read_text())["validation"]
         assert validation["auc"] is not None and validation["auc"] > 0.5
+    prm = json.loads((TINY_DIR / "prm" / "config.json").read_text())
+    for name, options in CONTROL_SCORERS.items():  # the PRM's twins for the readout controls
+        saved = json.loads((TINY_DIR / name / "config.json").read_text())
+        assert {k: saved[k] for k in options} == options
+        same = ("kind", "base", "lora_r", "target_modules", "head_width", "step_embedding")
+        assert {k: saved[k] for k in same} == {k: prm[k] for k in same}
+        assert saved["validation"]["auc"] > 0.5
 
 
 @pytest.mark.slow
