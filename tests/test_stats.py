@@ -420,3 +420,11 @@ def test_summarize_does_not_depend_on_record_order():
         random.Random(seed).shuffle(shuffled)
         assert _summary(shuffled) == base
     assert _summary(list(reversed(records))) == base
+
+
+def test_a_tiny_mcnemar_p_keeps_its_significant_digits():
+    a = [1] * 27 + [0] * 3
+    b = [0] * 27 + [0] * 3
+    entry = paired_difference(a, b).as_dict()
+    assert entry["mcnemar_p"] == pytest.approx(2 / 2**27, rel=1e-5)
+    assert entry["mcnemar_p"] > 0

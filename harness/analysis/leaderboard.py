@@ -59,7 +59,7 @@ def _cells(m: MethodResult) -> list[str]:
             if delta
             else "–"
         ),
-        f"{delta['mcnemar_p']:.3g}" if delta and "mcnemar_p" in delta else "–",
+        f"{delta['mcnemar_p']:.2g}" if delta and "mcnemar_p" in delta else "–",
         _pct(pool["oracle"]["value"]) if pool else "–",
         f"{pool['unique_answers']:.2f}" if pool else "–",
     ]

@@ -302,7 +302,7 @@ def md_swap(report: Report) -> list[str]:
     if swap is None:
         return []
     acc = [(name, _ci(ci)) for name, ci in swap["accuracy"].items()]
-    diffs = [(f"{d['a']} − {d['b']}", _delta(d)) for d in swap["differences"]]
+    diffs = [(f"{d['a']} − {d['b']}", _delta(d), p_value(d)) for d in swap["differences"]]
     return [
         "### Scorer swap",
         "",
@@ -310,7 +310,7 @@ def md_swap(report: Report) -> list[str]:
         "scorer (argmax) and at random (expected), with paired differences in points.",
         "",
         *md_table(("selector", "acc % [95% CI]"), acc),
-        *md_table(("difference", "pp [95% CI]"), diffs),
+        *md_table(("difference", "pp [95% CI]", "McNemar p"), diffs),
     ]
 
 

@@ -176,7 +176,8 @@ class PairedInterval(Interval):
         if self.discordant is not None:
             out["better"] = self.discordant.better
             out["worse"] = self.discordant.worse
-            out["mcnemar_p"] = round(float(self.p_value), digits)
+            # significant digits: a p-value of 1.5e-08 is not 0
+            out["mcnemar_p"] = float(f"{float(self.p_value):.{digits}g}")
         return out
 
 
