@@ -240,6 +240,7 @@ MINIMAL = {
     "tasks": ["tasks"],
     "collect": ["collect", "--task", "t", "--backbone", "b", "--out", "o"],
     "train_scorer": ["train-scorer", "--kind", "prm", "--data", "d", "--out", "o"],
+    "diagnose": ["diagnose", "c"],
     "demo": ["demo", "retrain", "--out", "o"],
 }
 

@@ -1,5 +1,5 @@
 """The command line: `dllmbench run | merge | report | plan | plugins | tasks | collect |
-train-scorer | demo`.
+train-scorer | diagnose | demo`.
 
 One module per command, each with its own parser (`add_parser`) and an `execute(args)` that
 returns a `Reply`: the data `--json` prints, and how to show it to a person. `main` parses,
