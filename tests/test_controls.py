@@ -277,7 +277,11 @@ def test_diagnose_runs_every_control_on_the_demo_scorers(cli, tmp_path):
             ("prm_causal", "prm_causal_last")
         ]
         assert {r["scorer"] for r in data["reversed_input"]} == {"prm_causal", "prm_causal_last"}
-        assert all(r["reference"]["scorer"] == "prm" for r in data["reversed_input"])
+        reference = {r["scorer"]: r["reference"] for r in data["reversed_input"]}
+        # the bidirectional PRM of the same settings is the mean-pooled causal PRM's reference;
+        # no shipped bidirectional scorer reads the last token
+        assert reference["prm_causal"]["scorer"] == "prm"
+        assert reference["prm_causal_last"] is None
     assert {r["scorer"] for r in data["reranker"]} == scorers
     assert set(data["scorer_swap"]["accuracy"]) == scorers | {"random"}
     text = (collection / "controls" / "controls.md").read_text()
