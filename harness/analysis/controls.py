@@ -31,6 +31,7 @@ from dllmbench.analysis.diagnostics import (
     ScoredState,
     auc_by_mask_bucket,
     clustered_auc,
+    percentile_interval,
     problem_counts,
     within_problem_kendall,
 )
@@ -40,7 +41,6 @@ from dllmbench.analysis.stats import (
     RESAMPLES,
     Interval,
     bootstrap_ci,
-    mc_error,
     paired_difference,
 )
 
@@ -84,15 +84,6 @@ def _states(snaps: Snapshots, scores: np.ndarray, where: np.ndarray) -> list[Sco
             strict=True,
         )
     ]
-
-
-def _percentile(draws: np.ndarray, value: float, level: float) -> Interval | None:
-    draws = draws[~np.isnan(draws)]
-    if draws.size == 0:
-        return None
-    tail = (1.0 - level) / 2.0
-    low, high = np.quantile(draws, [tail, 1.0 - tail], method="inverted_cdf")
-    return Interval(value, float(low), float(high), False, mc_error(draws, level))
 
 
 # -- ROC-AUC by mask ratio ----------------------------------------------------------------------
@@ -150,8 +141,8 @@ def auc_change(
         )
         draws.append(clustered_auc(scores, labels, problem, counts))
     change = values[1] - values[0]
-    intervals = [_percentile(d, v, boot.level) for d, v in zip(draws, values, strict=True)]
-    diff = _percentile(draws[1] - draws[0], change, boot.level)
+    intervals = [percentile_interval(d, v, boot.level) for d, v in zip(draws, values, strict=True)]
+    diff = percentile_interval(draws[1] - draws[0], change, boot.level)
     if any(i is None for i in (*intervals, diff)):
         raise ValueError("the states need both correct and incorrect labels")
     return AUCChange(intervals[0], intervals[1], diff, int(where.sum()))
@@ -236,7 +227,7 @@ def removal_risk(
             if risky.sum() > 0:
                 num, den = counts @ lost, counts @ risky
                 draws = np.where(den > 0, num / np.where(den > 0, den, 1), np.nan)
-                rate = _percentile(draws, float(lost.sum() / risky.sum()), boot.level)
+                rate = percentile_interval(draws, float(lost.sum() / risky.sum()), boot.level)
             out.append(
                 RemovalRisk(
                     state=which,

@@ -95,7 +95,7 @@ def weighted_auc(scores: np.ndarray, labels: np.ndarray, weights: np.ndarray) ->
     return _auc_rows(pos, neg, np.atleast_2d(np.asarray(weights, np.float64)))
 
 
-def _percentile(draws: np.ndarray, value: float, level: float) -> Interval | None:
+def percentile_interval(draws: np.ndarray, value: float, level: float) -> Interval | None:
     """The percentile interval (inverted-CDF quantiles) of the defined draws around `value`,
     with its Monte-Carlo error; None when no draw is defined."""
     draws = draws[~np.isnan(draws)]
@@ -156,7 +156,7 @@ def auc_by_mask_bucket(
             auc = float(roc_auc_score(labels, scores))
             problem = np.array([index[r.problem_id] for r in members], np.int64)
             draws = clustered_auc(scores, labels, problem, counts)
-            interval = _percentile(draws, auc, level)
+            interval = percentile_interval(draws, auc, level)
         low, high = b / BUCKETS, (b + 1) / BUCKETS
         out.append(BucketAUC(low, high, labels.size, int(labels.sum()), auc, interval))
     return out
