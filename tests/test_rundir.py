@@ -11,8 +11,10 @@ import pytest
 
 from dllmbench.core.errors import UserError
 from dllmbench.execution.engine import Capacity, Sampling
+from dllmbench.running.merge import merge
 from dllmbench.running.runner import RunConfig, run
 from dllmbench.storage.rundir import RunDir, manifest_differences
+from dllmbench.storage.shards import Shard
 
 METHODS = ["vanilla", "majority", "orm_rerank", "prm_guided", "smc_vote", "oracle"]
 
@@ -428,3 +430,40 @@ def test_big_files_are_hashed_once_per_content(tmp_path, monkeypatch):
     checksums.sha256(small)
     checksums.sha256(small)
     assert len(hashed) == 4  # small files are not cached
+
+
+def test_a_resumed_share_keeps_its_own_compute_history(tmp_path, monkeypatch):
+    """A share killed mid-run and launched again keeps the first invocation's entry in its own
+    compute file, and compute.json's total equals the records' ledgers, run by run."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    seen = []
+
+    def stop(record):
+        seen.append(record)
+        if len(seen) == 3:
+            raise Interrupt
+
+    share = config(tmp_path / "r", shard=Shard(1, 2))
+    with pytest.raises(Interrupt):
+        run(share, on_record=stop)
+    run(share)
+    own = json.loads((tmp_path / "r" / "compute.shard-1-of-2.json").read_text())
+    counts = [(i["records_written"], i["finished"]) for i in own["invocations"]]
+    assert counts == [(3, False), (4 * len(METHODS) - 3, True)]
+    run(config(tmp_path / "r", shard=Shard(2, 2)))
+    merge(tmp_path / "r")
+    total = json.loads((tmp_path / "r" / "compute.json").read_text())
+    assert len(total["invocations"]) == 3  # both of share 1, one of share 2
+    records = RunDir(tmp_path / "r").read_records()
+    assert len(records) == 8 * len(METHODS)
+    (entry,) = json.loads((tmp_path / "r" / "compute.shard-2-of-2.json").read_text())["invocations"]
+    text = (tmp_path / "r" / "samples.shard-2-of-2.jsonl").read_text()
+    own = [json.loads(line) for line in text.splitlines()]
+    # an uninterrupted share spends exactly what its records' ledgers say
+    for kind, passes in entry["passes"].items():
+        assert passes == sum(r["ledger"]["passes"].get(kind, 0) for r in own), kind
+    # the interrupted invocation's passes are counted beside the resumed one's: the total is
+    # at least every record's ledger (work on problems in flight when it stopped is counted)
+    for kind, passes in total["total"]["passes"].items():
+        assert passes >= sum(r["ledger"]["passes"].get(kind, 0) for r in records), kind

@@ -330,9 +330,12 @@ class RunDir:
                 raise UserError(
                     f"{self.compute_path} is not an object with an 'invocations' list; {fix}"
                 )
-            # compute.json lists the shares' entries too; their own files keep them
-            own = [e for e in data["invocations"] if not (isinstance(e, dict) and e.get("shard"))]
-            self._compute = {"invocations": own}
+            entries = [e for e in data["invocations"] if isinstance(e, dict)]
+            if self.shard is None:
+                # compute.json lists the shares' entries too; their own files keep them
+                entries = [e for e in entries if not e.get("shard")]
+            # a share's own compute file holds only its invocations: every one is kept
+            self._compute = {"invocations": entries}
 
     # -- manifest and records ---------------------------------------------------------------
     def read_manifest(self) -> dict[str, Any]:
