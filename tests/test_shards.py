@@ -29,10 +29,23 @@ RUN = [*toy_argv(SIZE), "--methods", METHODS, "--budget", "72", "--resamples", "
 RECORDS = SIZE * len(METHODS.split(","))
 
 
+LAUNCHER_VARIABLES = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_LOCALID",
+    "SLURM_ARRAY_TASK_ID",
+    "SLURM_ARRAY_TASK_COUNT",
+    "SLURM_ARRAY_TASK_MIN",
+)
+
+
 def child_env(**extra: str) -> dict[str, str]:
-    env = {**os.environ, "DLLMBENCH_PLUGIN_MODULES": "dllmbench.testing.doubles", **extra}
-    env.pop("RANK", None), env.pop("WORLD_SIZE", None), env.pop("LOCAL_RANK", None)
-    return env
+    """This environment without any launcher's variables, with the doubles and `extra`."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
+    return {**env, "DLLMBENCH_PLUGIN_MODULES": "dllmbench.testing.doubles", **extra}
 
 
 def lines(out: Path) -> list[dict]:
@@ -84,6 +97,64 @@ def test_the_launchers_environment_gives_the_share():
     assert resolve(None, {}) is None
     with pytest.raises(UserError, match="--shard 1/2 under a launcher of 4"):
         resolve(Shard(1, 2), env)
+
+
+def test_slurm_tasks_and_array_jobs_give_the_share():
+    step = {"SLURM_PROCID": "1", "SLURM_NTASKS": "3", "SLURM_LOCALID": "1"}
+    assert from_launcher(step) == Shard(2, 3, launched=True, local_rank=1)
+    assert from_launcher({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}) is None  # one task
+    # torchrun inside a Slurm allocation: torchrun's variables win
+    assert from_launcher({**step, "RANK": "0", "WORLD_SIZE": "2"}) == Shard(1, 2, launched=True)
+    array = {"SLURM_ARRAY_TASK_ID": "7", "SLURM_ARRAY_TASK_COUNT": "3", "SLURM_ARRAY_TASK_MIN": "5"}
+    assert from_launcher(array) == Shard(3, 3)  # a fixed share: nobody waits, merge joins
+    assert not from_launcher(array).merges
+    with pytest.raises(UserError, match=r"array task 9 .* is not one of its 3 shares"):
+        from_launcher({**array, "SLURM_ARRAY_TASK_ID": "9"})
+    with pytest.raises(UserError, match="Slurm says rank 3 of 3"):
+        from_launcher({"SLURM_PROCID": "3", "SLURM_NTASKS": "3"})
+
+
+@pytest.mark.parametrize("value", ["²", "٢", "2.0", "-1", "two"])
+def test_a_launcher_variable_that_is_not_a_whole_number_is_one_line(value):
+    with pytest.raises(UserError, match="is not a whole number; unset it"):
+        from_launcher({"WORLD_SIZE": value})
+
+
+def test_an_array_of_three_then_merge_equals_one_process(tmp_path, whole):
+    """Three array tasks with Slurm's variables set by hand (any order), then the merge."""
+    out = tmp_path / "array"
+    for task in (3, 1, 2):
+        env = child_env(
+            SLURM_ARRAY_TASK_ID=str(task), SLURM_ARRAY_TASK_COUNT="3", SLURM_ARRAY_TASK_MIN="1"
+        )
+        result = cli_subprocess(*RUN, "--out", out, env=env, timeout=300)
+        assert result.code == 0, result.err
+    assert not (out / "results.json").exists()
+    merged = cli_subprocess("merge", out, env=child_env(), timeout=300)
+    assert merged.code == 0, merged.err
+    assert len(lines(out)) == RECORDS
+    same_run(whole, out)
+
+
+def test_slurm_tasks_of_one_step_equal_one_process(tmp_path, whole):
+    """Two tasks of a job step (SLURM_PROCID 0 and 1 of SLURM_NTASKS 2, set by hand): the
+    first waits for the second and merges."""
+    out = tmp_path / "step"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "dllmbench", *map(str, RUN), "--out", str(out)],
+            env=child_env(SLURM_PROCID=str(rank), SLURM_NTASKS="2"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    outputs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    assert (out / "results.json").exists()
+    assert len(lines(out)) == RECORDS
+    same_run(whole, out)
 
 
 def test_shares_then_merge_equal_one_process(tmp_path, cli, whole):

@@ -10,7 +10,9 @@ lineage) (`keys.py`).
 Shares come from `dllmbench run --shard I/N`, or from a launcher's environment (`RANK`,
 `WORLD_SIZE`, `LOCAL_RANK` as `torchrun` and `accelerate launch --multi_gpu` set them; the
 `OMPI_COMM_WORLD_*`, `PMI_*` and `MV2_COMM_WORLD_*` of MPI as `accelerate launch --cpu
---mpirun_hostfile` sets them). Under a launcher, the first process waits for every share and
+--mpirun_hostfile` sets them; Slurm's `SLURM_PROCID`/`SLURM_NTASKS` for the tasks of one
+job step, and `SLURM_ARRAY_TASK_ID`/`_COUNT`/`_MIN` for an array job, whose tasks are fixed
+shares that `dllmbench merge` joins). Under a launcher, the first process waits for every share and
 merges. `accelerate launch --cpu --num_processes N` without MPI starts one process only; that
 process then starts the other N−1 itself (`spawn_rest`).
 
@@ -88,28 +90,64 @@ def parse_shard(text: str) -> Shard:
     return Shard(int(match[1]), int(match[2]))
 
 
+DIGITS = re.compile(r"[0-9]+")  # ASCII digits only: str.isdigit() also accepts "²" and "٢"
+
+
 def _env_int(env: Mapping[str, str], names: Sequence[str]) -> int | None:
+    """The first of `names` set in `env`, as a whole number; one line when it is set to
+    something else."""
     for name in names:
-        if env.get(name, "").strip().isdigit():
-            return int(env[name])
+        raw = env.get(name, "").strip()
+        if not raw:
+            continue
+        if not DIGITS.fullmatch(raw):
+            raise UserError(f"{name}={raw!r} in the environment is not a whole number; unset it")
+        return int(raw)
     return None
 
 
 RANK = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK")
 WORLD = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE")
 LOCAL = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK")
+# Slurm: the tasks of one job step (srun --ntasks N), and the tasks of an array job
+SLURM_TASK = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")
+SLURM_ARRAY = ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT", "SLURM_ARRAY_TASK_MIN")
+
+
+def _checked(rank: int, world: int, what: str) -> None:
+    if rank >= world:
+        raise UserError(f"{what} says rank {rank} of {world} processes; want rank < world")
 
 
 def from_launcher(env: Mapping[str, str]) -> Shard | None:
     """The share a launcher's environment gives this process; None outside a launcher (or a
-    launch of one process)."""
+    launch of one process). In order: torchrun's and accelerate's `RANK`/`WORLD_SIZE` (and
+    MPI's), then the tasks of a Slurm job step (`SLURM_PROCID`/`SLURM_NTASKS`: started
+    together, so the first waits for the rest and merges), then a Slurm array job
+    (`SLURM_ARRAY_TASK_ID`/`_COUNT`/`_MIN`: a fixed share each, run when the scheduler
+    pleases; `dllmbench merge` joins them, as after `--shard`)."""
     world = _env_int(env, WORLD)
-    if world is None or world < 2:
-        return None
-    rank = _env_int(env, RANK) or 0
-    if rank >= world:
-        raise UserError(f"the launcher says rank {rank} of {world} processes; want rank < world")
-    return Shard(rank + 1, world, launched=True, local_rank=_env_int(env, LOCAL) or 0)
+    if world is not None:
+        if world < 2:
+            return None
+        rank = _env_int(env, RANK) or 0
+        _checked(rank, world, "the launcher")
+        return Shard(rank + 1, world, launched=True, local_rank=_env_int(env, LOCAL) or 0)
+    procid, ntasks, localid = (_env_int(env, (name,)) for name in SLURM_TASK)
+    if ntasks is not None and ntasks >= 2:
+        _checked(procid or 0, ntasks, "Slurm")
+        return Shard((procid or 0) + 1, ntasks, launched=True, local_rank=localid or 0)
+    task, count, first = (_env_int(env, (name,)) for name in SLURM_ARRAY)
+    if task is not None and count is not None and count >= 2:
+        index = task - (first or 0) + 1
+        if not 1 <= index <= count:
+            raise UserError(
+                f"Slurm array task {task} (first {first or 0}, {count} tasks) is not one of "
+                f"its {count} shares; number the array's tasks consecutively, e.g. "
+                f"--array=1-{count}"
+            )
+        return Shard(index, count)
+    return None
 
 
 def resolve(requested: Shard | None, env: Mapping[str, str] | None = None) -> Shard | None:
