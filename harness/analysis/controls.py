@@ -31,7 +31,6 @@ from dllmbench.analysis.diagnostics import (
     ScoredState,
     auc_by_mask_bucket,
     clustered_auc,
-    percentile_interval,
     problem_counts,
     within_problem_kendall,
 )
@@ -42,6 +41,7 @@ from dllmbench.analysis.stats import (
     Interval,
     bootstrap_ci,
     paired_difference,
+    percentile_interval,
 )
 
 STATES = ("initial", "middle", "final")

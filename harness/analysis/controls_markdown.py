@@ -3,35 +3,16 @@ controls.md of `dllmbench diagnose`, and the section `dllmbench report --control
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
+from dllmbench.analysis.report_markdown import (
+    ci_cell,
+    delta_cell,
+    md_table,
+    number_cell,
+    p_value,
+)
 from dllmbench.core.schema import Controls
-
-
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
-    return [*lines, ""]
-
-
-def _num(entry: dict[str, Any] | None, digits: int = 3) -> str:
-    if entry is None:
-        return "–"
-    return f"{entry['value']:.{digits}f} [{entry['low']:.{digits}f}, {entry['high']:.{digits}f}]"
-
-
-def _pct(entry: dict[str, Any] | None) -> str:
-    if entry is None:
-        return "–"
-    return f"{100 * entry['value']:.1f} [{100 * entry['low']:.1f}, {100 * entry['high']:.1f}]"
-
-
-def _pp(entry: dict[str, Any] | None) -> str:
-    if entry is None:
-        return "–"
-    v, lo, hi = (100 * entry[k] for k in ("value", "low", "high"))
-    return f"{v:+.1f} [{lo:+.1f}, {hi:+.1f}]"
 
 
 def _opt(x: float | None, digits: int = 3) -> str:
@@ -39,7 +20,7 @@ def _opt(x: float | None, digits: int = 3) -> str:
 
 
 def _bucket_cell(b: dict[str, Any]) -> str:
-    return "–" if b["auc"] is None else f"{_num(b['interval'])} (n={b['n']})"
+    return "–" if b["auc"] is None else f"{number_cell(b['interval'], 3)} (n={b['n']})"
 
 
 def md_auc_by_mask(controls: Controls) -> list[str]:
@@ -60,7 +41,7 @@ def md_auc_by_mask(controls: Controls) -> list[str]:
         low, high = rows[0]["buckets"][b]["low"], rows[0]["buckets"][b]["high"]
         label = f"[{low:.1f}, {high:.1f}{']' if b == len(rows[0]['buckets']) - 1 else ')'}"
         table.append([label, *(_bucket_cell(r["buckets"][b]) for r in rows)])
-    return lines + _table(headers, table)
+    return lines + md_table(headers, table)
 
 
 def md_kendall(controls: Controls) -> list[str]:
@@ -76,7 +57,7 @@ def md_kendall(controls: Controls) -> list[str]:
         "τ-b between score and correctness within each problem holding both; the median first "
         "(the paper's headline statistic), then the mean.",
         "",
-        *_table(("scorer", "median τ", "mean τ", "problems", "undefined"), rows),
+        *md_table(("scorer", "median τ", "mean τ", "problems", "undefined"), rows),
     ]
 
 
@@ -103,14 +84,16 @@ def md_removal(controls: Controls) -> list[str]:
             for state in states:
                 hit = next((r for r in mine if r["state"] == state and r["keep"] == keep), None)
                 cells.append(
-                    "–" if hit is None else f"{_pct(hit['rate'])} ({hit['lost']}/{hit['at_risk']})"
+                    "–"
+                    if hit is None
+                    else f"{ci_cell(hit['rate'])} ({hit['lost']}/{hit['at_risk']})"
                 )
             table.append([f"top-{keep}", *cells])
         headers = ["cut"]
         for state in states:
             first = next(r for r in mine if r["state"] == state)
             headers.append(f"{state} (step {first['step']}, mask {first['mask_ratio']:.2f})")
-        lines += [f"{scorer}:", "", *_table(headers, table)]
+        lines += [f"{scorer}:", "", *md_table(headers, table)]
     return lines
 
 
@@ -119,9 +102,9 @@ def md_readout(controls: Controls) -> list[str]:
         (
             f"{r['mean']} → {r['last']}",
             str(r["attention"]),
-            _num(r["mean_auc"]),
-            _num(r["last_auc"]),
-            _num(r["change"], 3),
+            number_cell(r["mean_auc"], 3),
+            number_cell(r["last_auc"], 3),
+            number_cell(r["change"], 3),
         )
         for r in controls["readout"]
     ]
@@ -133,13 +116,19 @@ def md_readout(controls: Controls) -> list[str]:
         "Final-state ROC-AUC of two scorers trained alike but for the readout, and the change "
         "(last − mean, paired over the same states).",
         "",
-        *_table(("scorers", "attention", "mean-pool AUC", "last-token AUC", "change"), rows),
+        *md_table(("scorers", "attention", "mean-pool AUC", "last-token AUC", "change"), rows),
     ]
 
 
 def md_suffix(controls: Controls) -> list[str]:
     rows = [
-        (r["scorer"], str(r["n"]), _num(r["original"]), _num(r["ablated"]), _num(r["change"]))
+        (
+            r["scorer"],
+            str(r["n"]),
+            number_cell(r["original"], 3),
+            number_cell(r["ablated"], 3),
+            number_cell(r["change"], 3),
+        )
         for r in controls["suffix_ablation"]
     ]
     lines = ["### Suffix ablation", ""]
@@ -150,7 +139,7 @@ def md_suffix(controls: Controls) -> list[str]:
         "ROC-AUC over every stored state with the right half of the generated region "
         "replaced by the mask token, against the original states (paired change).",
         "",
-        *_table(("scorer", "states", "original AUC", "ablated AUC", "change"), rows),
+        *md_table(("scorer", "states", "original AUC", "ablated AUC", "change"), rows),
     ]
 
 
@@ -162,11 +151,11 @@ def md_reversed(controls: Controls) -> list[str]:
             (
                 r["scorer"],
                 str(r["n"]),
-                _num(r["forward"]),
-                _num(r["reversed"]),
-                _num(r["averaged"]),
-                "–" if ref is None else f"{ref['scorer']}: {_num(ref['auc'])}",
-                "–" if ref is None else _num(ref["gap"]),
+                number_cell(r["forward"], 3),
+                number_cell(r["reversed"], 3),
+                number_cell(r["averaged"], 3),
+                "–" if ref is None else f"{ref['scorer']}: {number_cell(ref['auc'], 3)}",
+                "–" if ref is None else number_cell(ref["gap"], 3),
             )
         )
     lines = ["### Reversed-input causal scoring", ""]
@@ -178,7 +167,7 @@ def md_reversed(controls: Controls) -> list[str]:
         "reversed (prompt kept), and on the average of the two scores; gap: averaged − the "
         "bidirectional scorer of the same settings.",
         "",
-        *_table(
+        *md_table(
             ("scorer", "states", "forward", "reversed", "averaged", "bidirectional", "gap"), rows
         ),
     ]
@@ -204,32 +193,32 @@ def md_reranker(controls: Controls) -> list[str]:
         table.append(
             [
                 r["scorer"],
-                *(f"{_pct(by_n[n]['scorer'])}, {_pp(by_n[n]['difference'])}" for n in sizes),
+                *(
+                    f"{ci_cell(by_n[n]['scorer'])}, {delta_cell(by_n[n]['difference'])}"
+                    for n in sizes
+                ),
                 f"{_opt(r['mean_correct'], 2)} / {_opt(r['mean_incorrect'], 2)}",
                 f"{_opt(r['separated'], 2)} of {r['mixed']}",
             ]
         )
     random = {p["n"]: p["random"] for p in rows[0]["points"]}
-    table.append(["uniform pick", *(_pct(random[n]) for n in sizes), "–", "–"])
+    table.append(["uniform pick", *(ci_cell(random[n]) for n in sizes), "–", "–"])
     headers = ["scorer", *(f"N = {n}: acc, Δ vs uniform" for n in sizes)]
-    return lines + _table([*headers, "mean score ✓ / ✗", "separated"], table)
+    return lines + md_table([*headers, "mean score ✓ / ✗", "separated"], table)
 
 
 def md_swap(controls: Controls) -> list[str]:
     swap = controls["scorer_swap"]
-    acc = [(name, _pct(ci)) for name, ci in swap["accuracy"].items()]
-    diffs = []
-    for d in swap["differences"]:
-        p = f"{d['mcnemar_p']:.3g}" if "mcnemar_p" in d else "–"
-        diffs.append((f"{d['a']} − {d['b']}", _pp(d), p))
+    acc = [(name, ci_cell(ci)) for name, ci in swap["accuracy"].items()]
+    diffs = [(f"{d['a']} − {d['b']}", delta_cell(d), p_value(d)) for d in swap["differences"]]
     return [
         "### Scorer swap on one pool",
         "",
         f"Every scorer reranks the same {swap['size']} fully decoded trajectories of each "
         "problem (argmax; random: a uniform pick's expected accuracy).",
         "",
-        *_table(("selector", "accuracy %"), acc),
-        *_table(("difference", "pp", "McNemar p"), diffs),
+        *md_table(("selector", "accuracy %"), acc),
+        *md_table(("difference", "pp", "McNemar p"), diffs),
     ]
 
 

@@ -24,7 +24,12 @@ from dllmbench.analysis.pooled import (
     bootstrap_interval,
     paired_difference,
 )
-from dllmbench.analysis.stats import CONFIDENCE, entropy_bits, mc_error, resample_indices
+from dllmbench.analysis.stats import (
+    CONFIDENCE,
+    entropy_bits,
+    percentile_interval,
+    resample_indices,
+)
 
 BUCKETS = 10
 
@@ -93,17 +98,6 @@ def weighted_auc(scores: np.ndarray, labels: np.ndarray, weights: np.ndarray) ->
     scores, labels = np.asarray(scores, np.float64), np.asarray(labels, bool)
     pos, neg = _auc_tables(scores, labels, np.arange(scores.size), scores.size)
     return _auc_rows(pos, neg, np.atleast_2d(np.asarray(weights, np.float64)))
-
-
-def percentile_interval(draws: np.ndarray, value: float, level: float) -> Interval | None:
-    """The percentile interval (inverted-CDF quantiles) of the defined draws around `value`,
-    with its Monte-Carlo error; None when no draw is defined."""
-    draws = draws[~np.isnan(draws)]
-    if draws.size == 0:
-        return None
-    tail = (1.0 - level) / 2.0
-    low, high = np.quantile(draws, [tail, 1.0 - tail], method="inverted_cdf")
-    return Interval(value, float(low), float(high), False, mc_error(draws, level))
 
 
 def clustered_auc(

@@ -15,13 +15,15 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}"
 
 
-def _ci(entry: IntervalEntry | None) -> str:
+def ci_cell(entry: IntervalEntry | None) -> str:
+    """An interval of a fraction in %: `value [low, high]`; – for none."""
     if entry is None:
         return "–"
     return f"{_pct(entry['value'])} [{_pct(entry['low'])}, {_pct(entry['high'])}]"
 
 
-def _delta(entry: IntervalEntry | None) -> str:
+def delta_cell(entry: IntervalEntry | None) -> str:
+    """A paired difference of fractions in signed points; – for none."""
     if entry is None:
         return "–"
     v, lo, hi = (100 * entry[k] for k in ("value", "low", "high"))
@@ -36,7 +38,8 @@ def p_value(entry: IntervalEntry | None) -> str:
     return f"{entry['mcnemar_p']:.3g} (+{entry['better']}/−{entry['worse']})"
 
 
-def _num(entry: IntervalEntry | None, digits: int = 2) -> str:
+def number_cell(entry: IntervalEntry | None, digits: int = 2) -> str:
+    """An interval of a number as it is, to `digits`; – for none."""
     if entry is None:
         return "–"
     return f"{entry['value']:.{digits}f} [{entry['low']:.{digits}f}, {entry['high']:.{digits}f}]"
@@ -81,8 +84,8 @@ def md_methods(report: Report) -> list[str]:
                     name,
                     f"`{m['spec']}`",
                     "–" if passes is None else f"{passes:.0f}",
-                    _ci(m["accuracy"]),
-                    _delta(m.get("delta_vs_reference")),
+                    ci_cell(m["accuracy"]),
+                    delta_cell(m.get("delta_vs_reference")),
                     p_value(m.get("delta_vs_reference")),
                     _pct(pool["oracle"]["value"]) if pool else "–",
                     f"{pool['unique_answers']:.2f}" if pool else "–",
@@ -124,7 +127,7 @@ def md_pooled(report: Report) -> list[str]:
         for c in curves:
             p = c["points"][k - 1] if k <= c["pool_size"] else None
             mark = "" if p is None or p["exact"] else f" * ±{_pct(p['stderr'])}"
-            row.append("–" if p is None else f"{_ci(p['accuracy'])}{mark}")
+            row.append("–" if p is None else f"{ci_cell(p['accuracy'])}{mark}")
         rows.append(row)
     lines += md_table(headers, rows)
     if section["agreement"]:
@@ -167,7 +170,7 @@ def md_discrimination(report: Report) -> list[str]:
         cells = []
         for e in entries:
             bucket = e["roc_auc_by_mask"][b]
-            auc = "–" if bucket["auc"] is None else _num(bucket["interval"], 3)
+            auc = "–" if bucket["auc"] is None else number_cell(bucket["interval"], 3)
             cells.append(f"{auc} (n={bucket['n']})" if bucket["n"] else "–")
         low, high = (
             entries[0]["roc_auc_by_mask"][b]["low"],
@@ -210,9 +213,9 @@ def md_pools(report: Report) -> list[str]:
             f"`{p['pool']}`",
             p["kind"],
             str(p["size"]),
-            _ci(p["oracle"]),
-            _num(p["unique_answers"]),
-            _num(p["entropy_bits"]),
+            ci_cell(p["oracle"]),
+            number_cell(p["unique_answers"]),
+            number_cell(p["entropy_bits"]),
             ", ".join(p["methods"]),
         )
         for p in pools
@@ -301,8 +304,8 @@ def md_swap(report: Report) -> list[str]:
     swap = report["diagnostics"]["scorer_swap"]
     if swap is None:
         return []
-    acc = [(name, _ci(ci)) for name, ci in swap["accuracy"].items()]
-    diffs = [(f"{d['a']} − {d['b']}", _delta(d), p_value(d)) for d in swap["differences"]]
+    acc = [(name, ci_cell(ci)) for name, ci in swap["accuracy"].items()]
+    diffs = [(f"{d['a']} − {d['b']}", delta_cell(d), p_value(d)) for d in swap["differences"]]
     return [
         "### Scorer swap",
         "",

@@ -318,7 +318,8 @@ def merge_new(lists: Sequence[Sequence[Any]]) -> list[Any]:
     return out
 
 
-def _bucket(b: diagnostics.BucketAUC) -> BucketEntry:
+def bucket_entry(b: diagnostics.BucketAUC) -> BucketEntry:
+    """A mask bucket's ROC-AUC as report.json (and controls.json) hold it."""
     return BucketEntry(
         low=b.low,
         high=b.high,
@@ -339,7 +340,7 @@ def _discrimination(
         states=kind,
         count=len(states),
         positives=sum(bool(s.label) for s in states),
-        roc_auc_by_mask=[_bucket(b) for b in diagnostics.auc_by_mask_bucket(states, **opts)],
+        roc_auc_by_mask=[bucket_entry(b) for b in diagnostics.auc_by_mask_bucket(states, **opts)],
         kendall_tau=KendallEntry(
             median=None if tau.median is None else round(tau.median, DIGITS),
             mean=None if tau.mean is None else round(tau.mean, DIGITS),
@@ -461,7 +462,8 @@ def _by_checkpoint(stats: Sequence[diagnostics.CheckpointStats], per_run: int) -
     ]
 
 
-def _optional(value: float | None) -> float | None:
+def rounded(value: float | None) -> float | None:
+    """`value` to the report's digits; None stays None."""
     return None if value is None else round(value, DIGITS)
 
 
@@ -487,8 +489,8 @@ def smc(runs: Sequence[evidence.RunData]) -> list[SMCEntry]:
                     "min": round(summary.beta_min, DIGITS),
                     "max": round(summary.beta_max, DIGITS),
                 },
-                distinct_ancestors=_optional(summary.mean_distinct_ancestors),
-                ancestor_perplexity=_optional(summary.mean_ancestor_perplexity),
+                distinct_ancestors=rounded(summary.mean_distinct_ancestors),
+                ancestor_perplexity=rounded(summary.mean_ancestor_perplexity),
                 by_checkpoint=_by_checkpoint(summary.checkpoints, per_run),
             )
         )

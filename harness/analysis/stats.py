@@ -88,11 +88,23 @@ def mc_error(draws: np.ndarray, level: float) -> float:
     return out
 
 
-def _resampled(values: np.ndarray, draws: np.ndarray, level: float) -> Interval:
-    """Percentile interval of resampled means: the inverted-CDF quantiles, so each end is a
-    mean some resample gave (no interpolation between resamples)."""
+def percentile_interval(draws: np.ndarray, value: float, level: float) -> Interval | None:
+    """The percentile interval around `value` of resampled statistics `draws` (NaN draws, a
+    resample where the statistic is undefined, left out): the inverted-CDF quantiles, so each
+    end is a value some resample gave (no interpolation), with their Monte-Carlo error; None
+    when no draw is defined."""
+    draws = draws[~np.isnan(draws)]
+    if draws.size == 0:
+        return None
     low, high = np.quantile(draws, _tails(level), method="inverted_cdf")
-    return Interval(float(values.mean()), float(low), float(high), False, mc_error(draws, level))
+    return Interval(value, float(low), float(high), False, mc_error(draws, level))
+
+
+def _resampled(values: np.ndarray, draws: np.ndarray, level: float) -> Interval:
+    """Percentile interval of resampled means of `values`."""
+    interval = percentile_interval(draws, float(values.mean()), level)
+    assert interval is not None  # a mean of at least one value is always defined
+    return interval
 
 
 def _binomial_interval(x: np.ndarray, level: float) -> Interval:

@@ -25,9 +25,10 @@ import numpy as np
 import torch
 
 from dllmbench.analysis import controls as c
-from dllmbench.analysis.diagnostics import BucketAUC, scorer_swap
+from dllmbench.analysis.diagnostics import scorer_swap
 from dllmbench.analysis.pooled import PooledCandidate
-from dllmbench.analysis.stats import CONFIDENCE, RESAMPLES, Interval
+from dllmbench.analysis.report_sections import DIGITS, bucket_entry, interval, rounded
+from dllmbench.analysis.stats import CONFIDENCE, RESAMPLES
 from dllmbench.api.interfaces import ScoreBatch
 from dllmbench.core.errors import UserError
 from dllmbench.core.schema import CONTROLS_SCHEMA_VERSION, Controls
@@ -35,7 +36,6 @@ from dllmbench.loading.registry import Registry
 from dllmbench.running.runner import plugin_entry
 from dllmbench.scoring.collect import Snapshot, load, mask_ratios
 
-DIGITS = 6
 BATCH = 256  # rows per call into a scorer
 
 
@@ -51,25 +51,6 @@ class ControlsConfig:
     @property
     def boot(self) -> c.Boot:
         return c.Boot(self.seed, self.resamples, self.level)
-
-
-def _interval(value: Interval | None) -> dict[str, Any] | None:
-    return None if value is None else dict(value.as_dict(DIGITS))
-
-
-def _bucket(b: BucketAUC) -> dict[str, Any]:
-    return {
-        "low": b.low,
-        "high": b.high,
-        "n": b.n,
-        "positives": b.positives,
-        "auc": None if b.auc is None else round(b.auc, DIGITS),
-        "interval": _interval(b.interval),
-    }
-
-
-def _optional(x: float | None) -> float | None:
-    return None if x is None else round(x, DIGITS)
 
 
 # -- the inputs the controls change ----------------------------------------------------------
@@ -273,8 +254,8 @@ def _controls(
             auc_rows.append(
                 {
                     "scorer": name,
-                    "buckets": [_bucket(b) for b in curve.buckets],
-                    "final": _bucket(curve.final),
+                    "buckets": [bucket_entry(b) for b in curve.buckets],
+                    "final": bucket_entry(curve.final),
                 }
             )
             for r in c.removal_risk(snaps, s, total, boot, width=width):
@@ -289,15 +270,15 @@ def _controls(
                         "groups": r.groups,
                         "at_risk": r.at_risk,
                         "lost": r.lost,
-                        "rate": _interval(r.rate),
+                        "rate": interval(r.rate),
                     }
                 )
         tau = c.kendall_final(snaps, np.nan_to_num(s))
         tau_rows.append(
             {
                 "scorer": name,
-                "median": _optional(tau.median),
-                "mean": _optional(tau.mean),
+                "median": rounded(tau.median),
+                "mean": rounded(tau.mean),
                 "problems": tau.problems,
                 "undefined": tau.undefined,
             }
@@ -306,16 +287,16 @@ def _controls(
         rerank_rows.append(
             {
                 "scorer": name,
-                "mean_correct": _optional(ranked.mean_correct),
-                "mean_incorrect": _optional(ranked.mean_incorrect),
-                "separated": _optional(ranked.separated),
+                "mean_correct": rounded(ranked.mean_correct),
+                "mean_incorrect": rounded(ranked.mean_incorrect),
+                "separated": rounded(ranked.separated),
                 "mixed": ranked.mixed,
                 "points": [
                     {
                         "n": p.n,
-                        "scorer": _interval(p.scorer),
-                        "random": _interval(p.random),
-                        "difference": _interval(p.difference),
+                        "scorer": interval(p.scorer),
+                        "random": interval(p.random),
+                        "difference": interval(p.difference),
                     }
                     for p in ranked.points
                 ],
@@ -339,9 +320,9 @@ def _controls(
 def _change(change: c.AUCChange, a: str = "original", b: str = "ablated") -> dict[str, Any]:
     return {
         "n": change.n,
-        a: _interval(change.a),
-        b: _interval(change.b),
-        "change": _interval(change.change),
+        a: interval(change.a),
+        b: interval(change.b),
+        "change": interval(change.change),
     }
 
 
@@ -385,9 +366,9 @@ def _reversed(
         entry: dict[str, Any] = {
             "scorer": name,
             "n": forward_vs_back.n,
-            "forward": _interval(forward_vs_back.a),
-            "reversed": _interval(forward_vs_back.b),
-            "averaged": _interval(forward_vs_avg.b),
+            "forward": interval(forward_vs_back.a),
+            "reversed": interval(forward_vs_back.b),
+            "averaged": interval(forward_vs_avg.b),
             "reference": None,
         }
         for other, s in sorted(settings.items()):
@@ -398,8 +379,8 @@ def _reversed(
                 gap = c.auc_change(snaps, scores[other], averaged, boot, where=where)
                 entry["reference"] = {
                     "scorer": other,
-                    "auc": _interval(gap.a),
-                    "gap": _interval(gap.change),
+                    "auc": interval(gap.a),
+                    "gap": interval(gap.change),
                 }
                 break
         out.append(entry)
@@ -416,9 +397,9 @@ def _swap(snaps: c.Snapshots, scores: dict[str, np.ndarray], boot: c.Boot) -> di
     swap = scorer_swap(pools, list(scores), **opts)
     return {
         "size": min(len(p) for p in pools),
-        "accuracy": {name: _interval(ci) for name, ci in swap.accuracy.items()},
+        "accuracy": {name: interval(ci) for name, ci in swap.accuracy.items()},
         "differences": [
-            {"a": a, "b": b, **_interval(ci)} for (a, b), ci in swap.differences.items()
+            {"a": a, "b": b, **interval(ci)} for (a, b), ci in swap.differences.items()
         ],
     }
 
