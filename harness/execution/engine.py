@@ -370,14 +370,9 @@ class Engine:
             pool.scores[scorer] = full
 
     # -- finishing -----------------------------------------------------------------------
-    def _judge(self, problem: Problem, pool: Pool) -> Judged:
-        """Decode every candidate once, extract and key its answer, grade the pool."""
-        return self.judge(problem, pool.rows)
-
     def judge(self, problem: Problem, rows: Rows) -> Judged:
-        """Decode every row once, extract and key its answer, grade them all: how the pool's
-        candidates are graded, for rows a strategy kept beside its pool (the collector's
-        rollouts)."""
+        """Decode every row once, extract and key its answer, grade them all: a pool's
+        candidates, and rows a strategy kept beside its pool (the collector's rollouts)."""
         with self.origins.blame("backbone", self.origins.backbone):
             texts = [
                 self.backbone.decode(rows.tokens[i], rows.prompt_len) for i in range(len(rows))
@@ -405,7 +400,7 @@ class Engine:
     def _finish(self, unit: Unit, pool: Pool) -> list[Record]:
         """Judge the pool once; let each member method select and write its record."""
         problem = unit.problem
-        judged = self._judge(problem, pool)
+        judged = self.judge(problem, pool.rows)
         records = []
         for method, size in unit.members:
             # a method sees only the scores it paid for, whatever else shares its pool
