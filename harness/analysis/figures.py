@@ -27,6 +27,7 @@ from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
 from dllmbench.analysis.pooled import MAJORITY_INVALID_VOTE
 from dllmbench.core.schema import Report
+from dllmbench.execution.method import parse_part
 
 DPI = 120
 KIND_COLORS = {"plain": "tab:blue", "guided": "tab:orange", "other": "tab:green"}
@@ -73,21 +74,16 @@ def _errors(value: float, low: float, high: float) -> list[list[float]]:
     return [[max(0.0, value - low)], [max(0.0, high - value)]]
 
 
-def strategy_options(spec: str) -> tuple[str, dict[str, str]]:
-    """A spec's strategy name and its options as text: `smc:k=8,every=12+…` → ('smc', {…})."""
-    name, _, rest = spec.partition("+")[0].partition(":")
-    options = {}
-    for item in filter(None, (s.strip() for s in rest.split(","))):
-        key, _, value = item.partition("=")
-        options[key.strip()] = value.strip()
-    return name.strip(), options
+def strategy_options(spec: str) -> tuple[str, dict[str, Any]]:
+    """A spec's strategy name and options (`parse_part`): `smc:k=8,every=12+…` → ('smc', {…})."""
+    return parse_part(spec.partition("+")[0])
 
 
 def short_labels(specs: Sequence[str]) -> dict[str, str]:
     """A short label for each strategy spec: its name, and the options whose values tell it
     apart from the other specs of the same name (`prism n=19` beside `prism n=99`)."""
     parsed = {spec: strategy_options(spec) for spec in specs}
-    by_name: dict[str, list[dict[str, str]]] = {}
+    by_name: dict[str, list[dict[str, Any]]] = {}
     for name, options in parsed.values():
         by_name.setdefault(name, []).append(options)
     out = {}
@@ -563,11 +559,10 @@ def pool_diversity(report: Report) -> Figure | None:
 ESS_FRACTION, RESAMPLE_FRACTION = 0.5, 0.75  # the smc strategy's defaults
 
 
-def _number(text: str | None) -> float | None:
-    try:
-        return float(text) if text is not None else None
-    except ValueError:
-        return None
+def _number(value: Any) -> float | None:
+    """A numeric option's value; None for a missing or non-numeric one."""
+    is_number = isinstance(value, int | float) and not isinstance(value, bool)
+    return float(value) if is_number else None
 
 
 def particle_count(report: Report, entry: Mapping[str, Any]) -> int | None:
