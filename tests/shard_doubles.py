@@ -17,6 +17,7 @@ from dllmbench.testing.doubles import ToyBackbone, ToyBackboneConfig
 @dataclass(frozen=True)
 class SlowToyConfig(ToyBackboneConfig):
     delay: float = 0.1  # seconds per denoising forward
+    load_delay: float = 0.0  # seconds the backbone takes to load
 
 
 class SlowToy(ToyBackbone):
@@ -24,6 +25,7 @@ class SlowToy(ToyBackbone):
 
     def __init__(self, **config):
         self.config = SlowToyConfig(**config)
+        time.sleep(self.config.load_delay)
 
     def denoise_step(self, batch: StepBatch) -> list[torch.Tensor]:
         time.sleep(self.config.delay)

@@ -295,16 +295,26 @@ def test_an_interrupted_invocation_is_in_compute_json_with_its_records(tmp_path)
     assert not (tmp_path / "r" / ".lock").exists()  # the lock is given back
 
 
-def test_compute_json_is_saved_as_the_run_goes(tmp_path, monkeypatch):
+def test_compute_json_is_saved_before_each_record(tmp_path, monkeypatch):
+    """The entry is saved before each record is written (so every pass of a written record is
+    in a saved entry, whenever a kill comes), durably every SAVE_EVERY seconds, and last when
+    the invocation ends."""
     import dllmbench.running.runner as runner
 
     saves = []
     real = RunDir.save_invocation
-    monkeypatch.setattr(runner, "SAVE_EVERY", 0.0)  # every record
-    monkeypatch.setattr(RunDir, "save_invocation", lambda self, e: saves.append(e) or real(self, e))
+
+    def save(self, entry, durable=True):
+        saves.append((entry, durable, len(self.read_records())))
+        return real(self, entry, durable)
+
+    monkeypatch.setattr(runner, "SAVE_EVERY", 3600.0)  # durable: the first and the last
+    monkeypatch.setattr(RunDir, "save_invocation", save)
     run(config(tmp_path / "r", methods=["vanilla"]))
-    assert [e["records_written"] for e in saves] == [*range(1, 9), 8]
-    assert [e["finished"] for e in saves] == [False] * 8 + [True]
+    assert [e["records_written"] for e, _, _ in saves] == [*range(8), 8]
+    assert [on_disk for _, _, on_disk in saves] == [*range(8), 8]  # saved, then written
+    assert [e["finished"] for e, _, _ in saves] == [False] * 8 + [True]
+    assert [durable for _, durable, _ in saves] == [True] + [False] * 7 + [True]
 
 
 def test_damage_before_the_last_line_is_an_error_not_a_silent_cut(tmp_path):
@@ -463,7 +473,30 @@ def test_a_resumed_share_keeps_its_own_compute_history(tmp_path, monkeypatch):
     # an uninterrupted share spends exactly what its records' ledgers say
     for kind, passes in entry["passes"].items():
         assert passes == sum(r["ledger"]["passes"].get(kind, 0) for r in own), kind
-    # the interrupted invocation's passes are counted beside the resumed one's: the total is
-    # at least every record's ledger (work on problems in flight when it stopped is counted)
-    for kind, passes in total["total"]["passes"].items():
-        assert passes >= sum(r["ledger"]["passes"].get(kind, 0) for r in records), kind
+    # compute.json's total is exactly the kept records' ledgers; what the interrupted
+    # invocation spent on problems in flight is counted apart, as is nothing written twice
+    assert total["total"]["passes"] == ledger_sum(records)
+    assert total["total"]["records"] == len(records)
+    assert total["total"]["duplicates"] == {"records": 0, "passes": {}}
+    charged, unrecorded = total["total"]["charged"], total["total"]["unrecorded"]
+    assert unrecorded and all(n > 0 for n in unrecorded.values()), unrecorded
+    for kind in charged:
+        assert charged[kind] == total["total"]["passes"][kind] + unrecorded.get(kind, 0)
+    # each entry: the records it wrote (its samples file from its offset on)
+    first, resumed, other = total["invocations"]
+    assert [e["recorded"]["records"] for e in (first, resumed, other)] == [
+        3,
+        4 * len(METHODS) - 3,
+        4 * len(METHODS),
+    ]
+    for e in (resumed, other):  # finished: everything charged made a record
+        assert e["recorded"]["passes"] == e["passes"]
+    assert all(first["passes"][k] >= n for k, n in first["recorded"]["passes"].items())
+
+
+def ledger_sum(records):
+    out = {}
+    for r in records:
+        for kind, n in r["ledger"]["passes"].items():
+            out[kind] = out.get(kind, 0) + n
+    return {k: v for k, v in sorted(out.items()) if v}

@@ -28,14 +28,14 @@ from dllmbench.cli import (
     train_scorer,
 )
 from dllmbench.cli.common import Interrupted, Parser, Reply, stdout_console
-from dllmbench.core.errors import CostMismatch, PluginViolation, UserError
+from dllmbench.core.errors import CostMismatch, PluginViolation, Terminated, UserError
 from dllmbench.loading.manager import PluginSelection
 from dllmbench.loading.registry import use_plugins
 
 COMMANDS = (run, merge, report, plan, plugins, tasks, collect, train_scorer, diagnose, demo)
 
 # exit statuses (docs/user-guide.md)
-OK, USER_ERROR, INTERRUPTED, BROKEN_PIPE = 0, 2, 130, 141
+OK, USER_ERROR, INTERRUPTED, BROKEN_PIPE, TERMINATED = 0, 2, 130, 141, 143
 
 __all__ = ["COMMANDS", "Reply", "build_parser", "main"]
 
@@ -91,7 +91,8 @@ def _debugging(args: argparse.Namespace) -> bool:
 def main(argv: list[str] | None = None) -> int:
     """Exit statuses: 0 done; 1 a dllmbench bug (its traceback); 2 a user error; 3 a plugin's
     fault (its contract broken, or an exception raised in its code) or a failed ledger check;
-    130 interrupted. 2 and 3 are one line, with the traceback under --debug."""
+    130 interrupted (Ctrl-C), 143 terminated (SIGTERM). 2 and 3 are one line, with the
+    traceback under --debug."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
@@ -109,7 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     except CostMismatch as exc:
         return _error(f"ledger check failed: {exc}", 3, debug)
     except Interrupted as exc:
-        return _error(str(exc), INTERRUPTED)
+        return _error(str(exc), exc.status)
+    except Terminated:
+        return _error("terminated (SIGTERM)", TERMINATED)
     except KeyboardInterrupt:
         return _error("interrupted", INTERRUPTED)
     except BrokenPipeError:  # `dllmbench plugins --json | head`: the reader left; so do we

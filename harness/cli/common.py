@@ -62,7 +62,12 @@ class Reply:
 
 
 class Interrupted(Exception):
-    """Ctrl-C in a command that keeps its finished work: the message says how to go on."""
+    """Ctrl-C (or SIGTERM) in a command that keeps its finished work: the message says how
+    to go on; `status` is the exit status (130 for Ctrl-C, 143 for SIGTERM)."""
+
+    def __init__(self, message: str, status: int = 130):
+        super().__init__(message)
+        self.status = status
 
 
 def stdout_console() -> Console:

@@ -28,7 +28,7 @@ from dllmbench.cli.common import (
     stdout_console,
 )
 from dllmbench.cli.progress import Progress
-from dllmbench.core.errors import UserError
+from dllmbench.core.errors import Terminated, UserError
 from dllmbench.demo import DEMO_TASK
 from dllmbench.execution.engine import Capacity, Sampling
 from dllmbench.execution.planner import check_scorers, scorer_users
@@ -194,6 +194,12 @@ def execute(args: argparse.Namespace) -> Reply:
                 on_start=lambda total, done: progress.start(f"{cfg.task} × methods", total, done),
                 on_budget=early_table,
             )
+    except Terminated:
+        raise Interrupted(
+            f"terminated (SIGTERM); every finished record is kept in {cfg.run_dir()}; "
+            "run the same command again to resume",
+            status=143,
+        ) from None
     except KeyboardInterrupt:
         raise Interrupted(
             f"interrupted; every finished record is kept in {cfg.run_dir()}; "

@@ -9,6 +9,11 @@ class UserError(Exception):
     """Something the user asked for cannot be done; the message says what would work."""
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler pre-empting the job): unwinds as Ctrl-C does, so every finished
+    record, the compute entry and the locks are saved or released on the way out."""
+
+
 class PluginError(UserError):
     """A plugin is missing, clashes with another, or is configured wrongly."""
 

@@ -1,13 +1,12 @@
 """One invocation of `dllmbench run` writing into a run directory: each record appended at
-once; its compute entry saved as it goes (every `save_every` seconds) and when it ends,
-however it ends; and its end: the summary of a whole run, or a share's end (the first share
-of a launched run waits for the others, checks that every record is there and writes the
-results once).
+once; its compute entry saved before each record (synced every `save_every` seconds) and when
+it ends, however it ends; and its end: the summary of a whole run, or a share's end (the first
+process of a launched run, once every chunk is done, checks that every record is there and
+writes the results once).
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 import socket
 import time
@@ -16,13 +15,8 @@ from typing import Any
 
 from dllmbench.core.ledger import Ledger
 from dllmbench.running.merge import check_complete
+from dllmbench.storage.heartbeat import Heartbeat
 from dllmbench.storage.rundir import RunDir
-from dllmbench.storage.shards import Waiter
-
-
-def _iso(seconds: float) -> str:
-    moment = dt.datetime.fromtimestamp(seconds, dt.UTC)
-    return moment.isoformat(timespec="seconds")
 
 
 class Invocation:
@@ -35,18 +29,22 @@ class Invocation:
         manifest: dict[str, Any],
         on_record: Callable[[dict[str, Any]], None] | None = None,
         save_every: float = 5.0,
+        heart: Heartbeat | None = None,
     ):
         self.rundir, self.ledger, self.manifest = rundir, ledger, manifest
         self.on_record = on_record
-        self.save_every = save_every  # seconds between saves of the compute entry
+        self.save_every = save_every  # seconds between durable saves of the compute entry
+        self.heart = heart
         self.written = 0
         self.finished = False
         self._saved = -save_every
         self._start = time.monotonic()
+        self._waited = 0.0  # seconds spent waiting for other processes, not working
         self._merged = False
 
     def entry(self) -> dict[str, Any]:
         shard = self.rundir.shard
+        elapsed = time.monotonic() - self._start
         return {
             "created": self.manifest["created"],
             "finished": self.finished,
@@ -54,58 +52,59 @@ class Invocation:
             "shard": None if shard is None else shard.label,
             "host": socket.gethostname(),
             "pid": os.getpid(),
-            "wall_seconds": round(time.monotonic() - self._start, 6),
+            "token": None if self.heart is None else self.heart.token,
+            # where this invocation's records start: compute.json attributes each record
+            "samples": self.rundir.samples_path.name,
+            "offset": self.rundir.samples_offset,
+            "wall_seconds": round(elapsed - self._waited, 6),
+            "waited_seconds": round(self._waited, 6),
             "passes": self.ledger.passes(),
             "physical": self.ledger.physical(),
         }
 
-    def save(self) -> None:
-        self.rundir.save_invocation(self.entry())
-        self._saved = time.monotonic()
+    def save(self, durable: bool = True) -> None:
+        self.rundir.save_invocation(self.entry(), durable)
+        if durable:
+            self._saved = time.monotonic()
 
     def keep(self, record: dict[str, Any]) -> None:
+        # the entry first: every pass of a written record is in a saved entry, whenever a
+        # kill comes (synced to disk every `save_every` seconds, written each time)
+        self.save(durable=time.monotonic() - self._saved >= self.save_every)
         self.rundir.append(record)
         self.written += 1
-        if time.monotonic() - self._saved >= self.save_every:
-            self.save()
+        if self.heart is not None:
+            self.heart.update(records_written=self.written)
         if self.on_record is not None:
             self.on_record(record)
+
+    def waiting(self, seconds: float) -> None:
+        """`seconds` spent waiting for other processes (not counted as work)."""
+        self._waited += seconds
 
     def __enter__(self) -> Invocation:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.save()  # an interrupted or failed invocation is counted too
-        if self._merged:
-            self.rundir.write_compute()  # with this entry as saved last
+        if self._merged or self.rundir.shard is None:
+            # with what every record spent, and this entry as saved last
+            self.rundir.write_compute(accounted=True)
 
     def conclude(
         self, summarize: Callable[[], dict[str, Any]], problem_ids: list[str]
     ) -> dict[str, Any] | None:
         """After the engine ran: the results of a whole run; None for a share that does not
-        merge; the merged results for the first share of a launched run, once every share
-        finished (an error naming a share that stopped without)."""
+        merge; the merged results for the first process of a launched run (which has waited
+        for every chunk), once every record is there."""
         shard = self.rundir.shard
-        if shard is None:
-            results = summarize()
-            self.finished = True
-            return results
         self.finished = True
-        self.save()  # the share is done: the others' waiter reads this
+        if shard is None:
+            return summarize()
+        self.save()
         if not shard.merges:
             return None
-        # a share's entry at least as new as this process is of this launch
-        Waiter(self.rundir.path, shard, _iso(_process_start() - 2)).wait()
-        for child in shard.children:
-            child.wait()
         check_complete(self.rundir, self.manifest, problem_ids)
         results = summarize()
         self._merged = True
         return results
-
-
-def _process_start() -> float:
-    """When this process started (seconds since the epoch)."""
-    import psutil
-
-    return psutil.Process().create_time()

@@ -76,5 +76,5 @@ def merge(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
             reference=manifest.get("reference"),
             resamples=manifest["statistics"]["resamples"],
         )
-        rundir.write_compute()
+        rundir.write_compute(accounted=True)
     return results, manifest

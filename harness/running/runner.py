@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import os
 import platform
+import signal
 import subprocess
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +27,7 @@ from dllmbench.api.interfaces import (
     weight_files,
 )
 from dllmbench.core.checksums import sha256
-from dllmbench.core.errors import UserError
+from dllmbench.core.errors import Terminated, UserError
 from dllmbench.core.schema import Results
 from dllmbench.execution.engine import Capacity, Engine, Sampling, sized_to_memory
 from dllmbench.execution.method import Method
@@ -32,9 +36,12 @@ from dllmbench.loading.provenance import Origins, config_data
 from dllmbench.loading.registry import Registry, registry
 from dllmbench.running.allocator import keep_freed_memory
 from dllmbench.running.invocation import Invocation
+from dllmbench.running.launched import POLL_SECONDS, ClaimedWork, Watch
 from dllmbench.running.summary import summarize_records, summarize_run
+from dllmbench.storage.claims import Claims
+from dllmbench.storage.heartbeat import Heartbeat, heartbeat_name
 from dllmbench.storage.rundir import RunDir
-from dllmbench.storage.shards import Shard, claim_device, resolve, stop_children
+from dllmbench.storage.shards import Shard, claim_device, resolve
 
 
 @dataclass
@@ -413,21 +420,57 @@ def run(
 ) -> Outcome:
     """Run (or resume) a benchmark, or one share of it; `on_start(total, done)` and
     `on_record` report progress; `on_budget(results, budget)` is called as soon as every
-    method planned at a budget is done, for each budget before the last (a whole run only)."""
+    method planned at a budget is done, for each budget before the last (a whole run only).
+    SIGTERM (a scheduler's pre-emption) ends it as Ctrl-C does: `Terminated`, with every
+    record and the compute entry saved."""
     keep_freed_memory()  # a forward reuses the last one's memory instead of faulting it in
     shard = resolve(cfg.shard)
+    claim_device(shard)
+    with terminated_on_sigterm(), RunDir(cfg.run_dir(), shard) as rundir:
+        # the pre-flight is done: a bad or busy run directory was an error before any model
+        heart = Heartbeat(
+            rundir.path / heartbeat_name(shard.suffix if shard else None),
+            shard.label if shard else None,
+        ).start()
+        watch = Watch(rundir, shard, heart.beat.launch) if shard and shard.merges else None
+        try:
+            with watch or contextlib.nullcontext():
+                outcome = _run_in(cfg, rundir, heart, on_record, on_start, on_budget)
+        except KeyboardInterrupt:
+            if watch is not None and watch.failure is not None:
+                raise watch.failure from None
+            raise
+        finally:
+            if not rundir.manifest_path.exists():
+                heart.remove()  # no run began: nothing to report
+            elif heart.beat.state == "running":
+                heart.stop("stopped")
+        heart.stop("finished")
+        return outcome
+
+
+@contextlib.contextmanager
+def terminated_on_sigterm() -> Iterator[None]:
+    """SIGTERM raises `Terminated` (a KeyboardInterrupt) in the main thread for the duration,
+    so it unwinds as Ctrl-C does; elsewhere (a thread) nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise Terminated()
+
+    before = signal.signal(signal.SIGTERM, stop)
     try:
-        claim_device(shard)
-        # the pre-flight: a bad or busy run directory is an error before any model is built
-        with RunDir(cfg.run_dir(), shard) as rundir:
-            return _run_in(cfg, rundir, on_record, on_start, on_budget)
+        yield
     finally:
-        stop_children(shard)  # the shares this process started, if it ends first
+        signal.signal(signal.SIGTERM, before)
 
 
 def _run_in(
     cfg: RunConfig,
     rundir: RunDir,
+    heart: Heartbeat,
     on_record: Callable[[dict[str, Any]], None] | None,
     on_start: Callable[[int, int], None] | None,
     on_budget: OnBudget | None = None,
@@ -440,10 +483,14 @@ def _run_in(
     methods = [p.method for p in prepared.plan.methods]
     manifest = build_manifest(cfg, prepared)
     previous = rundir.open(manifest)
-    mine = rundir.shard.share(problems) if rundir.shard else problems
+    shard = rundir.shard
+    claimed = shard is not None and shard.launched
+    mine = shard.share(problems) if shard and not claimed else problems
     done = {(r["problem"], r["method"]) for r in previous}
     ids = {p.id for p in mine}
-    found = sum(p in ids for p, _ in done)  # this share's records already written
+    found = sum(p in ids for p, _ in done)  # records of this share (of the run) written already
+    if not claimed:
+        heart.update(planned=len(mine) * len(methods) - found)
     if on_start is not None:
         on_start(len(mine) * len(methods), found)
     engine = Engine(
@@ -455,14 +502,24 @@ def _run_in(
         capacity=sized_to_memory(cfg.capacity, prepared.backbone),
         origins=_origins(cfg, prepared),
     )
-    phases = _phases(prepared.plan) if cfg.by_budget else [(prepared.budget, methods)]
-    with Invocation(rundir, engine.ledger, manifest, on_record, SAVE_EVERY) as invocation:
+
+    def summary() -> Results:
+        return summarize_run(
+            rundir, manifest, problem_ids, reference=cfg.reference, resamples=cfg.resamples
+        )
+
+    with Invocation(rundir, engine.ledger, manifest, on_record, SAVE_EVERY, heart) as invocation:
+        if claimed:
+            _run_claimed(engine, rundir, heart, invocation, problems, methods, done)
+            results = invocation.conclude(summary, problem_ids)
+            return Outcome(results, rundir.path, found, invocation.written, prepared.plan, shard)
+        phases = _phases(prepared.plan) if cfg.by_budget else [(prepared.budget, methods)]
         for n, (budget, _) in enumerate(phases):
             later = {m.id for _, ms in phases[n + 1 :] for m in ms}
             skip = done | {(p.id, m) for p in mine for m in later}
             written = engine.run(mine, skip=skip, on_record=invocation.keep, keep_rows=bool(later))
             done |= {(r["problem"], r["method"]) for r in written}
-            if later and on_budget is not None and rundir.shard is None:
+            if later and on_budget is not None and shard is None:
                 on_budget(
                     summarize_records(
                         rundir,
@@ -473,10 +530,39 @@ def _run_in(
                     ),
                     budget,
                 )
-        results = invocation.conclude(
-            lambda: summarize_run(
-                rundir, manifest, problem_ids, reference=cfg.reference, resamples=cfg.resamples
-            ),
-            problem_ids,
-        )
-    return Outcome(results, rundir.path, found, invocation.written, prepared.plan, rundir.shard)
+        results = invocation.conclude(summary, problem_ids)
+    return Outcome(results, rundir.path, found, invocation.written, prepared.plan, shard)
+
+
+def _run_claimed(
+    engine: Engine,
+    rundir: RunDir,
+    heart: Heartbeat,
+    invocation: Invocation,
+    problems: list[Any],
+    methods: list[Method],
+    done: set[tuple[str, str]],
+) -> None:
+    """A process of a launched run: claim chunks and run them until none is free; the first
+    process then waits until every chunk is done, taking over any whose holder is gone."""
+    shard = rundir.shard
+    assert shard is not None
+    work = ClaimedWork(
+        claims=Claims(rundir.path, [p.id for p in problems], shard.label, heart.token),
+        problems={p.id: p for p in problems},
+        methods=[m.id for m in methods],
+        skip=set(done),
+        rundir=rundir,
+    )
+
+    def keep(record: dict[str, Any]) -> None:
+        invocation.keep(record)
+        work.recorded(record)
+
+    while True:
+        engine.run(work.stream(), skip=work.skip, on_record=keep)
+        if not shard.merges or work.finished():
+            return
+        started = time.monotonic()
+        time.sleep(POLL_SECONDS)  # chunks held by live processes: wait, then look again
+        invocation.waiting(time.monotonic() - started)

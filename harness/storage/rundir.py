@@ -20,11 +20,13 @@ import os
 import socket
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
 from dllmbench.core.errors import UserError
 from dllmbench.core.jsonfile import read_object
+from dllmbench.storage.heartbeat import HEARTBEAT
 from dllmbench.storage.shards import (
     Shard,
     compute_name,
@@ -127,9 +129,16 @@ def _temporary(path: Path, text: str) -> Path:
     return tmp
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    os.replace(_temporary(path, text), path)
-    _fsync_dir(path.parent)
+def _write_atomic(path: Path, text: str, durable: bool = True) -> None:
+    """Replace `path` whole. `durable=False` skips the fsyncs: the file survives the process
+    being killed (the page cache outlives it), not the machine losing power."""
+    if durable:
+        os.replace(_temporary(path, text), path)
+        _fsync_dir(path.parent)
+        return
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def _create_atomic(path: Path, text: str) -> bool:
@@ -155,26 +164,68 @@ def _read_json(path: Path, fix: str = "choose another --out") -> Any:
         raise UserError(f"{path} is not valid JSON ({exc}); {fix}") from exc
 
 
-def compute_document(entries: list[dict[str, Any]]) -> dict[str, Any]:
+def compute_document(
+    entries: list[dict[str, Any]], accounts: Accounts | None = None
+) -> dict[str, Any]:
     """compute.json: every invocation's entry (every process of a sharded run) and their
-    total: passes, physical forwards, rows, seconds and tokens per kind, with the padding
-    ratio (tokens computed over real tokens)."""
-    passes: Counter[str] = Counter()
+    total: passes charged, physical forwards, rows, seconds and tokens per kind, with the
+    padding ratio (tokens computed over real tokens). With `accounts` (the records of every
+    samples file, read at the end of a run or by merge), the total also says which of the
+    charged passes made the records kept (`passes`: exactly the sum of their ledgers), which
+    made records written twice (`duplicates`) and which made no record (`unrecorded`: work in
+    flight when a process stopped), and each entry says what it recorded."""
+    charged: Counter[str] = Counter()
     physical: dict[str, Counter[str]] = {}
     for entry in entries:
-        passes.update(entry.get("passes", {}))
+        charged.update(entry.get("passes", {}))
         for kind, numbers in entry.get("physical", {}).items():
             physical.setdefault(kind, Counter()).update(
                 {k: v for k, v in numbers.items() if k != "padding"}
             )
-    total = {
+    total: dict[str, Any] = {
         "processes": len(entries),
         "records_written": sum(e.get("records_written", 0) for e in entries),
         "wall_seconds": round(sum(e.get("wall_seconds", 0.0) for e in entries), 6),
-        "passes": dict(sorted(passes.items())),
+        "waited_seconds": round(sum(e.get("waited_seconds", 0.0) for e in entries), 6),
+        "charged": _sorted(charged),
         "physical": {kind: _physical(physical[kind]) for kind in sorted(physical)},
     }
+    if accounts is not None:
+        entries = [
+            {**e, "recorded": accounts.recorded[i]} if i in accounts.recorded else e
+            for i, e in enumerate(entries)
+        ]
+        unrecorded = Counter(charged)
+        unrecorded.subtract(accounts.passes)
+        unrecorded.subtract(accounts.duplicate_passes)
+        total.update(
+            records=accounts.records,
+            passes=_sorted(accounts.passes),
+            duplicates={
+                "records": accounts.duplicates,
+                "passes": _sorted(accounts.duplicate_passes),
+            },
+            unrecorded=_sorted(unrecorded),
+        )
     return {"invocations": entries, "total": total}
+
+
+def _sorted(counts: Counter[str]) -> dict[str, int]:
+    return {k: v for k, v in sorted(counts.items()) if v}
+
+
+@dataclass
+class Accounts:
+    """What the records of a run directory's samples files spent: the records kept (the
+    first of each (problem, method)), those written twice, and per compute entry (by index)
+    the records it wrote: the lines of its samples file from its `offset` to the next
+    invocation's."""
+
+    records: int = 0
+    passes: Counter[str] = field(default_factory=Counter)
+    duplicates: int = 0
+    duplicate_passes: Counter[str] = field(default_factory=Counter)
+    recorded: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
 def _physical(numbers: Counter[str]) -> dict[str, Any]:
@@ -203,6 +254,7 @@ class RunDir:
         self._compute: dict[str, Any] = {"invocations": []}
         self._slot: int | None = None  # this invocation's index in compute.json
         self._scanned: tuple[list[dict[str, Any]], int, int] | None = None  # by acquire()
+        self.samples_offset = 0  # where this invocation's records start in its samples file
 
     # -- pre-flight and lock ----------------------------------------------------------------
     def acquire(self) -> None:
@@ -361,6 +413,7 @@ class RunDir:
             if good < size:  # a torn last line: cut off, and its record is redone
                 with open(self.samples_path, "r+b") as fh:
                     fh.truncate(good)
+            self.samples_offset = good
             return records
         self._made = []  # a run directory now: it stays
         return []
@@ -439,10 +492,10 @@ class RunDir:
         _write_atomic(self.results_path, json.dumps(results, indent=2, allow_nan=False) + "\n")
         _write_atomic(self.leaderboard_path, leaderboard)
 
-    def save_invocation(self, entry: dict[str, Any]) -> None:
+    def save_invocation(self, entry: dict[str, Any], durable: bool = True) -> None:
         """Write this invocation's entry of compute.json (a share's: of its own compute file):
-        appended the first time, replaced after (the run saves it as it goes, so an
-        interrupted invocation counts too)."""
+        appended the first time, replaced after (the run saves it before each record and as it
+        goes, so an interrupted invocation counts too). `durable=False`: no fsync."""
         invocations = self._compute.setdefault("invocations", [])
         if self._slot is None:
             self._slot = len(invocations)
@@ -450,20 +503,64 @@ class RunDir:
         else:
             invocations[self._slot] = entry
         if self.shard is not None:
-            _write_atomic(self.compute_path, json.dumps(self._compute, indent=2) + "\n")
+            text = json.dumps(self._compute, indent=2) + "\n"
+            _write_atomic(self.compute_path, text, durable)
         else:
-            self.write_compute(invocations)
+            self.write_compute(invocations, durable=durable)
 
-    def write_compute(self, own: list[dict[str, Any]] | None = None) -> None:
+    def write_compute(
+        self,
+        own: list[dict[str, Any]] | None = None,
+        accounted: bool = False,
+        durable: bool = True,
+    ) -> None:
         """compute.json: the whole-run invocations (`own`, else those it holds) and every
-        share's, with their total."""
+        share's, with their total; `accounted`: with what the records spent (reads every
+        samples file: at the end of a run and by merge)."""
         if own is None:
             own = self._whole_run_invocations()
         entries = list(own)
         for shard in shards_in(self.path):
             entries += _invocations(self.path / compute_name(shard))
-        document = compute_document(entries)
-        _write_atomic(self.total_compute_path, json.dumps(document, indent=2) + "\n")
+        document = compute_document(entries, self.accounts(entries) if accounted else None)
+        _write_atomic(self.total_compute_path, json.dumps(document, indent=2) + "\n", durable)
+
+    def accounts(self, entries: list[dict[str, Any]]) -> Accounts:
+        """What the records of every samples file spent, kept and written twice, and which
+        compute entry wrote each (by file and byte offset)."""
+        starts: dict[str, list[tuple[int, int]]] = {}
+        for i, entry in enumerate(entries):
+            name, offset = entry.get("samples"), entry.get("offset")
+            if isinstance(name, str) and isinstance(offset, int):
+                starts.setdefault(name, []).append((offset, i))
+        out = Accounts()
+        seen: set[tuple[str, str]] = set()
+        for path in self.samples_files():
+            writers = sorted(starts.get(path.name, []))
+            position = 0
+            for line in path.read_bytes().splitlines(keepends=True):
+                start, position = position, position + len(line)
+                try:
+                    record = json.loads(line) if line.endswith(b"\n") else None
+                except ValueError:
+                    record = None
+                if record is None or record_problem(record) is not None:
+                    continue  # a torn last line
+                passes = Counter(record["ledger"].get("passes", {}))
+                key = (record["problem"], record["method"])
+                if key in seen:
+                    out.duplicates += 1
+                    out.duplicate_passes.update(passes)
+                else:
+                    seen.add(key)
+                    out.records += 1
+                    out.passes.update(passes)
+                owner = [i for offset, i in writers if offset <= start]
+                if owner:
+                    mine = out.recorded.setdefault(owner[-1], {"records": 0, "passes": {}})
+                    mine["records"] += 1
+                    mine["passes"] = dict(sorted((Counter(mine["passes"]) + passes).items()))
+        return out
 
     def _whole_run_invocations(self) -> list[dict[str, Any]]:
         if self.shard is None:
@@ -473,8 +570,13 @@ class RunDir:
 
 
 def _ours(name: str) -> bool:
-    """A lock file, or another process's temporary file while it writes the manifest."""
-    return name.startswith(LOCK) or (name.startswith(".") and name.endswith(".tmp"))
+    """A lock file, a heartbeat (a process starting), or another process's temporary file
+    while it writes the manifest."""
+    return (
+        name.startswith(LOCK)
+        or HEARTBEAT.match(name) is not None
+        or (name.startswith(".") and name.endswith(".tmp"))
+    )
 
 
 def _invocations(path: Path) -> list[dict[str, Any]]:

@@ -12,9 +12,10 @@ Shares come from `dllmbench run --shard I/N`, or from a launcher's environment (
 `OMPI_COMM_WORLD_*`, `PMI_*` and `MV2_COMM_WORLD_*` of MPI as `accelerate launch --cpu
 --mpirun_hostfile` sets them; Slurm's `SLURM_PROCID`/`SLURM_NTASKS` for the tasks of one
 job step, and `SLURM_ARRAY_TASK_ID`/`_COUNT`/`_MIN` for an array job, whose tasks are fixed
-shares that `dllmbench merge` joins). Under a launcher, the first process waits for every share and
-merges. `accelerate launch --cpu --num_processes N` without MPI starts one process only; that
-process then starts the other N−1 itself (`spawn_rest`).
+shares that `dllmbench merge` joins). The processes of a launch claim the problems in chunks
+as they go (`claims.py`) instead of a fixed share each, and the first merges.
+`accelerate launch --cpu --num_processes N` without MPI starts one process only: that is one
+line naming torchrun (`refuse_lone_launch`), never a quiet run of everything in one process.
 
 `merge(path)` writes results.json, leaderboard.md and compute.json once every share is done,
 and refuses with one line naming what is missing when one is not.
@@ -23,17 +24,12 @@ and refuses with one line naming what is missing when one is not.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import fcntl
 import json
 import os
 import re
-import signal
-import subprocess
-import sys
-import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -42,7 +38,6 @@ from dllmbench.core.errors import UserError
 T = TypeVar("T")
 
 SHARD_FILE = re.compile(r"^samples\.shard-(\d+)-of-(\d+)\.jsonl$")
-POLL_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -54,8 +49,6 @@ class Shard:
     count: int
     launched: bool = False
     local_rank: int = 0
-    # processes this one started (accelerate's CPU launcher without MPI), waited for
-    children: tuple[subprocess.Popen[bytes], ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         if not 1 <= self.index <= self.count:
@@ -130,6 +123,13 @@ def from_launcher(env: Mapping[str, str]) -> Shard | None:
     if world is not None:
         if world < 2:
             return None
+        if env.get("WORLD_SIZE") and not env.get("MASTER_ADDR"):
+            # torchrun and accelerate set the rendezvous address beside the ranks
+            raise UserError(
+                f"WORLD_SIZE={env['WORLD_SIZE']} is set but no launcher started this process "
+                "(MASTER_ADDR is unset); unset WORLD_SIZE and RANK, or launch with "
+                "torchrun --nproc_per_node N -m dllmbench run …"
+            )
         rank = _env_int(env, RANK) or 0
         _checked(rank, world, "the launcher")
         return Shard(rank + 1, world, launched=True, local_rank=_env_int(env, LOCAL) or 0)
@@ -151,8 +151,8 @@ def from_launcher(env: Mapping[str, str]) -> Shard | None:
 
 
 def resolve(requested: Shard | None, env: Mapping[str, str] | None = None) -> Shard | None:
-    """The share this process runs: `--shard`, else the launcher's, else accelerate's CPU
-    launch of several processes that started only this one (the rest are started here)."""
+    """The share this process runs: `--shard`, else the launcher's; None for a whole run.
+    A launcher that was asked for several processes but started this one alone is an error."""
     env = os.environ if env is None else env
     launched = from_launcher(env)
     if requested is not None and launched is not None:
@@ -160,53 +160,23 @@ def resolve(requested: Shard | None, env: Mapping[str, str] | None = None) -> Sh
             f"--shard {requested.label} under a launcher of {launched.count} processes; "
             "give one or the other"
         )
-    if requested is not None or launched is not None:
-        return requested or launched
-    count = accelerate_cpu_processes(env)
-    return spawn_rest(count) if count > 1 else None
+    if launched is None:
+        refuse_lone_launch(env)
+    return requested or launched
 
 
-def accelerate_cpu_processes(env: Mapping[str, str]) -> int:
-    """The `--num_processes` of an `accelerate launch --cpu` that started this process
-    alone (accelerate starts several CPU processes only through MPI); 1 otherwise."""
-    if env.get("ACCELERATE_USE_CPU", "").lower() not in ("true", "1") or "MASTER_ADDR" not in env:
-        return 1
-    try:
-        raw = Path(f"/proc/{os.getppid()}/cmdline").read_bytes()
-    except OSError:
-        return 1
-    argv = [a.decode(errors="replace") for a in raw.split(b"\0") if a]
-    if "launch" not in argv:
-        return 1
-    from accelerate.commands.launch import launch_command_parser
-
-    ours = argv[argv.index("launch") + 1 :]
-    try:
-        args, _ = launch_command_parser().parse_known_args(ours)
-    except SystemExit:
-        return 1
-    return int(args.num_processes or 1)
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: the share ends when its starter does
-
-
-def spawn_rest(count: int) -> Shard:
-    """Start shares 2..count as copies of this command and return share 1 (which merges)."""
-    children = []
-    for rank in range(1, count):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(count), LOCAL_RANK=str(rank))
-        env["LOCAL_WORLD_SIZE"] = str(count)
-        children.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "dllmbench", *sys.argv[1:]],
-                env=env,
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
-            )
+def refuse_lone_launch(env: Mapping[str, str]) -> None:
+    """`accelerate launch` asked for several processes (or machines) but started one: on a
+    CPU it starts several only through MPI (`--mpirun_hostfile`). It then sets MASTER_ADDR for
+    a rendezvous and no WORLD_SIZE; running on as one process would quietly run everything
+    here, so say which command works."""
+    accelerate = any(k.startswith("ACCELERATE_") for k in env)
+    if accelerate and env.get("MASTER_ADDR") and "WORLD_SIZE" not in env:
+        raise UserError(
+            "accelerate launch started one process where several were asked for (on a CPU "
+            "it starts several only through MPI); launch with torchrun instead, e.g. "
+            "torchrun --nproc_per_node 2 -m dllmbench run …"
         )
-    return Shard(1, count, launched=True, children=tuple(children))
 
 
 def claim_device(shard: Shard | None) -> None:
@@ -276,60 +246,3 @@ def last_invocation(path: Path, shard: Shard) -> dict[str, Any] | None:
         return data["invocations"][-1]
     except (OSError, ValueError, KeyError, IndexError, TypeError):
         return None
-
-
-@dataclass
-class Waiter:
-    """The first process of a launched run, waiting for the other shares to finish."""
-
-    path: Path
-    shard: Shard
-    started: str  # this launch's `created` (ISO): a share's entry as new is of this launch
-    say: Callable[[str], None] = lambda line: print(f"dllmbench: {line}", file=sys.stderr)
-    seen: set[int] = field(default_factory=set)  # shares seen running
-
-    def wait(self) -> None:
-        """Return when every other share has finished; one line if one stopped without."""
-        pending = self.shard.others()
-        last_said = time.monotonic()
-        while pending:
-            pending = [s for s in pending if not self._finished(s)]
-            if pending and time.monotonic() - last_said > 60:
-                self.say(f"waiting for share {', '.join(s.label for s in pending)}")
-                last_said = time.monotonic()
-            if pending:
-                time.sleep(POLL_SECONDS)
-
-    def _finished(self, other: Shard) -> bool:
-        child = self._child(other)
-        if running(self.path, other):
-            self.seen.add(other.index)
-            return False
-        entry = last_invocation(self.path, other)
-        if entry is not None and entry.get("finished"):
-            return True
-        code = None if child is None else child.poll()
-        ours = entry is not None and str(entry.get("created", "")) >= self.started
-        if other.index in self.seen or ours or code is not None:
-            why = f" (exit status {code})" if code else ""
-            raise UserError(
-                f"share {other.label} stopped without finishing{why}; its records are kept "
-                f"in {self.path}: launch the same command again to resume"
-            )
-        return False
-
-    def _child(self, other: Shard) -> subprocess.Popen[bytes] | None:
-        children = self.shard.children
-        return children[other.index - 2] if len(children) >= other.index - 1 else None
-
-
-def stop_children(shard: Shard | None) -> None:
-    """End the shares this process started (on an error or Ctrl-C of the first)."""
-    for child in shard.children if shard else ():
-        if child.poll() is None:
-            child.terminate()
-    for child in shard.children if shard else ():
-        try:
-            child.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            child.kill()

@@ -1,0 +1,176 @@
+"""The processes of a launched run (torchrun, `accelerate launch`, a Slurm job step) share the
+problems by claiming chunks as they go (`storage/claims.py`); the first process, which merges,
+watches the others' heartbeats from the start.
+
+    while a chunk is free, or held by a process that is gone:
+        claim it; run its problems (records already written are skipped)
+    the first process: until every chunk is done, wait, taking over any chunk whose holder dies
+
+A process of the launch that never writes a heartbeat (`STARTUP_SECONDS`), or that stops
+before it claimed anything, stops the first process with one line: the launch lost a process
+before it began.
+"""
+
+from __future__ import annotations
+
+import _thread
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+
+from dllmbench.core.errors import UserError
+from dllmbench.core.types import Problem
+from dllmbench.storage.claims import Chunk, Claims, claimed_tokens
+from dllmbench.storage.heartbeat import BEAT_SECONDS, Beat, read_beats
+from dllmbench.storage.rundir import RunDir
+from dllmbench.storage.shards import Shard
+
+STARTUP_SECONDS = 60.0  # a process of the launch with no heartbeat by then is not coming
+LAUNCH_SKEW = 10.0  # processes of one launch start within this many seconds of each other
+POLL_SECONDS = 1.0
+
+Pair = tuple[str, str]
+
+
+def say(line: str) -> None:
+    print(f"dllmbench: {line}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class ClaimedWork:
+    """The problems this process runs, claimed chunk by chunk; `skip` holds every (problem,
+    method) written by anyone (the engine reads it as it admits each problem)."""
+
+    claims: Claims
+    problems: dict[str, Problem]
+    methods: list[str]
+    skip: set[Pair]
+    rundir: RunDir
+    tell: Callable[[str], None] = say
+    _pending: dict[int, set[Pair]] = field(default_factory=dict)
+    _chunk_of: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for chunk in self.claims.chunks():
+            for pid in chunk.problems:
+                self._chunk_of[pid] = chunk.index
+
+    def _todo(self, chunk: Chunk) -> set[Pair]:
+        return {(p, m) for p in chunk.problems for m in self.methods} - self.skip
+
+    def complete(self) -> set[int]:
+        """Chunks whose records are all written (by this launch or an earlier run)."""
+        return {c.index for c in self.claims.chunks() if not self._todo(c)}
+
+    def stream(self) -> Iterator[Problem]:
+        """This process's problems: chunk after chunk, claimed when the engine wants more."""
+        while (got := self.claims.claim(self.complete())) is not None:
+            chunk, takeover = got
+            if takeover:  # what the gone holder wrote is not written again
+                self.skip |= {(r["problem"], r["method"]) for r in self.rundir.read_records()}
+                self.tell(f"share {self.claims.share}: took over chunk {chunk.index + 1}")
+            todo = self._todo(chunk)
+            if not todo:
+                self.claims.finish(chunk.index)
+                continue
+            self._pending[chunk.index] = todo
+            for pid in chunk.problems:
+                yield self.problems[pid]
+
+    def recorded(self, record: dict[str, Any]) -> None:
+        """A record of this process is written: its chunk is done with its last."""
+        k = self._chunk_of.get(record["problem"])
+        todo = self._pending.get(k) if k is not None else None
+        if todo is None:
+            return
+        todo.discard((record["problem"], record["method"]))
+        if not todo:
+            del self._pending[k]  # type: ignore[arg-type]
+            self.claims.finish(k)  # type: ignore[arg-type]
+
+    def finished(self) -> bool:
+        """Whether every chunk of the run is done."""
+        complete = self.complete()
+        return all(c.done or c.index in complete for c in self.claims.chunks())
+
+
+def process_started() -> float:
+    """When this process started (seconds since the epoch): the launch's processes started
+    together, whatever their imports took."""
+    return psutil.Process().create_time()
+
+
+@dataclass
+class Watch:
+    """The first process's watch over the others of its launch, in a thread from the start:
+    one that never shows a heartbeat, or stops before it claimed any work, stops this process
+    (the main thread is interrupted; `failure` says why)."""
+
+    rundir: RunDir
+    shard: Shard
+    launch: str | None
+    started: float = field(default_factory=process_started)
+    failure: UserError | None = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    _gone: set[str] = field(default_factory=set)
+
+    def __enter__(self) -> Watch:
+        self._thread = threading.Thread(target=self._run, name="dllmbench-watch", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(BEAT_SECONDS / 2):
+            problem = self.check(time.time())
+            if problem is not None:
+                self.failure = problem
+                _thread.interrupt_main()
+                return
+
+    def ours(self, beat: Beat | None) -> bool:
+        """Whether a heartbeat is of a process of this launch."""
+        if beat is None:
+            return False
+        if beat.launch is not None and self.launch is not None:
+            return beat.launch == self.launch
+        return beat.started >= self.started - LAUNCH_SKEW
+
+    def check(self, now: float) -> UserError | None:
+        """What stops the run now, if anything."""
+        beats = read_beats(self.rundir.path)
+        claimed = claimed_tokens(self.rundir.path)
+        for other in self.shard.others():
+            beat = beats.get(other.label)
+            if not self.ours(beat):
+                if now - self.started > STARTUP_SECONDS:
+                    return UserError(
+                        f"share {other.label} of this launch has written no heartbeat in "
+                        f"{STARTUP_SECONDS:.0f} s: it did not start or died at once; the "
+                        f"records written are kept in {self.rundir.path}: launch the same "
+                        "command again to resume"
+                    )
+                continue
+            assert beat is not None
+            if beat.alive(now) or beat.state == "finished":
+                continue
+            if beat.token not in claimed:
+                return UserError(
+                    f"share {other.label} ({beat.who}) stopped before it claimed any work; "
+                    f"the records written are kept in {self.rundir.path}: launch the same "
+                    "command again to resume"
+                )
+            if other.label not in self._gone:
+                self._gone.add(other.label)
+                say(f"share {other.label} ({beat.who}) stopped; its chunks are taken over")
+        return None
