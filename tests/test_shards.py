@@ -1,5 +1,6 @@
 """Sharded runs: shares of the problems into one run directory, the merge, launched runs
-(`accelerate launch`), and compute.json's per-process counts and padding."""
+(torchrun, a Slurm job step) claiming chunks, heartbeats, status, and compute.json's
+per-process counts, accounts and padding."""
 
 from __future__ import annotations
 
@@ -88,7 +89,7 @@ def test_a_share_is_every_nth_problem_in_order():
 
 
 def test_the_launchers_environment_gives_the_share():
-    env = {"RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "0"}
+    env = {"RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
     assert from_launcher(env) == Shard(3, 4, launched=True)
     assert from_launcher({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}) == Shard(
         2, 2, launched=True
@@ -99,12 +100,25 @@ def test_the_launchers_environment_gives_the_share():
         resolve(Shard(1, 2), env)
 
 
+def test_launcher_variables_without_their_launcher_are_one_line():
+    """A stray WORLD_SIZE (no rendezvous address beside it) would make this process wait for
+    others nobody starts; accelerate's CPU launch of several processes starts one without MPI
+    (its environment then has MASTER_ADDR and no WORLD_SIZE): both refused, naming torchrun."""
+    with pytest.raises(UserError, match="WORLD_SIZE=2 is set but no launcher started"):
+        resolve(None, {"RANK": "0", "WORLD_SIZE": "2"})
+    lone = {"ACCELERATE_USE_CPU": "True", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    with pytest.raises(UserError, match=r"accelerate launch started one process .* torchrun"):
+        resolve(None, lone)
+    assert resolve(None, {"ACCELERATE_USE_CPU": "True"}) is None  # one process asked for
+
+
 def test_slurm_tasks_and_array_jobs_give_the_share():
     step = {"SLURM_PROCID": "1", "SLURM_NTASKS": "3", "SLURM_LOCALID": "1"}
     assert from_launcher(step) == Shard(2, 3, launched=True, local_rank=1)
     assert from_launcher({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}) is None  # one task
     # torchrun inside a Slurm allocation: torchrun's variables win
-    assert from_launcher({**step, "RANK": "0", "WORLD_SIZE": "2"}) == Shard(1, 2, launched=True)
+    torchrun = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "node0"}
+    assert from_launcher({**step, **torchrun}) == Shard(1, 2, launched=True)
     array = {"SLURM_ARRAY_TASK_ID": "7", "SLURM_ARRAY_TASK_COUNT": "3", "SLURM_ARRAY_TASK_MIN": "5"}
     assert from_launcher(array) == Shard(3, 3)  # a fixed share: nobody waits, merge joins
     assert not from_launcher(array).merges
@@ -243,10 +257,13 @@ def test_batches_compute_the_fewest_tokens_within_the_fewest_forwards():
     assert all(len(b) * max(lengths[i] for i in b) <= 30 for b in capped.batches(lengths))
 
 
-def accelerate(*argv: object, env: dict[str, str], cwd: Path) -> subprocess.Popen[str]:
+TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2")
+
+
+def torchrun(*argv: object, env: dict[str, str], cwd: Path) -> subprocess.Popen[str]:
+    """`torchrun --standalone --nproc_per_node 2 -m dllmbench ARGV`, through this Python."""
     return subprocess.Popen(
-        ["accelerate", "launch", "--cpu", "--num_processes", "2", "-m", "dllmbench"]
-        + [str(a) for a in argv],
+        [*TORCHRUN, "-m", "dllmbench", *map(str, argv)],
         env=env,
         cwd=cwd,
         stdout=subprocess.PIPE,
@@ -255,57 +272,242 @@ def accelerate(*argv: object, env: dict[str, str], cwd: Path) -> subprocess.Pope
     )
 
 
-def test_accelerate_launch_of_two_processes_equals_one(tmp_path, whole):
-    out = tmp_path / "launched"
-    proc = accelerate(*RUN, "--out", out, env=child_env(), cwd=tmp_path)
-    stdout, stderr = proc.communicate(timeout=600)
-    assert proc.returncode == 0, stderr
-    assert "Oracle@9" in stdout  # the first process printed the merged leaderboard
-    pids = {e["pid"] for e in json.loads((out / "compute.json").read_text())["invocations"]}
-    assert len(pids) == 2  # two processes ran, one share each
-    assert len(lines(out)) == RECORDS
-    same_run(whole, out)
+def slurm_step(*argv: object, env: dict[str, str], tasks: int = 2) -> list[subprocess.Popen]:
+    """The tasks of one Slurm job step, with Slurm's variables set by hand."""
+    return [
+        subprocess.Popen(
+            [sys.executable, "-m", "dllmbench", *map(str, argv)],
+            env={**env, "SLURM_PROCID": str(rank), "SLURM_NTASKS": str(tasks)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(tasks)
+    ]
 
 
-def test_a_killed_share_is_resumed_by_launching_again(tmp_path):
-    out = tmp_path / "killed"
-    slow = [*RUN, "--max-problems", "1"]
-    slow[slow.index("toy")] = "toy_slow:delay=0.1"
-    env = child_env(
+def slow_env() -> dict[str, str]:
+    """The doubles and `toy_slow` (tests/shard_doubles.py), a toy that takes its time."""
+    return child_env(
         DLLMBENCH_PLUGIN_MODULES="dllmbench.testing.doubles,shard_doubles",
         PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
     )
-    proc = accelerate(*slow, "--out", out, env=env, cwd=tmp_path)
-    second = out / "samples.shard-2-of-2.jsonl"
-    deadline = time.monotonic() + 300
-    while not (second.exists() and second.read_text().count("\n") >= 2):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.05)
-    holder = (out / ".lock.shard-2-of-2").read_text().split()
-    os.kill(int(holder[1]), signal.SIGKILL)  # "pid PID on HOST"
-    _, stderr = proc.communicate(timeout=300)
-    assert proc.returncode != 0
-    assert "share 2/2 stopped without finishing" in stderr, stderr
-    kept = len(lines(out))
-    assert 2 <= kept < RECORDS and not (out / "results.json").exists()
 
-    again = accelerate(*slow, "--out", out, env=env, cwd=tmp_path)
-    _, stderr = again.communicate(timeout=600)
-    assert again.returncode == 0, stderr
+
+def slow_run(backbone: str = "toy_slow:delay=0.1") -> list[str]:
+    argv = [*RUN, "--max-problems", "1"]
+    argv[argv.index("toy")] = backbone
+    return argv
+
+
+def wait_until(condition, procs, seconds: float = 300) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        for proc in procs:
+            assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def ledger_sum(records: list[dict]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for record in records:
+        for kind, n in record["ledger"]["passes"].items():
+            out[kind] = out.get(kind, 0) + n
+    return {k: v for k, v in sorted(out.items()) if v}
+
+
+def status_of(out: Path) -> dict:
+    result = cli_subprocess("status", out, "--json", env=child_env())
+    assert result.code == 0, result.err
+    return json.loads(result.out)
+
+
+def test_torchrun_of_two_processes_equals_one(tmp_path, whole):
+    out = tmp_path / "launched"
+    proc = torchrun(*RUN, "--out", out, env=child_env(), cwd=tmp_path)
+    stdout, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stderr
+    assert "Oracle@9" in stdout  # the first process printed the merged leaderboard
+    assert "by this process of 2" in stdout
+    pids = {e["pid"] for e in json.loads((out / "compute.json").read_text())["invocations"]}
+    assert len(pids) == 2  # two processes ran
+    assert len(lines(out)) == RECORDS
+    same_run(whole, out)
+    assert "(share 1/2)" in stderr and "(share 2/2)" in stderr  # progress lines say whose
+
+
+ACCELERATE = (sys.executable, "-m", "accelerate.commands.launch", "--config_file")
+
+
+def test_accelerate_launch_of_two_cpu_processes_is_one_line(tmp_path):
+    """accelerate's CPU launcher starts one process without MPI: that process says so and
+    names torchrun (exit 2), before any work; never a quiet run of everything in one."""
+    config = tmp_path / "accelerate.yaml"
+    config.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\nnum_processes: 2\n"
+        "num_machines: 1\nmachine_rank: 0\nuse_cpu: true\nmixed_precision: 'no'\n"
+    )
+    out = tmp_path / "A"
+    proc = subprocess.run(
+        [*ACCELERATE, str(config), "-m", "dllmbench", *map(str, RUN), "--out", str(out)],
+        env=child_env(),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode != 0  # accelerate passes the child's failure on
+    ours = [x for x in proc.stderr.splitlines() if x.startswith("dllmbench: error:")]
+    assert len(ours) == 1 and "torchrun --nproc_per_node" in ours[0], proc.stderr
+    assert not out.exists()
+    # the process itself, in the environment accelerate gives it: exit 2, one line
+    lone = child_env(ACCELERATE_USE_CPU="True", MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")
+    assert_user_error(
+        cli_subprocess(*RUN, "--out", out, env=lone), "accelerate launch started one process"
+    )
+
+
+def test_a_process_killed_holding_chunks_is_taken_over(tmp_path):
+    """Two tasks of a Slurm step (no launcher to stop the others): the second is killed while
+    it holds a chunk; the first takes the chunk over and finishes the run, with no record
+    missing or written twice, and compute.json accounting for every record exactly."""
+    out = tmp_path / "killed"
+    procs = slurm_step(*slow_run("toy_slow:delay=0.4"), "--out", out, env=slow_env())
+    second = out / "samples.shard-2-of-2.jsonl"
+    wait_until(lambda: second.exists() and second.read_text().count("\n") >= 2, procs)
+    beat = json.loads((out / "heartbeat.shard-2-of-2.json").read_text())
+    os.kill(beat["pid"], signal.SIGSTOP)  # it holds its chunk while the first waits for it
+    running = status_of(out)
+    assert {p["share"]: p["state"] for p in running["processes"]} == {
+        "1/2": "running",
+        "2/2": "running",
+    }
+    chunks = running["chunks"]
+    assert chunks["held"] >= 1 and chunks["held"] + chunks["done"] == chunks["total"] == 2
+    assert not running["complete"]
+    os.kill(beat["pid"], signal.SIGKILL)
+    _, stderr = procs[0].communicate(timeout=600)
+    procs[1].wait()
+    assert procs[0].returncode == 0, stderr
+    assert "share 1/2: took over chunk" in stderr
     keys = [(r["problem"], r["method"]) for r in lines(out)]
     assert len(keys) == len(set(keys)) == RECORDS  # no duplicate, none missing
     results = json.loads((out / "results.json").read_text())
     assert all(m["problems"] == SIZE for m in results["methods"])
+    compute = json.loads((out / "compute.json").read_text())
+    total = compute["total"]
+    assert total["passes"] == ledger_sum(lines(out))
+    assert total["duplicates"] == {"records": 0, "passes": {}}
+    assert all(n >= 0 for n in total["unrecorded"].values())
+    killed = next(e for e in compute["invocations"] if e["shard"] == "2/2")
+    assert not killed["finished"] and killed["recorded"]["records"] >= 2
+    after = status_of(out)
+    assert {p["share"]: p["state"] for p in after["processes"]} == {
+        "1/2": "finished",
+        "2/2": "dead",
+    }
+    assert after["complete"] and after["merged"] and after["chunks"]["done"] == 2
+
+
+def test_a_process_that_dies_before_claiming_stops_the_first(tmp_path):
+    """The second task dies while its model loads (before it claims anything): the first,
+    watching from the start, stops with one line naming it instead of waiting."""
+    out = tmp_path / "early"
+    argv = slow_run("toy_slow:delay=0.1,load_delay=20")
+    procs = slurm_step(*argv, "--out", out, env=slow_env())
+    beat = out / "heartbeat.shard-2-of-2.json"
+    wait_until(beat.exists, procs, seconds=120)
+    os.kill(json.loads(beat.read_text())["pid"], signal.SIGKILL)
+    _, stderr = procs[0].communicate(timeout=60)
+    procs[1].wait()
+    assert procs[0].returncode == 2, stderr
+    errors = [x for x in stderr.splitlines() if x.startswith("dllmbench: error:")]
+    assert len(errors) == 1 and "Traceback" not in stderr, stderr
+    assert "share 2/2 (pid" in errors[0] and "stopped before it claimed any work" in errors[0]
+
+
+def test_a_killed_share_resumes_and_compute_json_counts_every_invocation(tmp_path):
+    """kill -9 of a fixed share mid-run: `merge --wait` names it at once; run again, it
+    resumes; compute.json keeps both of its invocations and its total is exactly the
+    records' ledgers, with the killed invocation's unrecorded work apart."""
+    out = tmp_path / "killed"
+    env = slow_env()
+    argv = [*slow_run(), "--out", str(out)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dllmbench", *argv, "--shard", "2/2"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    second = out / "samples.shard-2-of-2.jsonl"
+    wait_until(lambda: second.exists() and second.read_text().count("\n") >= 2, [proc])
+    proc.kill()
+    proc.communicate()
+    waited = cli_subprocess("merge", out, "--wait", "--wait-timeout", "60", env=env)
+    assert_user_error(waited, "share 2/2 (pid", "died without finishing", "--shard 2/2")
+    again = cli_subprocess(*argv, "--shard", "2/2", env=env, timeout=300)
+    assert again.code == 0, again.err
+    first = subprocess.Popen(
+        [sys.executable, "-m", "dllmbench", *argv, "--shard", "1/2"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    merged = cli_subprocess("merge", out, "--wait", env=env, timeout=300)  # waits for 1/2
+    assert first.wait(timeout=300) == 0
+    assert merged.code == 0, merged.err
+    keys = [(r["problem"], r["method"]) for r in lines(out)]
+    assert len(keys) == len(set(keys)) == RECORDS
+    compute = json.loads((out / "compute.json").read_text())
+    entries = [(e["shard"], e["finished"]) for e in compute["invocations"]]
+    assert entries == [("1/2", True), ("2/2", False), ("2/2", True)]
+    total = compute["total"]
+    assert total["passes"] == ledger_sum(lines(out)) and total["records"] == RECORDS
+    for kind, charged in total["charged"].items():
+        assert charged == total["passes"][kind] + total["unrecorded"].get(kind, 0)
+    killed = compute["invocations"][1]
+    assert killed["recorded"]["records"] >= 2
+    for kind, n in killed["recorded"]["passes"].items():
+        assert killed["passes"][kind] >= n  # saved before each record: never less
+    for entry in (compute["invocations"][0], compute["invocations"][2]):
+        assert entry["recorded"]["passes"] == entry["passes"]
+
+
+def test_sigterm_saves_and_says_so(tmp_path):
+    """SIGTERM (a scheduler's pre-emption) ends a run as Ctrl-C does: one line, exit 143, the
+    lock released, the compute entry saved and the heartbeat saying it stopped."""
+    out = tmp_path / "term"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dllmbench", *slow_run(), "--out", str(out)],
+        env=slow_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    samples = out / "samples.jsonl"
+    wait_until(lambda: samples.exists() and samples.read_text().count("\n") >= 2, [proc])
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 143, stderr
+    assert stderr.strip().splitlines()[-1].startswith("dllmbench: terminated (SIGTERM);")
+    assert "Traceback" not in stderr
+    assert not (out / ".lock").exists()
+    (entry,) = json.loads((out / "compute.json").read_text())["invocations"]
+    assert entry["finished"] is False and entry["records_written"] >= 2
+    assert json.loads((out / "heartbeat.json").read_text())["state"] == "stopped"
 
 
 def test_the_demo_launched_on_two_processes_equals_one_process(tmp_path):
-    """`accelerate launch --cpu --num_processes 2 -m dllmbench run --limit 6` against
-    `dllmbench run --limit 6`: the shipped model, every family at both demo budgets."""
+    """`torchrun --nproc_per_node 2 -m dllmbench run --limit 6` against `dllmbench run
+    --limit 6`: the shipped model, every family at both demo budgets."""
     env = child_env()
     env.pop("DLLMBENCH_PLUGIN_MODULES")
     single = cli_subprocess("run", "--limit", "6", "--out", tmp_path / "B", env=env, timeout=900)
     assert single.code == 0, single.err
-    proc = accelerate("run", "--limit", "6", "--out", tmp_path / "A", env=env, cwd=tmp_path)
+    proc = torchrun("run", "--limit", "6", "--out", tmp_path / "A", env=env, cwd=tmp_path)
     _, stderr = proc.communicate(timeout=900)
     assert proc.returncode == 0, stderr
     a, b = RunDir(tmp_path / "A"), RunDir(tmp_path / "B")

@@ -1,4 +1,4 @@
-"""The command line: `dllmbench run | merge | report | plan | plugins | tasks | collect |
+"""The command line: `dllmbench run | merge | status | report | plan | plugins | tasks | collect |
 train-scorer | diagnose | demo`.
 
 One module per command, each with its own parser (`add_parser`) and an `execute(args)` that
@@ -24,6 +24,7 @@ from dllmbench.cli import (
     plugins,
     report,
     run,
+    status,
     tasks,
     train_scorer,
 )
@@ -32,7 +33,7 @@ from dllmbench.core.errors import CostMismatch, PluginViolation, Terminated, Use
 from dllmbench.loading.manager import PluginSelection
 from dllmbench.loading.registry import use_plugins
 
-COMMANDS = (run, merge, report, plan, plugins, tasks, collect, train_scorer, diagnose, demo)
+COMMANDS = (run, merge, status, report, plan, plugins, tasks, collect, train_scorer, diagnose, demo)
 
 # exit statuses (docs/user-guide.md)
 OK, USER_ERROR, INTERRUPTED, BROKEN_PIPE, TERMINATED = 0, 2, 130, 141, 143

@@ -11,12 +11,25 @@ from typing import Any
 from rich.console import Console
 
 from dllmbench.analysis.leaderboard import rich_table
+from dllmbench.cli.argtypes import positive_float
 from dllmbench.cli.common import Reply, add_json
+from dllmbench.core.errors import UserError
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("merge", help="write the results of a sharded run once every share is done")
     p.add_argument("run_dir", metavar="RUN_DIR", help="the run directory the shares ran into")
+    p.add_argument(
+        "--wait",
+        action="store_true",
+        help="wait until every share is done (stops with one line if a process died)",
+    )
+    p.add_argument(
+        "--wait-timeout",
+        type=positive_float,
+        metavar="SECONDS",
+        help="with --wait: give up after this many seconds",
+    )
     add_json(p, "print results.json instead of a table")
     p.set_defaults(execute=execute)
 
@@ -25,7 +38,9 @@ def execute(args: argparse.Namespace) -> Reply:
     from dllmbench.running.merge import merge
 
     path = Path(args.run_dir)
-    results, manifest = merge(path)
+    if args.wait_timeout is not None and not args.wait:
+        raise UserError("--wait-timeout goes with --wait; add --wait")
+    results, manifest = merge(path, wait=args.wait, timeout=args.wait_timeout)
 
     def show(console: Console) -> None:
         for budget in results["budgets"]:

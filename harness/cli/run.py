@@ -34,7 +34,7 @@ from dllmbench.execution.engine import Capacity, Sampling
 from dllmbench.execution.planner import check_scorers, scorer_users
 from dllmbench.loading.registry import Registry, registry
 from dllmbench.running.runner import RunConfig
-from dllmbench.storage.shards import parse_shard
+from dllmbench.storage.shards import parse_shard, resolve
 
 # `dllmbench run` with neither --task nor --backbone: the shipped tiny model on arith, with
 # the PRM and ORM trained for it; every option can still be given.
@@ -187,11 +187,13 @@ def execute(args: argparse.Namespace) -> Reply:
         shown.append(budget)
 
     try:
+        shard = resolve(cfg.shard)  # the progress lines of several processes say whose
+        what = f"{cfg.task} × methods" + (f" (share {shard.label})" if shard else "")
         with Progress() as progress:
             outcome = run(
                 cfg,
                 on_record=lambda _r: progress.advance(),
-                on_start=lambda total, done: progress.start(f"{cfg.task} × methods", total, done),
+                on_start=lambda total, done: progress.start(what, total, done),
                 on_budget=early_table,
             )
     except Terminated:
@@ -217,7 +219,12 @@ def execute(args: argparse.Namespace) -> Reply:
         for x in outcome.plan.left_out:
             console.print(f"left out: {x.family} — {x.reason}")
         note = f", {outcome.resumed} resumed" if outcome.resumed else ""
-        console.print(f"run directory: {outcome.path} ({outcome.written} records written{note})")
+        by = ""
+        if outcome.shard is not None:  # the first of a launch: the others wrote the rest
+            by = f" by this process of {outcome.shard.count}"
+        console.print(
+            f"run directory: {outcome.path} ({outcome.written} records written{by}{note})"
+        )
 
     return Reply(outcome.results, show)
 

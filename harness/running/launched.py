@@ -138,6 +138,17 @@ class Watch:
                 _thread.interrupt_main()
                 return
 
+    def others_ended(self, now: float | None = None) -> bool:
+        """Whether every other process of this launch has ended (finished, stopped or gone):
+        their compute entries are then final."""
+        now = time.time() if now is None else now
+        beats = read_beats(self.rundir.path)
+        for other in self.shard.others():
+            beat = beats.get(other.label)
+            if not self.ours(beat) or (beat is not None and beat.alive(now)):
+                return False
+        return True
+
     def ours(self, beat: Beat | None) -> bool:
         """Whether a heartbeat is of a process of this launch."""
         if beat is None:

@@ -7,14 +7,21 @@ and their total). A share still running, or records missing, is one line naming 
 
 from __future__ import annotations
 
+import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from dllmbench.core.errors import UserError
 from dllmbench.running.summary import summarize_run
+from dllmbench.storage.claims import CLAIMS, Claims, abandoned
+from dllmbench.storage.heartbeat import read_beats
 from dllmbench.storage.rundir import RunDir
 from dllmbench.storage.shards import Shard, running_shares, shards_in
+
+POLL_SECONDS = 2.0
+SAY_EVERY = 60.0  # seconds between "waiting for …" lines
 
 
 def problem_ids(manifest: dict[str, Any]) -> list[str]:
@@ -38,7 +45,14 @@ def check_complete(rundir: RunDir, manifest: dict[str, Any], ids: list[str]) -> 
     counts = sorted({s.count for s in shards_in(rundir.path)})
     missing = sum(lacking.values())
     total = len(ids) * len(methods)
-    if len(counts) == 1:
+    if (rundir.path / CLAIMS).exists():  # a launched run: chunks, not fixed shares
+        open_ = [
+            c for c in Claims(rundir.path, ids).chunks() if any(p in lacking for p in c.problems)
+        ]
+        named = ", ".join(str(c.index + 1) for c in open_[:5]) + (" …" if len(open_) > 5 else "")
+        what = f"{missing} of {total} records (in chunk {named})"
+        fix = "launch the run again to finish them"
+    elif len(counts) == 1:
         shares = [Shard(i, counts[0]) for i in range(1, counts[0] + 1)]
         named = []
         for shard in shares:
@@ -55,11 +69,15 @@ def check_complete(rundir: RunDir, manifest: dict[str, Any], ids: list[str]) -> 
     raise UserError(f"{rundir.path} is not complete: missing {what}; {fix}, then merge again")
 
 
-def merge(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+def merge(
+    path: Path, wait: bool = False, timeout: float | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Write the results of the run directory `path` from every share; return the results
-    and the manifest."""
+    and the manifest. `wait`: first wait until every record is written (`wait_for`)."""
     if not (path / "manifest.json").is_file():
         raise UserError(f"{path} holds no run (no manifest.json); give a run directory")
+    if wait:
+        wait_for(path, timeout)
     busy = [s.label for s in running_shares(path)]
     if busy:
         raise UserError(
@@ -78,3 +96,64 @@ def merge(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         )
         rundir.write_compute(accounted=True)
     return results, manifest
+
+
+def wait_for(path: Path, timeout: float | None = None) -> None:
+    """Return when every (problem, method) of the run has its record and no share runs.
+    Stop with one line when a process died without finishing (its share, or a chunk it
+    held, names it), or after `timeout` seconds."""
+    start = last_said = time.monotonic()
+    rundir = RunDir(path)
+    manifest = rundir.read_manifest()
+    ids = problem_ids(manifest)
+    methods = [m["id"] for m in manifest.get("methods", [])]
+    wanted = {(p, m) for p in ids for m in methods}
+    while True:
+        busy = running_shares(path)
+        have = {(r["problem"], r["method"]) for r in rundir.read_records()}
+        if not busy and wanted <= have:
+            return
+        _refuse_the_dead(path, ids)
+        waited = time.monotonic() - start
+        if timeout is not None and waited >= timeout:
+            what = ", ".join(f"share {s.label}" for s in busy) or (
+                f"{len(wanted - have)} of {len(wanted)} records"
+            )
+            raise UserError(
+                f"{path} is not complete after --wait-timeout {timeout:g} s (waiting for "
+                f"{what}); merge again later"
+            )
+        if time.monotonic() - last_said >= SAY_EVERY:
+            print(
+                f"dllmbench: waiting: {len(have & wanted)}/{len(wanted)} records"
+                + (f"; share {', '.join(s.label for s in busy)} running" if busy else ""),
+                file=sys.stderr,
+                flush=True,
+            )
+            last_said = time.monotonic()
+        time.sleep(POLL_SECONDS)
+
+
+def _refuse_the_dead(path: Path, ids: list[str]) -> None:
+    """One line naming a share whose process died without finishing, or a chunk held by a
+    process that is gone."""
+    beats = read_beats(path)
+    if (path / CLAIMS).exists():
+        gone = abandoned(Claims(path, ids).chunks(), beats)
+        if gone:
+            chunk = gone[0]
+            holder = beats.get(chunk.share)
+            who = f" ({holder.who})" if holder is not None else ""
+            raise UserError(
+                f"chunk {chunk.index + 1} (problems {chunk.problems[0]} to "
+                f"{chunk.problems[-1]}) is held by share {chunk.share}{who}, which is gone; "
+                "launch the run again to finish it, then merge"
+            )
+        return
+    for label, beat in beats.items():
+        if label is not None and beat.state != "finished" and not beat.alive():
+            how = "stopped" if beat.state == "stopped" else "died"
+            raise UserError(
+                f"share {label} ({beat.who}) {how} without finishing; run it again with "
+                f"--shard {label} (it resumes), then merge"
+            )

@@ -435,7 +435,7 @@ def run(
         watch = Watch(rundir, shard, heart.beat.launch) if shard and shard.merges else None
         try:
             with watch or contextlib.nullcontext():
-                outcome = _run_in(cfg, rundir, heart, on_record, on_start, on_budget)
+                outcome = _run_in(cfg, rundir, heart, watch, on_record, on_start, on_budget)
         except KeyboardInterrupt:
             if watch is not None and watch.failure is not None:
                 raise watch.failure from None
@@ -471,6 +471,7 @@ def _run_in(
     cfg: RunConfig,
     rundir: RunDir,
     heart: Heartbeat,
+    watch: Watch | None,
     on_record: Callable[[dict[str, Any]], None] | None,
     on_start: Callable[[int, int], None] | None,
     on_budget: OnBudget | None = None,
@@ -510,7 +511,7 @@ def _run_in(
 
     with Invocation(rundir, engine.ledger, manifest, on_record, SAVE_EVERY, heart) as invocation:
         if claimed:
-            _run_claimed(engine, rundir, heart, invocation, problems, methods, done)
+            _run_claimed(engine, rundir, heart, watch, invocation, problems, methods, done)
             results = invocation.conclude(summary, problem_ids)
             return Outcome(results, rundir.path, found, invocation.written, prepared.plan, shard)
         phases = _phases(prepared.plan) if cfg.by_budget else [(prepared.budget, methods)]
@@ -538,13 +539,16 @@ def _run_claimed(
     engine: Engine,
     rundir: RunDir,
     heart: Heartbeat,
+    watch: Watch | None,
     invocation: Invocation,
     problems: list[Any],
     methods: list[Method],
     done: set[tuple[str, str]],
 ) -> None:
     """A process of a launched run: claim chunks and run them until none is free; the first
-    process then waits until every chunk is done, taking over any whose holder is gone."""
+    process (`watch` is its watch over the others) then waits until every chunk is done,
+    taking over any whose holder is gone, and until the others have ended (so that their
+    compute entries are final when it merges)."""
     shard = rundir.shard
     assert shard is not None
     work = ClaimedWork(
@@ -561,7 +565,7 @@ def _run_claimed(
 
     while True:
         engine.run(work.stream(), skip=work.skip, on_record=keep)
-        if not shard.merges or work.finished():
+        if watch is None or (work.finished() and watch.others_ended()):
             return
         started = time.monotonic()
         time.sleep(POLL_SECONDS)  # chunks held by live processes: wait, then look again

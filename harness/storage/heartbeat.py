@@ -28,6 +28,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 BEAT_SECONDS = 5.0
 STALE_SECONDS = 30.0  # no heartbeat for this long: the process is gone (or its host is)
 HEARTBEAT = re.compile(r"^heartbeat(?:\.shard-(\d+)-of-(\d+))?\.json$")
@@ -39,13 +41,14 @@ def heartbeat_name(suffix: str | None) -> str:
 
 
 def pid_alive(pid: int) -> bool:
+    """Whether process `pid` of this host runs (a zombie, killed but not yet reaped, does
+    not)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:  # another user's process: alive
+    except psutil.AccessDenied:  # another user's process: alive
         return True
-    return True
 
 
 @dataclass

@@ -520,7 +520,7 @@ class RunDir:
         if own is None:
             own = self._whole_run_invocations()
         entries = list(own)
-        for shard in shards_in(self.path):
+        for shard in shards_in(self.path, "compute"):  # a process that wrote no record too
             entries += _invocations(self.path / compute_name(shard))
         document = compute_document(entries, self.accounts(entries) if accounted else None)
         _write_atomic(self.total_compute_path, json.dumps(document, indent=2) + "\n", durable)

@@ -38,6 +38,7 @@ from dllmbench.core.errors import UserError
 T = TypeVar("T")
 
 SHARD_FILE = re.compile(r"^samples\.shard-(\d+)-of-(\d+)\.jsonl$")
+COMPUTE_FILE = re.compile(r"^compute\.shard-(\d+)-of-(\d+)\.json$")
 
 
 @dataclass(frozen=True)
@@ -203,11 +204,13 @@ def compute_name(shard: Shard) -> str:
     return f"compute.{shard.suffix}.json"
 
 
-def shards_in(path: Path) -> list[Shard]:
-    """The shares that have a samples file in the run directory, in (N, I) order."""
+def shards_in(path: Path, kind: str = "samples") -> list[Shard]:
+    """The shares that have a samples file (`kind` "samples") or a compute file ("compute")
+    in the run directory, in (N, I) order."""
     found = []
-    for p in path.glob("samples.shard-*-of-*.jsonl"):
-        match = SHARD_FILE.match(p.name)
+    pattern = SHARD_FILE if kind == "samples" else COMPUTE_FILE
+    for p in path.glob(f"{kind}.shard-*-of-*.json*"):
+        match = pattern.match(p.name)
         if match and 1 <= int(match[1]) <= int(match[2]):
             found.append(Shard(int(match[1]), int(match[2])))
     return sorted(found, key=lambda s: (s.count, s.index))

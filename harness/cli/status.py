@@ -1,0 +1,63 @@
+"""`dllmbench status RUN_DIR`: records done of planned, and per process: running, finished,
+stopped or dead (pid, host, last heartbeat), records, rate and ETA; `--json` for scripts."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from dllmbench.cli.common import Reply, add_json
+from dllmbench.cli.progress import _duration as duration
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "status",
+        help="how far a run is: records done, and each process running, finished or dead",
+    )
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (finished or running)")
+    add_json(p, "print the status as JSON")
+    p.set_defaults(execute=execute)
+
+
+def execute(args: argparse.Namespace) -> Reply:
+    from dllmbench.running.status import status
+
+    found = status(Path(args.run_dir))
+
+    def show(console: Console) -> None:
+        pct = 100 * found.done // found.planned if found.planned else 100
+        eta = f", ETA {duration(found.eta_seconds)}" if found.eta_seconds else ""
+        state = "merged" if found.merged else "complete" if found.complete else "in progress"
+        console.print(f"{found.path}: {found.done}/{found.planned} records ({pct}%), {state}{eta}")
+        if found.chunks is not None:
+            c = found.chunks
+            console.print(
+                f"chunks: {c.done} done, {c.held} held, {c.abandoned} held by a process that "
+                f"is gone, {c.free} free, of {c.total}"
+            )
+        if not found.processes:
+            console.print("no process has written a heartbeat here")
+            return
+        table = Table()
+        for column in ("share", "state", "pid", "host", "heartbeat", "records", "rate", "ETA"):
+            table.add_column(column)
+        for p in found.processes:
+            records = f"{p.records_written}" + (f"/{p.planned}" if p.planned is not None else "")
+            table.add_row(
+                p.share or "whole run",
+                p.state,
+                str(p.pid),
+                p.host,
+                f"{duration(p.last_heartbeat)} ago",
+                records,
+                "" if p.rate is None else f"{p.rate:.2f}/s",
+                "" if p.eta_seconds is None else duration(p.eta_seconds),
+            )
+        console.print(table)
+
+    return Reply(found.as_dict(), show)

@@ -1,0 +1,138 @@
+"""`dllmbench status RUN_DIR`: how far a run is, per process, from the files it writes.
+
+The records done come from every samples file; each process's state, records, rate and ETA
+from its heartbeat (`storage/heartbeat.py`); chunks from the claim file of a launched run.
+Nothing is locked or written: it may be called at any time, from any machine that sees the
+run directory.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dllmbench.core.errors import UserError
+from dllmbench.core.jsonfile import read_object
+from dllmbench.storage.claims import CLAIMS, Claims, Owner
+from dllmbench.storage.heartbeat import Beat, read_beats
+from dllmbench.storage.rundir import RunDir
+
+
+@dataclass
+class ProcessStatus:
+    share: str | None  # "I/N", or None for a whole run
+    state: str  # running, finished, stopped (it ended without finishing), dead (it vanished)
+    pid: int
+    host: str
+    last_heartbeat: float  # seconds ago
+    records_written: int  # by this invocation
+    planned: int | None  # records this invocation has to write (a fixed share, a whole run)
+    rate: float | None  # records per second
+    eta_seconds: float | None
+
+
+@dataclass
+class ChunkStatus:
+    total: int
+    done: int
+    held: int  # claimed by a running process, not done
+    abandoned: int  # claimed by a process that is gone, not done
+    free: int
+
+
+@dataclass
+class RunStatus:
+    path: str
+    planned: int  # problems × methods
+    done: int  # of them with a record
+    complete: bool
+    merged: bool  # results.json written
+    processes: list[ProcessStatus] = field(default_factory=list)
+    chunks: ChunkStatus | None = None
+    eta_seconds: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def state_of(beat: Beat, now: float) -> str:
+    if beat.state in ("finished", "stopped"):
+        return beat.state
+    return "running" if beat.alive(now) else "dead"
+
+
+def process_status(beat: Beat, now: float) -> ProcessStatus:
+    state = state_of(beat, now)
+    rate = beat.rate
+    eta = None
+    if state == "running" and rate and beat.planned is not None:
+        eta = max(0, beat.planned - beat.records_written) / rate
+    return ProcessStatus(
+        share=beat.share,
+        state=state,
+        pid=beat.pid,
+        host=beat.host,
+        last_heartbeat=round(max(0.0, now - beat.beat), 1),
+        records_written=beat.records_written,
+        planned=beat.planned,
+        rate=None if rate is None else round(rate, 4),
+        eta_seconds=None if eta is None else round(eta, 1),
+    )
+
+
+def status(path: Path, now: float | None = None) -> RunStatus:
+    """The state of the run directory `path` now."""
+    now = time.time() if now is None else now
+    manifest_path = path / "manifest.json"
+    if not manifest_path.is_file():
+        raise UserError(f"{path} holds no run (no manifest.json); give a run directory")
+    manifest = read_object(manifest_path, "run the command that made it again")
+    try:
+        ids = [str(x) for x in manifest["task"]["problem_ids"]]
+        methods = [str(m["id"]) for m in manifest["methods"]]
+    except (KeyError, TypeError) as exc:
+        raise UserError(
+            f"{manifest_path} lacks the problem ids or methods ({exc}); it is damaged: run the "
+            "command that made it again"
+        ) from None
+    rundir = RunDir(path)
+    wanted = {(p, m) for p in ids for m in methods}
+    done = len(wanted & {(r["problem"], r["method"]) for r in rundir.read_records()})
+    beats = read_beats(path)
+    processes = [process_status(b, now) for _, b in sorted(beats.items(), key=_order)]
+    chunks = None
+    if (path / CLAIMS).exists():
+        owner = Owner(beats, now)
+        found = Claims(path, ids).chunks()
+        open_ = [c for c in found if not c.done]
+        held = [c for c in open_ if c.token is not None and owner.alive(c)]
+        gone = [c for c in open_ if c.token is not None and not owner.alive(c)]
+        chunks = ChunkStatus(
+            total=len(found),
+            done=len(found) - len(open_),
+            held=len(held),
+            abandoned=len(gone),
+            free=len(open_) - len(held) - len(gone),
+        )
+    rate = sum(p.rate or 0.0 for p in processes if p.state == "running")
+    remaining = len(wanted) - done
+    return RunStatus(
+        path=str(path),
+        planned=len(wanted),
+        done=done,
+        complete=remaining == 0,
+        merged=(path / "results.json").exists(),
+        processes=processes,
+        chunks=chunks,
+        eta_seconds=round(remaining / rate, 1) if rate and remaining else None,
+    )
+
+
+def _order(item: tuple[str | None, Beat]) -> tuple[int, int]:
+    share = item[0]
+    if share is None:
+        return (0, 0)
+    index, count = share.split("/")
+    return (int(count), int(index))
