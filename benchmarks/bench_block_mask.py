@@ -11,6 +11,11 @@ grows during the first build, `seconds` the median of `--repeats` builds after i
 taken within one run (the same machine, the same load).
 
     python benchmarks/bench_block_mask.py [--tokens 8192,16384] [--json]
+    python benchmarks/bench_block_mask.py --ways document_block_mask --tokens 262144,524288
+
+The second measures only the new way, at lengths where its [blocks, blocks] tensors dominate
+(`bytes_per_block_pair`: the peak growth over blocks², which `packing.block_mask_bytes` counts
+as 96); `create_block_mask` there would need tens of GB.
 """
 
 from __future__ import annotations
@@ -33,6 +38,10 @@ class Measure:
     rows: int
     seconds: float  # median build time
     peak_added_mb: float  # growth of the process's peak resident memory during one build
+
+    @property
+    def bytes_per_block_pair(self) -> float:
+        return self.peak_added_mb * 2**20 / (self.tokens / 128) ** 2
 
 
 def peak_rss() -> int:
@@ -77,6 +86,9 @@ def main() -> None:
     parser.add_argument("--tokens", default="8192,16384", help="comma-separated, whole blocks")
     parser.add_argument("--row-length", type=int, default=640)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--ways", default=",".join(WAYS), help="comma-separated: " + ", ".join(WAYS)
+    )
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--child", nargs=2, metavar=("WAY", "TOKENS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -84,39 +96,41 @@ def main() -> None:
         way, tokens = args.child
         print(json.dumps(asdict(child(way, int(tokens), args.row_length, args.repeats))))
         return
+    ways = [w.strip() for w in args.ways.split(",")]
+    if not ways or any(w not in WAYS for w in ways):
+        parser.error(f"--ways: {args.ways!r}; choose from {', '.join(WAYS)}")
     results = []
     for tokens in [int(t) for t in args.tokens.split(",")]:
         if tokens % 128:
             parser.error(f"--tokens: {tokens} is not a whole number of 128-token blocks")
         pair = {}
-        for way in WAYS:
+        for way in ways:
             out = subprocess.run(
                 [sys.executable, __file__, "--child", way, str(tokens),
                  "--row-length", str(args.row_length), "--repeats", str(args.repeats)],
                 capture_output=True, text=True, check=True,
             )  # fmt: skip
             pair[way] = Measure(**json.loads(out.stdout))
-        old, new = pair["create_block_mask"], pair["document_block_mask"]
-        results.append(
-            {
-                "tokens": tokens,
-                "rows": new.rows,
-                **{way: asdict(m) for way, m in pair.items()},
-                "time_ratio": round(old.seconds / new.seconds, 1),
-                "memory_ratio": round(old.peak_added_mb / max(new.peak_added_mb, 1e-3), 1),
-            }
-        )
+        result: dict = {"tokens": tokens, "rows": next(iter(pair.values())).rows}
+        for way, m in pair.items():
+            result[way] = {**asdict(m), "bytes_per_block_pair": round(m.bytes_per_block_pair, 1)}
+        if len(pair) == len(WAYS):
+            old, new = pair["create_block_mask"], pair["document_block_mask"]
+            result["time_ratio"] = round(old.seconds / new.seconds, 1)
+            result["memory_ratio"] = round(old.peak_added_mb / max(new.peak_added_mb, 1e-3), 1)
+        results.append(result)
     if args.json:
         print(json.dumps(results, indent=2))
         return
     for r in results:
-        old, new = r["create_block_mask"], r["document_block_mask"]
-        print(
-            f"{r['tokens']:>6} tokens ({r['rows']} rows): create_block_mask "
-            f"{old['seconds']:.3g} s, +{old['peak_added_mb']:.0f} MB; document_block_mask "
-            f"{new['seconds']:.3g} s, +{new['peak_added_mb']:.1f} MB "
-            f"({r['time_ratio']}× faster, {r['memory_ratio']}× less memory)"
-        )
+        parts = [
+            f"{way} {r[way]['seconds']:.3g} s, +{r[way]['peak_added_mb']:.1f} MB "
+            f"({r[way]['bytes_per_block_pair']} B per block pair)"
+            for way in ways
+        ]
+        if "time_ratio" in r:
+            parts.append(f"{r['time_ratio']}× faster, {r['memory_ratio']}× less memory")
+        print(f"{r['tokens']:>6} tokens ({r['rows']} rows): " + "; ".join(parts))
 
 
 if __name__ == "__main__":

@@ -10,8 +10,8 @@ The document mask is built from the blocks' row ranges (`document_block_mask`): 
 128-token query block, the kv blocks it shares a row with, split into full blocks (both blocks
 wholly inside one row: every pair attends, the mask is never evaluated) and partial ones (the
 kernel evaluates `doc[q] == doc[kv]`). That is O(blocks²) int32 indices, never a tokens × tokens
-mask (`create_block_mask` uncompiled evaluates the mask at every token pair: 3.1 s and ~1.9 GB
-at 16,384 tokens on a CPU).
+mask (`create_block_mask` uncompiled evaluates the mask at every token pair: 2.5 s and 2.6 GB
+more peak memory at 16,384 tokens on a two-core CPU; benchmarks/bench_block_mask.py).
 
 Rounding to whole blocks also bounds how many sequence lengths a compiled FlexAttention meets
 (one per block count), so a GPU compiles a few shapes, not one per batch. On a GPU the attention
@@ -137,11 +137,13 @@ def document_block_mask(doc: torch.Tensor) -> BlockMask:
 def block_mask_bytes(tokens: int) -> int:
     """An upper bound on the memory one packed forward over `tokens` tokens adds for its
     document mask and packing (`packed_hidden`): the ids, positions and documents (int64 per
-    token), and `document_block_mask`'s [blocks, blocks] grids — six int32 index tensors kept
-    (kv and q, partial and full, the q ones through a transposed int32 copy) and, while
-    building, boolean grids and argsort's int64 — under 64 bytes per block pair."""
+    token), and `document_block_mask`'s [blocks, blocks] grids — four int32 index tensors kept
+    (kv and q, partial and full: 16 bytes per block pair) and, while building, boolean grids,
+    argsort's int64 and the int32 grids the q side is transposed through: 41 to 53 bytes per
+    block pair measured at 2,048 and 4,096 blocks (benchmarks/bench_block_mask.py), counted
+    as 96."""
     blocks = -(-tokens // BLOCK)
-    return 3 * 8 * blocks * BLOCK + 64 * blocks * (blocks + 1)
+    return 3 * 8 * blocks * BLOCK + 96 * blocks * (blocks + 1)
 
 
 def packed_forward_bytes(tokens: int, heads: int) -> int:
