@@ -5,8 +5,10 @@ and times, for a batch of `--rows` rows:
 
 - `forward`: the raw bidirectional forward (trunk and LM head) on same-length rows of real
   tokens, no attention mask;
-- `forward_padded`: the same number of rows with mixed lengths, left-padded to the longest,
-  with the key-padding mask and re-based positions the backbones use;
+- `forward_padded`: the same number of rows with mixed lengths as the backbones batch them
+  (left-padded to the longest with the key-padding mask and re-based positions, or packed with
+  `--attention packed`); its `padding` is compute.json's ratio, tokens computed / real tokens
+  (1.0 is no padding);
 - `denoise_step`: the project's step on those mixed-length canvases (prompt + masked region,
   step 0): forward, sampler and noise;
 - `engine`: an end-to-end engine run on GSM8K (the packaged test split), Majority@copies.
@@ -226,7 +228,8 @@ def forwards(bb, params: int, s: Setup, peak: float | None) -> dict[str, Any]:
         "forward": rate(flops(net, params, [s.length] * s.rows), t_raw, s.rows, peak),
         "forward_padded": {
             **rate(mixed, t_padded, s.rows, peak),
-            "padding": sig(1 - sum(lengths) / (s.rows * max(lengths))),
+            # compute.json's ratio: tokens computed / real tokens (1.0 is no padding)
+            "padding": sig(bb.computed_tokens(lengths) / sum(lengths)),
         },
         "denoise_step": {
             **rate(mixed, t_step, s.rows, peak),

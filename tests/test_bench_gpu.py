@@ -52,7 +52,8 @@ def test_every_measure_is_positive_and_finite(report, arch):
         assert r["mfu"] is None, key
     for key in ("forward", "forward_padded", "denoise_step"):
         assert positive(m[key]["rows_per_s"])
-    assert 0 < m["forward_padded"]["padding"] < 1
+    # compute.json's ratio, tokens computed / real tokens: mixed lengths padded compute more
+    assert 1 < m["forward_padded"]["padding"] < m["rows"]
     assert positive(m["denoise_step"]["vs_padded_forward"])
     engine = m["engine"]
     assert positive(engine["row_passes_per_s"])

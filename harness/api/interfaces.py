@@ -288,6 +288,16 @@ class CountsTokens(Protocol):
 
 
 @runtime_checkable
+class CountsForwardMemory(Protocol):
+    """A backbone whose denoising forward needs memory beyond the per-token activations that
+    `sized_to_memory` counts (a packing backbone's document mask and FlexAttention's per-token
+    statistics); the batch sizing adds it. Without it a forward needs nothing more."""
+
+    def forward_extra_bytes(self, tokens: int) -> int:
+        """Bytes beyond the activations for a forward over at most `tokens` rows × width."""
+
+
+@runtime_checkable
 class MaybeDeterministic(Protocol):
     """A backbone Config that can say its samples do not depend on the key."""
 

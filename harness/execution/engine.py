@@ -24,6 +24,7 @@ import torch
 
 from dllmbench.api.interfaces import (
     Backbone,
+    CountsForwardMemory,
     CountsTokens,
     GradesMany,
     NotesGrades,
@@ -62,8 +63,11 @@ MEMORY_SHARE = 0.6  # of the GPU memory free after loading, for one forward's ac
 def sized_to_memory(capacity: Capacity, backbone: Backbone) -> Capacity:
     """`batch_tokens` from the free memory of the backbone's GPU when it is unset: about the
     activations of one layer of a no-grad forward per token (6 × hidden + 3 × MLP width
-    values), twice over for safety, within `MEMORY_SHARE` of what is free. Unchanged on a
-    CPU, for a backbone that is not a transformer, or when `batch_tokens` is given."""
+    values), twice over for safety, plus what the backbone says a forward needs beside them
+    (`CountsForwardMemory`: a packing backbone's block mask, which grows with the square of
+    the blocks), within `MEMORY_SHARE` of what is free: the most tokens whose sum fits.
+    Unchanged on a CPU, for a backbone that is not a transformer, or when `batch_tokens` is
+    given."""
     if capacity.batch_tokens is not None or not isinstance(backbone, TransformerBackbone):
         return capacity
     device = torch.device(backbone.device)
@@ -75,7 +79,13 @@ def sized_to_memory(capacity: Capacity, backbone: Backbone) -> Capacity:
     width = int(getattr(config, "intermediate_size", 4 * hidden))
     itemsize = next(backbone.transformer.parameters()).element_size()
     per_token = 2 * (6 * hidden + 3 * width) * itemsize
-    return dataclasses.replace(capacity, batch_tokens=max(1, int(free * MEMORY_SHARE) // per_token))
+    budget = int(free * MEMORY_SHARE)
+    extra = backbone.forward_extra_bytes if isinstance(backbone, CountsForwardMemory) else None
+    low, high = 1, max(1, budget // per_token)  # the extra bytes only lower the count
+    while extra is not None and low < high:  # the most tokens within the budget
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if mid * per_token + extra(mid) <= budget else (low, mid - 1)
+    return dataclasses.replace(capacity, batch_tokens=high)
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,12 @@ from dllmbench.plugins.backbones.loading import (
     random_model,
     resolve,
 )
-from dllmbench.plugins.backbones.packing import flex_available, packed_hidden, packed_length
+from dllmbench.plugins.backbones.packing import (
+    flex_available,
+    packed_forward_bytes,
+    packed_hidden,
+    packed_length,
+)
 
 # tokens that end an answer besides the tokenizer's EOS: chat turn ends of each family
 TURN_ENDS = ("<|im_end|>", "<|eot_id|>")
@@ -273,6 +278,14 @@ class DiffusionBackbone(abc.ABC):
         if self.config.attention == "packed":
             return packed_length(widths)
         return len(widths) * max(widths, default=0)
+
+    def forward_extra_bytes(self, tokens: int) -> int:
+        """Memory a denoising forward over at most `tokens` (rows × width) needs beyond its
+        activations: packed, the document mask and FlexAttention's statistics; padded, none."""
+        if self.config.attention == "packed":
+            heads = int(self.transformer.config.num_attention_heads)
+            return packed_forward_bytes(tokens, heads)
+        return 0
 
     @torch.no_grad()
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
