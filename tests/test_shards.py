@@ -337,6 +337,39 @@ def test_torchrun_of_two_processes_equals_one(tmp_path, whole):
     assert "(share 1/2)" in stderr and "(share 2/2)" in stderr  # progress lines say whose
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_torchrun_on_two_nodes_equals_one_process(tmp_path, whole):
+    """Two torchrun agents of one process each, as two nodes would start them, meeting at one
+    rendezvous: global rank 0 merges; the records equal one process's."""
+    out = tmp_path / "nodes"
+    endpoint = f"127.0.0.1:{free_port()}"
+    node = (sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node")
+    node += ("1", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "t")
+    nodes = [
+        subprocess.Popen(
+            [*node, "-m", "dllmbench", *map(str, RUN), "--out", str(out)],
+            env=child_env(),
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    outputs = [node.communicate(timeout=600) for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outputs
+    assert sum("Oracle@9" in stdout for stdout, _ in outputs) == 1  # one merged
+    assert len(lines(out)) == RECORDS
+    same_run(whole, out)
+
+
 ACCELERATE = (sys.executable, "-m", "accelerate.commands.launch", "--config_file")
 
 
