@@ -33,6 +33,7 @@ from dllmbench.storage.shards import Shard
 STARTUP_SECONDS = 60.0  # a process of the launch with no heartbeat by then is not coming
 LAUNCH_SKEW = 10.0  # processes of one launch start within this many seconds of each other
 POLL_SECONDS = 1.0
+SAY_EVERY = 60.0  # seconds between the first process's "waiting for …" lines
 
 Pair = tuple[str, str]
 
@@ -92,6 +93,15 @@ class ClaimedWork:
         if not todo:
             del self._pending[k]  # type: ignore[arg-type]
             self.claims.finish(k)  # type: ignore[arg-type]
+
+    def waiting_for(self) -> str:
+        """What the first process waits for, in words."""
+        complete = self.complete()
+        held = [c for c in self.claims.chunks() if not c.done and c.index not in complete]
+        if not held:
+            return "the other processes to end"
+        shares = sorted({str(c.share) for c in held})
+        return f"{len(held)} chunk(s) held by share {', '.join(shares)}"
 
     def finished(self) -> bool:
         """Whether every chunk of the run is done."""

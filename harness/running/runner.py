@@ -36,7 +36,7 @@ from dllmbench.loading.provenance import Origins, config_data
 from dllmbench.loading.registry import Registry, registry
 from dllmbench.running.allocator import keep_freed_memory
 from dllmbench.running.invocation import Invocation
-from dllmbench.running.launched import POLL_SECONDS, ClaimedWork, Watch
+from dllmbench.running.launched import POLL_SECONDS, SAY_EVERY, ClaimedWork, Watch, say
 from dllmbench.running.summary import summarize_records, summarize_run
 from dllmbench.storage.claims import Claims
 from dllmbench.storage.heartbeat import Heartbeat, heartbeat_name
@@ -563,6 +563,7 @@ def _run_claimed(
         invocation.keep(record)
         work.recorded(record)
 
+    said = time.monotonic()
     while True:
         engine.run(work.stream(), skip=work.skip, on_record=keep)
         if watch is None or (work.finished() and watch.others_ended()):
@@ -570,3 +571,6 @@ def _run_claimed(
         started = time.monotonic()
         time.sleep(POLL_SECONDS)  # chunks held by live processes: wait, then look again
         invocation.waiting(time.monotonic() - started)
+        if time.monotonic() - said >= SAY_EVERY:
+            say(f"share {shard.label}: waiting for {work.waiting_for()}")
+            said = time.monotonic()
