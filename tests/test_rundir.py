@@ -204,7 +204,7 @@ def test_provenance_does_not_block_a_resume(tmp_path):
             },
             "sampling.gen_length: 7 → 6",
         ),
-        ({"methods": []}, "methods: [] → [{"),
+        ({"methods": []}, "methods.Vanilla: added"),
         ({"budget": 1}, "budget: 1 → "),
     ],
 )
@@ -228,7 +228,7 @@ def test_a_path_that_located_weights_is_compared_by_their_hashes():
         "backbone.weights.model.model.safetensors: 'x' → 'y'"
     ]
     assert manifest_differences(manifest("/a", "x", weights=False), manifest("/b", "x")) == [
-        "backbone.weights.model.model.safetensors: '(absent)' → 'x'"
+        "backbone.weights.model.model.safetensors: (absent) → 'x'"
     ]
     # a path that located no hashed files is compared as it is
     assert manifest_differences(
@@ -500,3 +500,59 @@ def ledger_sum(records):
         for kind, n in r["ledger"]["passes"].items():
             out[kind] = out.get(kind, 0) + n
     return {k: v for k, v in sorted(out.items()) if v}
+
+
+def test_a_refused_resume_lists_what_differs_briefly(tmp_path):
+    """Adding methods to a finished run: one short line naming the methods added, not the
+    reprs of every entry."""
+    run(config(tmp_path / "r", methods=["vanilla"]))
+    with pytest.raises(UserError) as err:
+        run(config(tmp_path / "r"))
+    message = str(err.value)
+    assert "methods.Majority@9: added" in message and "methods.Oracle@9: added" in message
+    assert len(message) < 600, message
+    many = {f"k{i}": "x" * 500 for i in range(20)}
+    diffs = manifest_differences(many, {k: "y" for k in many})
+    assert len(diffs) == 20 and all(len(d) < 120 for d in diffs)
+
+
+def test_a_directory_locked_by_a_process_starting_now_names_it(tmp_path):
+    import fcntl
+
+    out = tmp_path / "r"
+    out.mkdir()
+    fd = os.open(out / ".lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # held, its holder's line not written yet
+    try:
+        with pytest.raises(
+            UserError, match=r"in use by another dllmbench run \(a process starting now\)"
+        ):
+            run(config(out, methods=["vanilla"]))
+    finally:
+        os.close(fd)
+
+
+def test_a_missing_compute_json_is_rebuilt_from_the_records_and_said(tmp_path, capsys):
+    seen = []
+
+    def stop(record):
+        seen.append(record)
+        if len(seen) == 4:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        run(config(tmp_path / "r"), on_record=stop)
+    (tmp_path / "r" / "compute.json").unlink()
+    capsys.readouterr()
+    run(config(tmp_path / "r"))
+    assert "compute.json is missing: its entry is rebuilt from the ledgers of the 4 records" in (
+        capsys.readouterr().err
+    )
+    compute = json.loads((tmp_path / "r" / "compute.json").read_text())
+    rebuilt, resumed = compute["invocations"]
+    assert rebuilt["rebuilt"] and rebuilt["records_written"] == 4 and rebuilt["physical"] == {}
+    records = RunDir(tmp_path / "r").read_records()
+    assert compute["total"]["passes"] == ledger_sum(records)
+    assert rebuilt["recorded"]["passes"] == rebuilt["passes"]
+    assert resumed["recorded"]["passes"] == resumed["passes"]
+    assert compute["total"]["unrecorded"] == {}

@@ -428,6 +428,8 @@ def run(
     claim_device(shard)
     with terminated_on_sigterm(), RunDir(cfg.run_dir(), shard) as rundir:
         # the pre-flight is done: a bad or busy run directory was an error before any model
+        for notice in rundir.notices:
+            say(f"note: {notice}")
         heart = Heartbeat(
             rundir.path / heartbeat_name(shard.suffix if shard else None),
             shard.label if shard else None,

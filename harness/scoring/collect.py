@@ -48,7 +48,7 @@ from dllmbench.execution.engine import Capacity, Engine, Sampling
 from dllmbench.execution.method import Method, MethodSpec
 from dllmbench.loading.provenance import config_data
 from dllmbench.loading.registry import Registry
-from dllmbench.storage.rundir import manifest_differences
+from dllmbench.storage.rundir import brief_differences, manifest_differences
 
 
 def snapshot_steps(total_steps: int, count: int) -> list[int]:
@@ -169,7 +169,7 @@ def run_collection(
         if diffs:
             raise UserError(
                 f"{out} holds another collection; choose another --out. "
-                f"Differences: {'; '.join(diffs)}"
+                f"Differences: {brief_differences(diffs)}"
             )
     else:
         meta_path.write_text(json.dumps(meta, indent=2) + "\n")

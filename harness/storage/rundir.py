@@ -76,12 +76,40 @@ def record_problem(value: Any) -> str | None:
 
 
 def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Dotted keys to leaf values; a list of objects with an `id` (the methods) is keyed by
+    their ids, so an added method is one key, not a changed list."""
+    if (
+        isinstance(value, list)
+        and value
+        and all(isinstance(x, dict) and isinstance(x.get("id"), str) for x in value)
+    ):
+        value = {x["id"]: x for x in value}
     if isinstance(value, dict):
         out: dict[str, Any] = {}
         for k, v in value.items():
             out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
         return out
     return {prefix: value}
+
+
+SHOWN_DIFFERENCES = 6  # differences a refusal lists (then: "and N more")
+SHOWN_CHARACTERS = 48  # of each value
+
+
+def _brief(value: Any) -> str:
+    """A value's repr, cut to a readable length."""
+    text = repr(value)
+    if len(text) <= SHOWN_CHARACTERS:
+        return text
+    more = f" ({len(value)} items)" if isinstance(value, (list, dict)) else ""
+    return text[: SHOWN_CHARACTERS - 1] + "…" + more
+
+
+def brief_differences(diffs: list[str]) -> str:
+    """The first differences and how many more: one short line."""
+    shown = "; ".join(diffs[:SHOWN_DIFFERENCES])
+    rest = len(diffs) - SHOWN_DIFFERENCES
+    return shown + (f"; and {rest} more" if rest > 0 else "")
 
 
 def _located(manifest: dict[str, Any]) -> set[str]:
@@ -104,11 +132,32 @@ def manifest_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     skip = _located(old) | _located(new)
     a = _flatten({k: v for k, v in old.items() if k not in VOLATILE})
     b = _flatten({k: v for k, v in new.items() if k not in VOLATILE})
-    return [
-        f"{k}: {a.get(k, '(absent)')!r} → {b.get(k, '(absent)')!r}"
+    absent = object()
+    keys = [
+        k
         for k in sorted(set(a) | set(b))
-        if a.get(k) != b.get(k) and not any(k == s or k.startswith(f"{s}.") for s in skip)
+        if a.get(k, absent) != b.get(k, absent)
+        and not any(k == s or k.startswith(f"{s}.") for s in skip)
     ]
+    # a method added or dropped is one difference, not one per key of its entry
+    groups: dict[str, list[str]] = {}
+    for k in keys:
+        parts = k.split(".")
+        group = ".".join(parts[:2]) if parts[0] == "methods" else k
+        groups.setdefault(group, []).append(k)
+    out = []
+    for group, members in groups.items():
+        if group.startswith("methods.") and all(k not in a for k in members):
+            out.append(f"{group}: added")
+        elif group.startswith("methods.") and all(k not in b for k in members):
+            out.append(f"{group}: dropped")
+        else:
+            out += [
+                f"{k}: {_brief(a[k]) if k in a else '(absent)'} → "
+                f"{_brief(b[k]) if k in b else '(absent)'}"
+                for k in members
+            ]
+    return out
 
 
 def _fsync_dir(path: Path) -> None:
@@ -255,6 +304,7 @@ class RunDir:
         self._slot: int | None = None  # this invocation's index in compute.json
         self._scanned: tuple[list[dict[str, Any]], int, int] | None = None  # by acquire()
         self.samples_offset = 0  # where this invocation's records start in its samples file
+        self.notices: list[str] = []  # what acquire() found and mended, to be said
 
     # -- pre-flight and lock ----------------------------------------------------------------
     def acquire(self) -> None:
@@ -323,10 +373,12 @@ class RunDir:
         except BlockingIOError as busy:
             self._made = []
             shares = ", ".join(s.label for s in running_shares(self.path))
+            holder = busy.args[0] or (
+                f"share {shares} of a sharded run" if shares else "a process starting now"
+            )
             raise UserError(
-                f"run directory {self.path} is in use by another dllmbench run "
-                f"({busy.args[0] or f'share {shares} of a sharded run'}); wait for it to "
-                "finish or choose another --out"
+                f"run directory {self.path} is in use by another dllmbench run ({holder}); "
+                "wait for it to finish or choose another --out"
             ) from None
         self._lock_fd = fd
         os.ftruncate(fd, 0)
@@ -388,6 +440,41 @@ class RunDir:
                 entries = [e for e in entries if not e.get("shard")]
             # a share's own compute file holds only its invocations: every one is kept
             self._compute = {"invocations": entries}
+        else:
+            self._rebuild_compute()
+
+    def _rebuild_compute(self) -> None:
+        """This process's compute file is missing while its samples file holds records (moved
+        away, deleted): the entry of the invocations that wrote them is rebuilt from their
+        ledgers (their physical forwards and seconds are unknown), and said."""
+        records, _, _ = self._scan(self.samples_path)
+        if not records:
+            return
+        passes: Counter[str] = Counter()
+        for record in records:
+            passes.update(record["ledger"].get("passes", {}))
+        entry = {
+            "created": None,
+            "finished": False,
+            "rebuilt": True,  # from the records: nothing else of those invocations is known
+            "records_written": len(records),
+            "shard": None if self.shard is None else self.shard.label,
+            "host": None,
+            "pid": None,
+            "token": None,
+            "samples": self.samples_path.name,
+            "offset": 0,
+            "wall_seconds": 0.0,
+            "waited_seconds": 0.0,
+            "passes": _sorted(passes),
+            "physical": {},
+        }
+        self._compute = {"invocations": [entry]}
+        self.notices.append(
+            f"{self.compute_path} is missing: its entry is rebuilt from the ledgers of the "
+            f"{len(records)} records in {self.samples_path.name} (their forwards and seconds "
+            "are unknown)"
+        )
 
     # -- manifest and records ---------------------------------------------------------------
     def read_manifest(self) -> dict[str, Any]:
@@ -407,7 +494,7 @@ class RunDir:
             if diffs:
                 raise UserError(
                     f"{self.path} holds a different run; choose another --out. "
-                    f"Differences: {'; '.join(diffs)}"
+                    f"Differences: {brief_differences(diffs)}"
                 )
             records, good, size = self._scanned or self._scan_all()
             if good < size:  # a torn last line: cut off, and its record is redone
