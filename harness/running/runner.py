@@ -443,8 +443,8 @@ def run(
                 raise watch.failure from None
             raise
         finally:
-            if not rundir.manifest_path.exists():
-                heart.remove()  # no run began: nothing to report
+            if not rundir.opened:
+                heart.restore()  # refused before it began: the directory stays as it was
             elif heart.beat.state == "running":
                 heart.stop("stopped")
         heart.stop("finished")

@@ -23,7 +23,6 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -165,6 +164,10 @@ class Heartbeat:
         return self.beat.token
 
     def start(self) -> Heartbeat:
+        try:  # what an earlier invocation left: put back if this one never begins
+            self._before: bytes | None = self.path.read_bytes()
+        except OSError:
+            self._before = None
         self._write()
         self._thread = threading.Thread(target=self._run, name="dllmbench-heartbeat", daemon=True)
         self._thread.start()
@@ -183,13 +186,19 @@ class Heartbeat:
         self.update(state=state)
         self._write()
 
-    def remove(self) -> None:
-        """Stop and remove the file (a run that never began: nothing to report)."""
+    def restore(self) -> None:
+        """Stop, and leave the file as it was before `start` (an invocation refused before it
+        began leaves the run directory as it was)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
         with contextlib.suppress(OSError):
-            self.path.unlink()
+            if self._before is None:
+                self.path.unlink()
+            else:
+                tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+                tmp.write_bytes(self._before)
+                os.replace(tmp, self.path)
 
     def _run(self) -> None:
         while not self._stop.wait(BEAT_SECONDS):
@@ -205,15 +214,3 @@ class Heartbeat:
                 os.replace(tmp, self.path)
             except OSError:
                 pass  # a full or vanished disk: the run's own writes will say so
-
-
-@contextlib.contextmanager
-def beating(path: Path, share: str | None = None) -> Iterator[Heartbeat]:
-    """A started heartbeat, stopped (`stopped`) on the way out unless the body set another
-    final state with `heart.stop("finished")`."""
-    heart = Heartbeat(path, share).start()
-    try:
-        yield heart
-    finally:
-        if heart.beat.state == "running":
-            heart.stop("stopped")

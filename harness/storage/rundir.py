@@ -305,6 +305,7 @@ class RunDir:
         self._scanned: tuple[list[dict[str, Any]], int, int] | None = None  # by acquire()
         self.samples_offset = 0  # where this invocation's records start in its samples file
         self.notices: list[str] = []  # what acquire() found and mended, to be said
+        self.opened = False  # open() accepted the manifest: the run began
 
     # -- pre-flight and lock ----------------------------------------------------------------
     def acquire(self) -> None:
@@ -501,8 +502,10 @@ class RunDir:
                 with open(self.samples_path, "r+b") as fh:
                     fh.truncate(good)
             self.samples_offset = good
+            self.opened = True
             return records
         self._made = []  # a run directory now: it stays
+        self.opened = True
         return []
 
     def samples_files(self) -> list[Path]:
