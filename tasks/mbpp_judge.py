@@ -2,7 +2,7 @@
 
 Each assert is parsed with `ast`. When it has a shape this module knows, the sandbox evaluates
 only the side that involves the program (the "actual" expression) and returns its value as data
-(`_sandbox_boot._encode`: exact builtin types only, recursively); the grader rebuilds the value
+(`_sandbox_boot._encode`: builtin values, recursively); the grader rebuilds the value
 here with a strict decoder, obtains the expected side itself and compares, so nothing the
 program does to its own interpreter (builtins, frames, `__eq__`, the exit path) can make a wrong
 value compare equal. Shapes:
@@ -21,8 +21,11 @@ from __future__ import annotations
 
 import ast
 import builtins
+import collections
 import math
 from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from fractions import Fraction
 
 MODULES = ("math", "sys")  # names an expected side computed in the sandbox may use
 SINGLETONS = (None, True, False)
@@ -172,6 +175,12 @@ def _build(node, depth: int):
             return args[0]
         if tag in _SEQUENCES and len(args) == 1 and type(args[0]) is tuple:
             return _SEQUENCES[tag](_build(item, depth + 1) for item in args[0])
+        if tag == "q" and len(args) == 2 and all(type(a) is str for a in args):
+            return Fraction(int(args[0], 16), int(args[1], 16))
+        if tag == "D" and len(args) == 1 and type(args[0]) is str and len(args[0]) < 10_000:
+            return Decimal(args[0])
+        if tag == "Q" and len(args) == 1 and type(args[0]) is tuple:
+            return collections.deque(_build(item, depth + 1) for item in args[0])
         if tag == "d" and len(args) == 1 and type(args[0]) is tuple:
             out = {}
             for pair in args[0]:
@@ -179,7 +188,7 @@ def _build(node, depth: int):
                     raise Undecodable("not a key-value pair")
                 out[_build(pair[0], depth + 1)] = _build(pair[1], depth + 1)
             return out
-    except (ValueError, TypeError, OverflowError) as exc:  # unhashable keys, bad hex
+    except (ValueError, TypeError, ArithmeticError, InvalidOperation) as exc:  # bad hex, 1/0
         raise Undecodable(str(exc)) from None
     raise Undecodable(f"unknown tag {tag!r}")
 
@@ -200,10 +209,10 @@ def holds(check: Check, actual, expected) -> bool:
         if check.kind == "false":
             return not actual
         if check.kind == "isclose":
-            numbers = (int, float, bool)
+            numbers = (int, float, bool, Fraction, Decimal)
             if type(actual) not in numbers or type(expected) not in numbers:
                 return False
             return math.isclose(actual, expected, rel_tol=check.rel_tol, abs_tol=check.abs_tol)
-    except (ValueError, TypeError, OverflowError, RecursionError):
+    except (ValueError, TypeError, ArithmeticError, RecursionError):
         return False
     raise ValueError(f"no verdict for a check of kind {check.kind!r}")
