@@ -156,6 +156,7 @@ class Mbpp:
         )
         self.sandbox = Sandbox(self.config.limits(), self.config.isolation)
         self._outcomes: dict[tuple[str, str], Outcome] = {}
+        self._expected: dict[str, tuple[str, ...]] = {}  # task → records of `before_steps`
         self._lock = threading.Lock()
 
     def splits(self) -> dict[str, int]:
@@ -218,18 +219,13 @@ class Mbpp:
 
     @staticmethod
     def steps(problem: Problem, program: str) -> list[tuple[str, ...]]:
-        """What the sandbox runs: expected sides it must compute (before the program), the
-        program, the setup code, then each assert: its actual side only ("eval": the value
-        comes back to be judged here) or, for a shape the judge does not know, the assert."""
+        """What the sandbox runs: the program, the setup code, then each assert: its actual side
+        only ("eval": the value comes back to be judged here) or, for a shape the judge does
+        not know, the assert. Expected sides computed in a sandbox are not among them: they
+        come from a run of their own (`before_steps`), which no program shares."""
         gold: Tests = problem.gold
         checks = gold.checks or tuple(plan(t) for t in gold.asserts)
-        before = [(f"expected {i + 1}", c.expected, "eval") for i, c in enumerate(checks)]
-        before = [s for s, c in zip(before, checks, strict=True) if c.before]
-        steps: list[tuple[str, ...]] = []
-        if before:
-            names = ", ".join(MODULES)
-            steps += [("imports", f"import {names}"), *before, ("imports", f"del {names}")]
-        steps.append(("program", program))
+        steps: list[tuple[str, ...]] = [("program", program)]
         if gold.setup.strip():
             steps.append(("setup", gold.setup))
         for i, check in enumerate(checks):
@@ -240,28 +236,62 @@ class Mbpp:
         return steps
 
     @staticmethod
-    def judge(problem: Problem, outcome: Outcome) -> Outcome:
-        """The outcome with the verdict on the returned values: a run that completed but
-        returned a wrong value, or values that are not exactly one per check, is `wrong`."""
+    def before_steps(problem: Problem) -> list[tuple[str, ...]]:
+        """The run that computes the expected sides the sandbox's interpreter must compute
+        (e.g. `sys.getsizeof((1, 2))`), alone: no program runs in it; [] when there are none."""
+        gold: Tests = problem.gold
+        checks = gold.checks or tuple(plan(t) for t in gold.asserts)
+        before = [(f"expected {i + 1}", c.expected, "eval") for i, c in enumerate(checks)]
+        before = [s for s, c in zip(before, checks, strict=True) if c.before]
+        if not before:
+            return []
+        names = ", ".join(MODULES)
+        return [("imports", f"import {names}"), *before]
+
+    def expected(self, problem: Problem) -> tuple[str, ...]:
+        """The encoded expected sides of `before_steps` (cached per task); an error if that
+        run, which holds no program, fails."""
+        steps = self.before_steps(problem)
+        if not steps:
+            return ()
+        with self._lock:
+            cached = self._expected.get(problem.id)
+        if cached is None:
+            outcome = self.sandbox.run(steps)
+            if not outcome.passed:
+                raise UserError(
+                    f"mbpp: task {problem.id}'s expected values could not be computed in the "
+                    f"sandbox ({outcome.status}: {outcome.stderr.strip()[-200:]})"
+                )
+            cached = outcome.values
+            with self._lock:
+                self._expected[problem.id] = cached
+        return cached
+
+    @staticmethod
+    def judge(problem: Problem, outcome: Outcome, expected: Sequence[str] = ()) -> Outcome:
+        """The outcome with the verdict on the returned values (`expected`: the records of the
+        task's `before_steps` run): a run that completed but returned a wrong value, or values
+        that are not exactly one per check, is `wrong`."""
         if not outcome.passed:
             return outcome
         gold: Tests = problem.gold
         checks = gold.checks or tuple(plan(t) for t in gold.asserts)
         before = [c for c in checks if c.before]
         after = [c for c in checks if c.outside]
-        if len(outcome.values) != len(before) + len(after):
+        if len(outcome.values) != len(after) or len(expected) != len(before):
             return replace(outcome, passed=False, status="wrong")
         try:
-            values = [decode(v) for v in outcome.values]
-            computed = iter(values[: len(before)])
-            for check, actual in zip(after, values[len(before) :], strict=True):
+            computed = iter([decode(v) for v in expected])
+            for check, record in zip(after, outcome.values, strict=True):
+                actual = decode(record)
                 if check.before:
-                    expected = next(computed)
+                    value = next(computed)
                 elif check.expected:
-                    expected = ast.literal_eval(check.expected)
+                    value = ast.literal_eval(check.expected)
                 else:
-                    expected = None
-                if not holds(check, actual, expected):
+                    value = None
+                if not holds(check, actual, value):
                     return replace(outcome, passed=False, status="wrong")
         except Undecodable:
             return replace(outcome, passed=False, status="wrong")
@@ -273,7 +303,9 @@ class Mbpp:
         with self._lock:
             cached = self._outcomes.get(key)
         if cached is None:
-            cached = _slim(self.judge(problem, self.sandbox.run(self.steps(problem, program))))
+            expected = self.expected(problem)
+            outcome = self.sandbox.run(self.steps(problem, program))
+            cached = _slim(self.judge(problem, outcome, expected))
             with self._lock:
                 self._outcomes[key] = cached
         return cached
@@ -286,22 +318,33 @@ class Mbpp:
         todo = {(p.id, a): p for p, a, _ in items if a is not None}
         with self._lock:
             pending = [(p, a) for (_, a), p in todo.items() if (p.id, a) not in self._outcomes]
+        needed = {p.id: p for p, _ in pending if self.before_steps(p)}
+        with self._lock:
+            needed = {i: p for i, p in needed.items() if i not in self._expected}
+        computed = self.sandbox.run_many(
+            [self.before_steps(p) for p in needed.values()], workers=self.config.workers
+        )
+        with self._lock:
+            for problem_id, outcome in zip(needed, computed, strict=True):
+                if outcome.passed:
+                    self._expected[problem_id] = outcome.values
         outcomes = self.sandbox.run_many(
             [self.steps(p, a) for p, a in pending], workers=self.config.workers
         )
-        with self._lock:
-            for (p, a), outcome in zip(pending, outcomes, strict=True):
-                self._outcomes[(p.id, a)] = _slim(self.judge(p, outcome))
+        for (p, a), outcome in zip(pending, outcomes, strict=True):
+            judged = _slim(self.judge(p, outcome, self.expected(p)))
+            with self._lock:
+                self._outcomes[(p.id, a)] = judged
         return [a is not None and self._outcomes[(p.id, a)].passed for p, a, _ in items]
 
     def grade_note(self, problem: Problem, answer: str) -> str | None:
-        """Kept in the record when the grade came from a second run, alone, of a program that
-        timed out beside others (`Outcome.reran`)."""
+        """Kept in the record when the grade came from a second run of a program that timed out
+        beside others (`Outcome.reran`: beside only the programs that timed out too)."""
         with self._lock:
             outcome = self._outcomes.get((problem.id, answer))
         if outcome is None or not outcome.reran:
             return None
-        return f"timed out beside other programs; run again alone: {outcome.status}"
+        return f"timed out beside other programs; run again: {outcome.status}"
 
     def data_files(self) -> dict[str, str]:
         return self._data.data_files()
