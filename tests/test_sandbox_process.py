@@ -348,3 +348,22 @@ def test_596_forged_values_are_graded_wrong_every_time(task596):
     grades = task.grade_many(items)
     assert grades == [False] * 10 + [True, True]
     assert task.grade(problem, problem.gold.reference, "")
+
+
+# -- timeouts ---------------------------------------------------------------------------------
+
+BLOCKER = "import time\nprint('start', time.time(), flush=True)\ntime.sleep(600)\n"
+
+
+def test_programs_that_time_out_are_run_again_side_by_side():
+    """Eight programs that block until their 3 s timeout: their second runs overlap (each
+    started before the first of them could have timed out), so they cost one more timeout,
+    not eight."""
+    sandbox = Sandbox(Limits(timeout=3))
+    began = time.monotonic()
+    outcomes = sandbox.run_many([[("program", BLOCKER)]] * 8, workers=8)
+    seconds = time.monotonic() - began
+    assert [(o.status, o.reran) for o in outcomes] == [("timeout", True)] * 8, outcomes
+    starts = sorted(float(o.stdout.split()[1]) for o in outcomes)
+    assert starts[-1] - starts[0] < 3, starts  # all eight second runs at once
+    assert seconds < 8 * 3, seconds  # not one after another (about 6 s: two timeouts)
