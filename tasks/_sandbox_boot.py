@@ -136,6 +136,13 @@ def _build_root(request: dict, owner: int) -> None:
     flags = MS_NOSUID | MS_NODEV
     _mount("tmpfs", root, "tmpfs", flags, "size=4m,mode=755")
     _minimal_etc(root + "/etc", owner)
+    # the only writable places: the scratch directory and /tmp, each its own capped tmpfs (made
+    # first: a bind below /tmp, such as a virtual environment there, goes on top of it)
+    os.makedirs(root + SCRATCH)
+    opts = f"size={size}m,nr_inodes=4096"
+    _mount("tmpfs", root + SCRATCH, "tmpfs", flags, f"{opts},mode=700,uid={owner},gid={owner}")
+    os.makedirs(root + "/tmp")
+    _mount("tmpfs", root + "/tmp", "tmpfs", flags, f"{opts},mode=1777")
     for path, fd in binds:
         target = root + path
         if os.path.islink(path):  # merged /usr: /bin -> usr/bin
@@ -148,7 +155,7 @@ def _build_root(request: dict, owner: int) -> None:
         _mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | kept)
         os.close(fd)
     _hide(root, [path for path, _fd in binds], request["hidden"])
-    os.makedirs(root + "/dev")
+    os.makedirs(root + "/dev", exist_ok=True)
     for name in DEVICES:
         if os.path.exists("/dev/" + name):
             open(root + "/dev/" + name, "w").close()
@@ -157,17 +164,11 @@ def _build_root(request: dict, owner: int) -> None:
         os.symlink(target, root + "/dev/" + name)
     os.symlink("/proc/self/fd/1", root + "/dev/stdout")
     os.symlink("/proc/self/fd/2", root + "/dev/stderr")
-    # the only writable places: the scratch directory and /tmp, each its own capped tmpfs
-    os.makedirs(root + SCRATCH)
-    opts = f"size={size}m,nr_inodes=4096"
-    _mount("tmpfs", root + SCRATCH, "tmpfs", flags, f"{opts},mode=700,uid={owner},gid={owner}")
-    os.makedirs(root + "/tmp")
-    _mount("tmpfs", root + "/tmp", "tmpfs", flags, f"{opts},mode=1777")
     os.makedirs(root + "/var", exist_ok=True)
     for link in ("/dev/shm", "/var/tmp"):
         if not os.path.lexists(root + link):
             os.symlink("/tmp", root + link)
-    os.makedirs(root + "/proc")
+    os.makedirs(root + "/proc", exist_ok=True)
     _mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     _pivot(root)
 
