@@ -115,17 +115,22 @@ def _binds(site_packages: list[str]) -> list[tuple[str, int]]:
 
 
 def _hide(root: str, binds: list[str], hidden: list[str]) -> None:
-    """Cover each hidden folder (real paths: the grader's package and data) that a bind shows,
-    under every name the binds show it, with an empty read-only tmpfs."""
+    """Cover each hidden path (real paths: the grader's package and data) that a bind shows,
+    under every name the binds show it: a folder with an empty read-only tmpfs, a file with
+    /dev/null."""
     for bind in binds:
         real = os.path.realpath(bind)
         for path in hidden:
             if path != real and not path.startswith(real.rstrip("/") + "/"):
                 continue
             target = root + bind + path[len(real) :]
-            if os.path.isdir(target) and not os.path.islink(target):
+            if os.path.islink(target):
+                continue
+            if os.path.isdir(target):
                 flags = MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY
                 _mount("tmpfs", target, "tmpfs", flags, "size=4k,nr_inodes=2,mode=000")
+            elif os.path.isfile(target):  # a data file: read as empty
+                _mount("/dev/null", target, None, MS_BIND)
 
 
 def _build_root(request: dict, owner: int) -> None:

@@ -96,6 +96,20 @@ class Tests:
     setup: str
     reference: str
     checks: tuple[Check, ...] = ()  # how each assert is judged (`mbpp_judge.plan`)
+    # what the answer completes (HumanEval's prompt: imports, signature, docstring); "" for MBPP
+    prefix: str = ""
+
+
+def assemble(prefix: str, answer: str) -> str:
+    """The program run for an answer: the answer alone without a prefix; a function body
+    (its first line indented) completes the prefix; a whole program follows it (so helpers
+    the prefix defines stay defined, and the answer's own definitions win)."""
+    if not prefix:
+        return answer
+    first = next((line for line in answer.splitlines() if line.strip()), "")
+    if first[:1] in (" ", "\t"):
+        return prefix + answer
+    return prefix.rstrip("\n") + "\n\n\n" + answer
 
 
 def _slim(outcome: Outcome, keep: int = 2000) -> Outcome:
@@ -143,8 +157,17 @@ class Mbpp:
     contract_configs: ClassVar[list[dict]] = [{}]
 
     def __init__(self, **config: Any):
-        self.config = MbppConfig(**config)
-        self._data = TaskData(
+        self.config = self.Config(**config)
+        self._data = self._task_data()
+        # the task's data files (the user's, wherever they are) are never shown to programs
+        data = [str(path) for path in self._data.local.values()]
+        self.sandbox = Sandbox(self.config.limits(), self.config.isolation, hide=data)
+        self._outcomes: dict[tuple[str, str], Outcome] = {}
+        self._expected: dict[str, tuple[str, ...]] = {}  # task → records of `before_steps`
+        self._lock = threading.Lock()
+
+    def _task_data(self) -> TaskData:
+        return TaskData(
             "mbpp",
             data=self.config.data,
             revision=self.config.revision,
@@ -154,10 +177,6 @@ class Mbpp:
             check=_check_row,
             select=_in_range,
         )
-        self.sandbox = Sandbox(self.config.limits(), self.config.isolation)
-        self._outcomes: dict[tuple[str, str], Outcome] = {}
-        self._expected: dict[str, tuple[str, ...]] = {}  # task → records of `before_steps`
-        self._lock = threading.Lock()
 
     def splits(self) -> dict[str, int]:
         return self._data.splits()
@@ -225,7 +244,7 @@ class Mbpp:
         come from a run of their own (`before_steps`), which no program shares."""
         gold: Tests = problem.gold
         checks = gold.checks or tuple(plan(t) for t in gold.asserts)
-        steps: list[tuple[str, ...]] = [("program", program)]
+        steps: list[tuple[str, ...]] = [("program", assemble(gold.prefix, program))]
         if gold.setup.strip():
             steps.append(("setup", gold.setup))
         for i, check in enumerate(checks):

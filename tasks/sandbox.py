@@ -182,7 +182,7 @@ class Sandbox:
             raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}, got {isolation!r}")
         self.limits = limits or Limits()
         self.isolation = isolation
-        self.hide = tuple(os.path.realpath(p) for p in hide)
+        self.hide = tuple(dict.fromkeys(os.path.realpath(p) for p in hide))
 
     def run(self, steps: Sequence[tuple[str, ...]]) -> Outcome:
         """Run (name, source) steps in order, in one namespace; pass when all complete.
