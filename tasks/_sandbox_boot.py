@@ -20,8 +20,9 @@ With isolation "namespaces" the process unshares mount, network, PID, IPC and UT
 3. installs an audit hook that refuses sockets, new processes and signals, and runs each step.
 
 Isolation "process" has none of the namespaces or the new root: the process sets the limits,
-drops every capability, confines its file access with Landlock, installs the seccomp filter and
-runs the program itself, in a scratch directory the grader made.
+caps its scratch directory (the grader made it; a tmpfs mounted over it in a mount namespace of
+its own, where one can be made), confines its file access with Landlock, drops every
+capability, installs the seccomp filter and runs the program itself.
 A run that completes writes the request's nonce on stdout and exits 0; anything else fails.
 """
 

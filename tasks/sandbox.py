@@ -13,12 +13,14 @@ memfds, tasks, one CPU; where cgroups are writable), whose child side (`_sandbox
   directories, a minimal /etc, a private /tmp and the scratch directory (cwd), each a small
   tmpfs; no network interface but a down loopback; a /proc of its own; zero SysV limits; then,
   as root, a fresh unprivileged uid, otherwise no capabilities; no_new_privs;
-- isolation "process": none of the namespaces; no capabilities, Landlock confining file access
-  to the interpreter and a scratch directory of the host (required as root); for machines
-  without namespaces;
-- a seccomp filter: no processes but threads, no exec, no sockets but AF_UNIX (none in "process"
-  mode), no namespaces, mounts, ptrace, keyrings, SysV IPC, memfds, bpf, io_uring, no signals
-  to other processes;
+- isolation "process": none of the namespaces; no capabilities, Landlock (required) confining
+  file access to the system and interpreter folders, the environment's site-packages and a
+  scratch directory capped in size (a tmpfs of its own, else a folder on /dev/shm charged to
+  the run's cgroup, else it refuses to run); for machines without namespaces;
+- a seccomp filter: no processes (no threads either with one task), no exec, no sockets or
+  socket pairs but AF_UNIX (none in "process" mode), no namespaces, mounts, ptrace, keyrings,
+  SysV IPC, memfds, bpf, io_uring, no signals, prlimit or descriptor owners (F_SETOWN,
+  F_SETSIG) aimed at other processes;
 - resource limits: CPU seconds, address space, tasks, file size, open files, no core;
 - a guard (an audit hook) that refuses sockets, process creation and signals with a readable
   error (the filter is what holds when a program switches the guard off).
@@ -26,7 +28,9 @@ memfds, tasks, one CPU; where cgroups are writable), whose child side (`_sandbox
 The grader enforces a wall-clock limit and an output cap (stdout and stderr together), and on
 either kills the control group and the process group; the PID namespace dies with its first
 process, so nothing the program started survives it. `run_many` runs programs side by side and
-runs one that timed out again, alone, once.
+runs those that timed out again, once, side by side with each other. The child imports from the
+site-packages of the environment running dllmbench, never seeing dllmbench's own package, data
+or metadata (`hidden_paths`).
 """
 
 from __future__ import annotations
@@ -98,7 +102,7 @@ class Outcome:
     values: tuple[str, ...] = ()
     # the most memory the run's control group held at once (MiB); None without cgroups
     memory_peak_mb: float | None = None
-    # this is a second run, made alone, of a program whose first run (beside others) timed out
+    # this is a second run (beside only other re-runs) of a program whose first run timed out
     reran: bool = False
 
 
