@@ -9,6 +9,7 @@ import os
 import resource
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -367,3 +368,53 @@ def test_programs_that_time_out_are_run_again_side_by_side():
     starts = sorted(float(o.stdout.split()[1]) for o in outcomes)
     assert starts[-1] - starts[0] < 3, starts  # all eight second runs at once
     assert seconds < 8 * 3, seconds  # not one after another (about 6 s: two timeouts)
+
+
+# -- Landlock's own scoping, behind the filter ----------------------------------------------------
+
+SCOPED = """
+import ctypes, os, socket, sys
+from dllmbench.tasks import _sandbox_boot as boot
+victim, scratch, name = int(sys.argv[1]), sys.argv[2], chr(0) + sys.argv[3]
+abi = boot._landlock_abi()
+assert boot._landlock(scratch, [], [])
+try:
+    os.kill(victim, 0)
+    print("signal sent")
+except PermissionError:
+    print("signal refused")
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+try:
+    s.sendto(b"x", name)
+    print("abstract sent")
+except PermissionError:
+    print("abstract refused")
+"""
+
+
+def test_landlock_scopes_signals_and_abstract_sockets_on_its_own(victim, tmp_path):
+    """Without the seccomp filter (which refuses both first), Landlock alone (ABI 6) keeps a
+    confined process from signalling a process outside and from reaching a host's abstract
+    socket."""
+    from dllmbench.tasks import _sandbox_boot as boot
+
+    if boot._landlock_abi() < 6:
+        pytest.skip("Landlock ABI 6 (signal and abstract socket scoping) is not here")
+    name = f"\0dllmbench-scope-{os.getpid()}"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(name)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", SCOPED, str(victim.pid), str(tmp_path), name[1:]],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 0, result.stderr[-1000:]
+        assert result.stdout.split("\n")[:2] == ["signal refused", "abstract refused"]
+        listener.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            listener.recv(8)
+    finally:
+        listener.close()
+    assert victim.poll() is None
