@@ -789,13 +789,28 @@ def _guard(event: str, args: tuple) -> None:
 
 
 def _compile(steps: list) -> list:
-    """(code, is_eval) of every step: each must compile before any runs."""
+    """(code, kind, function) of every step: each must compile before any runs. Kinds: "exec",
+    "eval" (the value is sent back), "record" (run with `__candidate__` calling the program's
+    `function` and sending back each value it returns)."""
     out = []
     for step in steps:
         name, source = step[0], step[1]
-        is_eval = len(step) > 2 and step[2] == "eval"
-        out.append((compile(source, f"<{name}>", "eval" if is_eval else "exec"), is_eval))
+        kind = step[2] if len(step) > 2 else "exec"
+        function = step[3] if kind == "record" else None
+        mode = "eval" if kind == "eval" else "exec"
+        out.append((compile(source, f"<{name}>", mode), kind, function))
     return out
+
+
+def _recorder(function, values, _emit_, _encode_):
+    """A stand-in for the program's function that sends back each value it returns."""
+
+    def candidate(*args, **kwargs):
+        value = function(*args, **kwargs)
+        _emit_(values, _encode_(value))
+        return value
+
+    return candidate
 
 
 def _finish(request: dict) -> None:
@@ -806,6 +821,7 @@ def _finish(request: dict) -> None:
     only in this frame's locals.
     """
     _exec, _eval, _exit, _write, _encode_, _emit_ = exec, eval, os._exit, os.write, _encode, _emit
+    _recorder_ = _recorder
     marker = f"\n{request.pop('nonce')}\n".encode()
     values = int(request.pop("values_fd"))
     steps = request.pop("steps")
@@ -818,11 +834,14 @@ def _finish(request: dict) -> None:
         sys.modules["__sandbox__"] = module
         namespace = module.__dict__
         sys.addaudithook(_guard)  # cannot be removed once added
-        for code, is_eval in codes:
-            if is_eval:
+        for code, kind, function in codes:
+            if kind == "eval":
                 _emit_(values, _encode_(_eval(code, namespace)))
-            else:
-                _exec(code, namespace)
+                continue
+            if kind == "record":
+                target = namespace[function]
+                namespace["__candidate__"] = _recorder_(target, values, _emit_, _encode_)
+            _exec(code, namespace)
     except BaseException:  # SystemExit and KeyboardInterrupt are failures too
         try:
             namespace.clear()  # free what the program holds: a MemoryError's report needs room

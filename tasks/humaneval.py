@@ -12,9 +12,12 @@ definition of the function wins).
 `check(candidate)` is split into its statements, `candidate` named as the entry point: each
 `assert` of a shape the judge knows is judged outside the program's process like MBPP's
 (`dllmbench.tasks.mbpp_judge`: only the actual side runs in the sandbox, its value comes back as
-data); the other statements (loops, helpers, asserts of other shapes) run in the program's
-process in order, counted in `meta["judged_in_process"]`. The test's top-level code (imports,
-`METADATA`, helpers) runs after the program as setup.
+data); asserts of a constant true (`assert True, "…"`) are dropped. A check() with anything
+else (loops, helpers, asserts of other shapes) is replayed instead: the program's run calls
+check() with a stand-in that sends back every value the function returns, and a second run,
+with no program in it, runs the same check() (with `random` seeded the same way) against a
+`candidate` that returns those values in order; the second run's verdict is the grade. The
+test's top-level code (imports, `METADATA`, helpers) runs after the program as setup.
 
 Prompt styles: `chat` (the prompt in a user message, asking for the completed function in one
 code block) and `fewshot`, the raw prompt to continue (HumanEval is zero-shot: the model cards'
@@ -60,14 +63,14 @@ def _check_row(row: dict[str, Any]) -> str | None:
 
 
 class _Rename(ast.NodeTransformer):
-    """`candidate` → the entry point's name, wherever the test reads it."""
+    """One name → another, wherever the test reads it."""
 
-    def __init__(self, name: str):
-        self.name = name
+    def __init__(self, old: str, new: str):
+        self.old, self.new = old, new
 
     def visit_Name(self, node: ast.Name) -> ast.AST:
-        if node.id == "candidate":
-            return ast.copy_location(ast.Name(self.name, node.ctx), node)
+        if node.id == self.old:
+            return ast.copy_location(ast.Name(self.new, node.ctx), node)
         return node
 
 
@@ -83,11 +86,27 @@ def _checks(test: str, entry_point: str) -> tuple[str, tuple[Check, ...]]:
     if [a.arg for a in function.args.args] != ["candidate"]:
         raise ValueError("check takes something else than (candidate)")
     setup = "\n".join(ast.unparse(n) for n in module.body if n is not function)
+    # the replayed form: a call of the function by its own name is a call of `candidate` too
+    # (made before the renaming below, which edits the tree)
+    copy = ast.parse(ast.unparse(function))
+    original = ast.unparse(_Rename(entry_point, "candidate").visit(copy))
     out = []
     for statement in function.body:
-        source = ast.unparse(_Rename(entry_point).visit(statement))
+        if isinstance(statement, ast.Assert) and _always_true(statement.test):
+            continue  # `assert True, "…"`: holds whatever the program does
+        source = ast.unparse(_Rename("candidate", entry_point).visit(statement))
         out.append(plan(source) if isinstance(statement, ast.Assert) else Check("exec", source))
-    return setup, tuple(out)
+    if all(c.outside for c in out):
+        return setup, tuple(out)
+    # loops, helpers, asserts of other shapes: the whole check() is replayed outside
+    return setup, (Check("replay", original, entry_point),)
+
+
+def _always_true(test: ast.expr) -> bool:
+    try:
+        return bool(ast.literal_eval(test))
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
 
 
 def extract_program(text: str) -> str | None:
@@ -159,6 +178,7 @@ class HumanEval(Mbpp):
                 "entry_point": f["entry_point"],
                 "source": row.where,
                 "judged_in_process": sum(not c.outside for c in checks),
+                "replayed": any(c.kind == "replay" for c in checks),
             }
             # "HumanEval/7" → "7": an id that is safe in any file name
             out.append(Problem(f["task_id"].rsplit("/", 1)[-1], f["prompt"], gold, meta))

@@ -9,12 +9,13 @@ value compare equal. Shapes:
 
 - `assert A == E`, `assert E == A`, `assert A != E` (and `is` / `is not` with None, True, False);
 - `assert A` and `assert not A` (the value's truth, taken here);
-- `assert math.isclose(A, E[, rel_tol=…, abs_tol=…])` (the tolerances must be literals).
+- `assert math.isclose(A, E[, rel_tol=…, abs_tol=…])` (the tolerances must be literals);
+- `assert abs(A - E) < T` (T a literal).
 
 E is a literal (`ast.literal_eval`, evaluated here), or an expression over the modules `math`
-and `sys` only (e.g. `sys.getsizeof((1, 2))`): the sandbox evaluates that one before the program
-runs, so the program cannot have touched the interpreter yet. Any other assert runs in the
-program's process as before (`Check.kind == "exec"`), and is counted.
+and `sys` and a few pure builtins only (e.g. `sys.getsizeof((1, 2))`, `2.0 / 3.0`,
+`tuple([1, 2])`): the sandbox evaluates that one in a run of its own, with no program. Any
+other assert runs in the program's process (`Check.kind == "exec"`), and is counted.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 
 MODULES = ("math", "sys")  # names an expected side computed in the sandbox may use
+# builtins an expected side computed in the sandbox may call (in a run with no program, so they
+# are Python's own): the conversions and folds tests write expected values with
+PURE_BUILTINS = ("abs", "dict", "float", "frozenset", "int", "len", "list", "max", "min")
+PURE_BUILTINS += ("round", "set", "sorted", "str", "sum", "tuple")
 SINGLETONS = (None, True, False)
 
 
@@ -35,7 +40,7 @@ SINGLETONS = (None, True, False)
 class Check:
     """How one assert is judged."""
 
-    kind: str  # eq, ne, is, is_not, true, false, isclose; exec: in the program's process
+    kind: str  # eq, ne, is, is_not, true, false, isclose, abs_lt; exec: in the program's process
     source: str  # the assert
     actual: str = ""  # the expression the sandbox evaluates after the program
     expected: str = ""  # a literal (evaluated here) or, with `before`, an expression
@@ -57,14 +62,14 @@ def _literal(node: ast.AST) -> bool:
 
 
 def _module_only(node: ast.AST) -> bool:
-    """An expression that uses no name but `math` and `sys` (so no name the program defines)."""
+    """An expression that uses no name but `math`, `sys` and a few pure builtins (so no name
+    the program or the test defines), e.g. `sys.getsizeof((1,))`, `2.0 / 3.0` or
+    `tuple([1, 2])`."""
     names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
     banned = (ast.Lambda, ast.NamedExpr, ast.Await, ast.Yield, ast.YieldFrom)
     comprehension = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
-    return (
-        bool(names)
-        and names <= set(MODULES)
-        and not any(isinstance(n, banned + comprehension) for n in ast.walk(node))
+    return names <= set(MODULES + PURE_BUILTINS) and not any(
+        isinstance(n, banned + comprehension) for n in ast.walk(node)
     )
 
 
@@ -86,6 +91,9 @@ def plan(source: str) -> Check:
     if len(body) != 1 or not isinstance(body[0], ast.Assert):  # a message changes no verdict
         return inside
     test = body[0].test
+    close = _abs_lt(source, test)
+    if close is not None:
+        return close
     if isinstance(test, ast.Compare) and len(test.ops) == 1:
         op, left, right = test.ops[0], test.left, test.comparators[0]
         if isinstance(op, (ast.Is, ast.IsNot)):
@@ -131,6 +139,32 @@ def plan(source: str) -> Check:
     if own and test.func.id not in dir(builtins):
         return Check(kind, source, ast.unparse(test))
     return inside
+
+
+def _abs_lt(source: str, test: ast.expr) -> Check | None:
+    """`abs(A - E) < T` (either order of A and E), T a non-negative literal number."""
+    if not (
+        isinstance(test, ast.Compare)
+        and len(test.ops) == 1
+        and isinstance(test.ops[0], ast.Lt)
+        and isinstance(test.left, ast.Call)
+        and ast.unparse(test.left.func) == "abs"
+        and len(test.left.args) == 1
+        and not test.left.keywords
+        and isinstance(test.left.args[0], ast.BinOp)
+        and isinstance(test.left.args[0].op, ast.Sub)
+        and _literal(test.comparators[0])
+    ):
+        return None
+    tol = ast.literal_eval(test.comparators[0])
+    if type(tol) not in (int, float) or not tol >= 0:
+        return None
+    difference = test.left.args[0]
+    for actual, other in ((difference.left, difference.right), (difference.right, difference.left)):
+        expected = _expected(other)
+        if expected is not None and not _literal(actual) and not _module_only(actual):
+            return Check("abs_lt", source, ast.unparse(actual), *expected, abs_tol=float(tol))
+    return None
 
 
 # -- values -----------------------------------------------------------------------------------
@@ -213,6 +247,11 @@ def holds(check: Check, actual, expected) -> bool:
             if type(actual) not in numbers or type(expected) not in numbers:
                 return False
             return math.isclose(actual, expected, rel_tol=check.rel_tol, abs_tol=check.abs_tol)
+        if check.kind == "abs_lt":
+            numbers = (int, float, bool, Fraction, Decimal)
+            if type(actual) not in numbers or type(expected) not in numbers:
+                return False
+            return bool(abs(actual - expected) < check.abs_tol)
     except (ValueError, TypeError, ArithmeticError, RecursionError):
         return False
     raise ValueError(f"no verdict for a check of kind {check.kind!r}")

@@ -46,9 +46,14 @@ def test_checks_are_judged_outside_where_their_shape_is_known(problems):
     assert first.meta["entry_point"] == "has_close_elements"
     assert first.meta["judged_in_process"] == 0
     assert all(c.kind == "eq" and "has_close_elements(" in c.actual for c in first.gold.checks)
-    outside = sum(c.outside for p in problems for c in p.gold.checks)
-    inside = sum(p.meta["judged_in_process"] for p in problems)
-    assert (outside, inside) == (1111, 85)  # of check()'s 1196 statements
+    # nothing is judged in the program's process: a check() with statements the judge does not
+    # know (loops, helpers) is replayed whole, in a run of its own
+    assert sum(p.meta["judged_in_process"] for p in problems) == 0
+    replayed = [p.id for p in problems if p.meta["replayed"]]
+    assert replayed == ["32", "33", "38", "44", "50", "53", "129", "151"]
+    for problem in problems:
+        kinds = {c.kind for c in problem.gold.checks}
+        assert kinds == {"replay"} if problem.meta["replayed"] else "replay" not in kinds
 
 
 @pytest.mark.parametrize(
@@ -92,8 +97,8 @@ def test_every_canonical_solution_passes(task, problems):
 @pytest.mark.parametrize("name", sorted(CHEATS))
 def test_the_mbpp_cheats_are_graded_wrong(task, problems, name):
     """Each cheat of the MBPP suite, aimed at problem 0 (every check judged outside) and at a
-    problem with statements judged in the program's process."""
-    mixed = next(p for p in problems if p.meta["judged_in_process"])
+    problem whose check() is replayed (a loop over seeded random inputs)."""
+    mixed = next(p for p in problems if p.id == "32")
     for problem in (problems[0], mixed):
         cheat = CHEATS[name].replace("remove_Occ", problem.meta["entry_point"])
         text = f"```python\n{cheat}\n```"
@@ -108,3 +113,32 @@ def test_a_run_end_to_end(cli, tmp_path):
     result = cli(*argv)
     assert result.code == 0, result.err
     assert "humaneval" in result.out and (out / "manifest.json").is_file()
+
+
+def test_a_replayed_check_judges_the_values_not_the_programs_run(task, problems):
+    """Problem 53 checks `add` on 100 random pairs in a loop. A program that fixes `random` so
+    that its run only asks easy questions passes that run; the replay asks the real ones."""
+    problem = next(p for p in problems if p.id == "53")
+    assert problem.meta["replayed"]
+    easy = (
+        "import random\n"
+        "random.randint = lambda a, b: 0\n"
+        "random.seed = lambda *a, **k: None\n"
+        "def add(x, y):\n"
+        "    return {(0, 1): 1, (1, 0): 1, (2, 3): 5, (5, 7): 12, (7, 5): 12}.get((x, y), 0)\n"
+    )
+    assert task.sandbox.run(task.steps(problem, easy)).passed  # its own run completes
+    assert not task.grade(problem, easy, "")
+    assert task.grade(problem, "def add(x, y):\n    return x + y\n", "")
+    # records forged beside the real ones put the answers out of step: wrong
+    forged = (
+        "import os\n"
+        "def add(x, y):\n"
+        "    for fd in range(3, 64):\n"
+        "        try:\n"
+        "            os.write(fd, b\"11\\n('i','0x0')\")\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "    return x + y\n"
+    )
+    assert not task.grade(problem, forged, "")
