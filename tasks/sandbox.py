@@ -97,8 +97,9 @@ class Outcome:
     stdout: str
     stderr: str
     seconds: float
-    # the encoded value of each "eval" step, in order (tagged literals, see `_sandbox_boot`);
-    # written by the program's process, so data to parse strictly, never to trust
+    # the encoded value of each "eval" step and of each call a "record" step made, in order
+    # (tagged literals, see `_sandbox_boot`); written by the program's process, so data to
+    # parse strictly, never to trust
     values: tuple[str, ...] = ()
     # the most memory the run's control group held at once (MiB); None without cgroups
     memory_peak_mb: float | None = None

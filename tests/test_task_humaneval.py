@@ -12,6 +12,7 @@ from test_mbpp_cheats import CHEATS
 from dllmbench.tasks.data import PACKAGED
 from dllmbench.tasks.humaneval import HumanEval, extract_program
 from dllmbench.tasks.mbpp import assemble
+from dllmbench.tasks.sandbox import Limits
 
 pytestmark = pytest.mark.slow
 
@@ -142,3 +143,26 @@ def test_a_replayed_check_judges_the_values_not_the_programs_run(task, problems)
         "    return x + y\n"
     )
     assert not task.grade(problem, forged, "")
+
+
+def test_a_replay_that_ends_on_a_limit_is_wrong_not_an_error(problems, monkeypatch):
+    """Values crafted to make the replay slow end it on its limits: the answer is wrong and the
+    run goes on (here the replay's run is made to time out)."""
+    task = HumanEval(data=str(PACKAGED), timeout=10.0)
+    problem = next(p for p in problems if p.id == "53")
+    real = task.sandbox.run
+    replays = []
+
+    def run(steps):
+        if steps[-1][1].lstrip().startswith("import ast as __ast"):  # the replay's stub
+            replays.append(steps)
+            return real([("blocker", "import time\ntime.sleep(60)")])
+        return real(steps)
+
+    monkeypatch.setattr(task.sandbox, "run", run)
+    monkeypatch.setattr(task.sandbox, "limits", Limits(timeout=2))
+    assert not task.grade(problem, "def add(x, y):\n    return x + y\n", "")
+    assert (
+        len(replays) == 1
+        and task.run(problem, "def add(x, y):\n    return x + y\n").status == "wrong"
+    )
