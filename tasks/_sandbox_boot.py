@@ -20,13 +20,15 @@ With isolation "namespaces" the process unshares mount, network, PID, IPC and UT
 3. installs an audit hook that refuses sockets, new processes and signals, and runs each step.
 
 Isolation "process" has none of the namespaces or the new root: the process sets the limits,
-drops every capability, confines its file access with Landlock, installs the seccomp filter and
-runs the program itself, in a scratch directory the grader made.
+caps its scratch directory (the grader made it; a tmpfs mounted over it in a mount namespace of
+its own, where one can be made), confines its file access with Landlock, drops every
+capability, installs the seccomp filter and runs the program itself.
 A run that completes writes the request's nonce on stdout and exits 0; anything else fails.
 """
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import marshal
 import os
@@ -96,11 +98,12 @@ def _write(path: str, text: str) -> None:
 # -- the new root ----------------------------------------------------------------------------
 
 
-def _binds() -> list[tuple[str, int]]:
-    """(path, O_PATH fd) of every directory to show read-only: system and interpreter."""
+def _binds(site_packages: list[str]) -> list[tuple[str, int]]:
+    """(path, O_PATH fd) of every directory to show read-only: system and interpreter
+    directories and the site-packages folders the grader names."""
     wanted = [d for d in SYSTEM_DIRS if os.path.lexists(d)]
     prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
-    for prefix in prefixes:
+    for prefix in (*prefixes, *site_packages):
         if os.path.isdir(prefix):
             wanted += [os.path.abspath(prefix), os.path.realpath(prefix)]
     out, seen = [], []
@@ -112,14 +115,40 @@ def _binds() -> list[tuple[str, int]]:
     return out
 
 
+def _hide(root: str, binds: list[str], hidden: list[str]) -> None:
+    """Cover each hidden path (real paths: the grader's package and data) that a bind shows,
+    under every name the binds show it: a folder with an empty read-only tmpfs, a file with
+    /dev/null."""
+    for bind in binds:
+        real = os.path.realpath(bind)
+        for path in hidden:
+            if path != real and not path.startswith(real.rstrip("/") + "/"):
+                continue
+            target = root + bind + path[len(real) :]
+            if os.path.islink(target):
+                continue
+            if os.path.isdir(target):
+                flags = MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY
+                _mount("tmpfs", target, "tmpfs", flags, "size=4k,nr_inodes=2,mode=000")
+            elif os.path.isfile(target):  # a data file: read as empty
+                _mount("/dev/null", target, None, MS_BIND)
+
+
 def _build_root(request: dict, owner: int) -> None:
     root = NEWROOT
     size = int(request["tmpfs_mb"])
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing propagates back to the host
-    binds = _binds()  # opened in this mount namespace, before anything hides them
+    binds = _binds(request["site_packages"])  # opened here, before anything hides them
     flags = MS_NOSUID | MS_NODEV
     _mount("tmpfs", root, "tmpfs", flags, "size=4m,mode=755")
     _minimal_etc(root + "/etc", owner)
+    # the only writable places: the scratch directory and /tmp, each its own capped tmpfs (made
+    # first: a bind below /tmp, such as a virtual environment there, goes on top of it)
+    os.makedirs(root + SCRATCH)
+    opts = f"size={size}m,nr_inodes=4096"
+    _mount("tmpfs", root + SCRATCH, "tmpfs", flags, f"{opts},mode=700,uid={owner},gid={owner}")
+    os.makedirs(root + "/tmp")
+    _mount("tmpfs", root + "/tmp", "tmpfs", flags, f"{opts},mode=1777")
     for path, fd in binds:
         target = root + path
         if os.path.islink(path):  # merged /usr: /bin -> usr/bin
@@ -131,7 +160,8 @@ def _build_root(request: dict, owner: int) -> None:
         kept = sum(ms for st, ms in ST_TO_MS.items() if os.statvfs(target).f_flag & st)
         _mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | kept)
         os.close(fd)
-    os.makedirs(root + "/dev")
+    _hide(root, [path for path, _fd in binds], request["hidden"])
+    os.makedirs(root + "/dev", exist_ok=True)
     for name in DEVICES:
         if os.path.exists("/dev/" + name):
             open(root + "/dev/" + name, "w").close()
@@ -140,17 +170,11 @@ def _build_root(request: dict, owner: int) -> None:
         os.symlink(target, root + "/dev/" + name)
     os.symlink("/proc/self/fd/1", root + "/dev/stdout")
     os.symlink("/proc/self/fd/2", root + "/dev/stderr")
-    # the only writable places: the scratch directory and /tmp, each its own capped tmpfs
-    os.makedirs(root + SCRATCH)
-    opts = f"size={size}m,nr_inodes=4096"
-    _mount("tmpfs", root + SCRATCH, "tmpfs", flags, f"{opts},mode=700,uid={owner},gid={owner}")
-    os.makedirs(root + "/tmp")
-    _mount("tmpfs", root + "/tmp", "tmpfs", flags, f"{opts},mode=1777")
     os.makedirs(root + "/var", exist_ok=True)
     for link in ("/dev/shm", "/var/tmp"):
         if not os.path.lexists(root + link):
             os.symlink("/tmp", root + link)
-    os.makedirs(root + "/proc")
+    os.makedirs(root + "/proc", exist_ok=True)
     _mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     _pivot(root)
 
@@ -269,6 +293,10 @@ SYSCALLS = {
             "execve": 59,
             "execveat": 322,
             "socket": 41,
+            "socketpair": 53,
+            "prlimit64": 302,
+            "fcntl": 72,
+            "ioctl": 16,
             "kill": 62,
             "tkill": 200,
             "tgkill": 234,
@@ -339,6 +367,10 @@ SYSCALLS = {
             "execve": 221,
             "execveat": 281,
             "socket": 198,
+            "socketpair": 199,
+            "prlimit64": 261,
+            "fcntl": 25,
+            "ioctl": 29,
             "kill": 129,
             "tkill": 130,
             "tgkill": 131,
@@ -405,6 +437,10 @@ SYSCALLS = {
 # calls allowed on a condition: (argument, test, value) — the own process as target, a thread
 # rather than a process, a UNIX socket
 SIGNALS_TO_SELF = ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")
+# fcntl commands that aim the descriptor's SIGIO (or any signal) at a process or group:
+# F_SETOWN, F_SETSIG, F_SETOWN_EX; and the ioctl forms of F_SETOWN (FIOSETOWN, SIOCSPGRP)
+FCNTL_REFUSED = (8, 10, 15)
+IOCTL_REFUSED = (0x8901, 0x8902)
 
 
 class _Instruction(ctypes.Structure):
@@ -425,9 +461,13 @@ def _arg_low(index: int) -> int:
     return 16 + 8 * index + (0 if sys.byteorder == "little" else 4)
 
 
-def seccomp_program(machine: str, pid: int, unix_sockets: bool) -> list[tuple[int, int, int, int]]:
+def seccomp_program(
+    machine: str, pid: int, unix_sockets: bool, threads: bool = True
+) -> list[tuple[int, int, int, int]]:
     """The filter as (code, jt, jf, k) instructions: every call in the table denied, except a
-    clone that makes a thread, signals to `pid` itself and (if `unix_sockets`) UNIX sockets."""
+    clone that makes a thread (if `threads`), signals to `pid` itself, `prlimit64` on itself
+    (pid 0 or `pid`), `fcntl` and `ioctl` but for the commands that aim signals at a process,
+    and (if `unix_sockets`) UNIX sockets and socket pairs."""
     if machine not in SYSCALLS:
         raise SetupError(f"no seccomp filter for the {machine} architecture")
     arch, table = SYSCALLS[machine]
@@ -440,12 +480,20 @@ def seccomp_program(machine: str, pid: int, unix_sockets: bool) -> list[tuple[in
     for name, number in table.items():
         if name == "clone3":
             body = [(RET_K, 0, 0, SECCOMP_RET_ERRNO | ENOSYS)]
-        elif name == "clone":
+        elif name == "clone" and threads:
             body = [(LD_W_ABS, 0, 0, _arg_low(0)), (JSET_K, 0, 1, CLONE_THREAD), allow, deny]
-        elif name == "socket" and unix_sockets:
+        elif name in ("socket", "socketpair") and unix_sockets:
             body = [(LD_W_ABS, 0, 0, _arg_low(0)), (JEQ_K, 0, 1, AF_UNIX), allow, deny]
         elif name in SIGNALS_TO_SELF:
             body = [(LD_W_ABS, 0, 0, _arg_low(0)), (JEQ_K, 0, 1, pid), allow, deny]
+        elif name == "prlimit64":
+            body = [(LD_W_ABS, 0, 0, _arg_low(0)), (JEQ_K, 1, 0, 0), (JEQ_K, 0, 1, pid)]
+            body += [allow, deny]
+        elif name in ("fcntl", "ioctl"):
+            refused = FCNTL_REFUSED if name == "fcntl" else IOCTL_REFUSED
+            body = [(LD_W_ABS, 0, 0, _arg_low(1))]
+            body += [(JEQ_K, len(refused) - i, 0, cmd) for i, cmd in enumerate(refused)]
+            body += [allow, deny]
         else:
             body = [deny]
         out += [(JEQ_K, 0, len(body), number), *body]
@@ -453,8 +501,8 @@ def seccomp_program(machine: str, pid: int, unix_sockets: bool) -> list[tuple[in
     return out
 
 
-def _install_seccomp(unix_sockets: bool) -> None:
-    program = seccomp_program(os.uname().machine, os.getpid(), unix_sockets)
+def _install_seccomp(unix_sockets: bool, threads: bool) -> None:
+    program = seccomp_program(os.uname().machine, os.getpid(), unix_sockets, threads)
     instructions = (_Instruction * len(program))(*program)
     fprog = _Program(len(program), instructions)
     _check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "seccomp")
@@ -462,19 +510,27 @@ def _install_seccomp(unix_sockets: bool) -> None:
 
 # -- Landlock (isolation "process" only) -------------------------------------------------------
 # Without namespaces the program sees the host's file system; Landlock (Linux 5.13+) confines
-# it: read and execute in the system and interpreter directories, read and write in its scratch
-# directory and a few devices, nothing else. As root (capabilities dropped, uid still 0, so the
-# owner of most host files) it is required; for another user it is used where the kernel has it.
+# it: read and execute in the system and interpreter directories and the site-packages the
+# grader names (less the paths it hides: its own package and data), read and write in its
+# scratch directory and a few devices, nothing else. Required in this mode. From ABI 4 TCP
+# bind and connect are refused too, and from ABI 6 signals and abstract UNIX sockets are scoped
+# to the program (the seccomp filter refuses both as well).
 
 SYS_LANDLOCK_CREATE_RULESET, SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT_SELF = 444, 445, 446
 LANDLOCK_CREATE_RULESET_VERSION, LANDLOCK_RULE_PATH_BENEATH = 1, 1
 FS_EXECUTE, FS_WRITE_FILE, FS_READ_FILE, FS_READ_DIR = 1, 2, 4, 8
 FS_FILE_RIGHTS = {1: 1 | 2 | 4, 3: 1 | 2 | 4 | (1 << 14), 5: 1 | 2 | 4 | (1 << 14) | (1 << 15)}
 FS_ALL = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 5: (1 << 16) - 1}
+NET_TCP_ALL = 1 | 2  # LANDLOCK_ACCESS_NET_BIND_TCP, _CONNECT_TCP (ABI 4)
+SCOPE_ALL = 1 | 2  # LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET, LANDLOCK_SCOPE_SIGNAL (ABI 6)
 
 
 class _RulesetAttr(ctypes.Structure):
-    _fields_ = (("handled_access_fs", ctypes.c_uint64),)
+    _fields_ = (
+        ("handled_access_fs", ctypes.c_uint64),
+        ("handled_access_net", ctypes.c_uint64),
+        ("scoped", ctypes.c_uint64),
+    )
 
 
 class _PathBeneath(ctypes.Structure):
@@ -487,7 +543,28 @@ def _landlock_abi() -> int:
     return max(0, abi)
 
 
-def _landlock(scratch: str) -> bool:
+def _beneath(path: str, base: str) -> bool:
+    return path == base or path.startswith(base.rstrip("/") + "/")
+
+
+def _read_rules(path: str, hidden: list[str], read: int) -> list[tuple[str, int]]:
+    """Rules that give `read` beneath `path` except beneath any of `hidden`: where a hidden path
+    lies inside, the directory itself may be listed and each entry is given on its own, down
+    the way to the hidden one (whose entries stay unreadable)."""
+    inside = [h for h in hidden if _beneath(h, path)]
+    if not inside:
+        return [(path, read)]
+    if any(h == path for h in inside) or not os.path.isdir(path) or os.path.islink(path):
+        return []
+    out = [(path, FS_READ_DIR)]
+    for entry in sorted(os.listdir(path)):
+        full = os.path.join(path, entry)
+        if not os.path.islink(full):  # a link is followed to a target with its own rules
+            out += _read_rules(full, inside, read)
+    return out
+
+
+def _landlock(scratch: str, site_packages: list[str], hidden: list[str]) -> bool:
     """Confine the file system access of this process (and the threads it makes after); False
     where the kernel has no Landlock."""
     abi = _landlock_abi()
@@ -495,12 +572,15 @@ def _landlock(scratch: str) -> bool:
         return False
     level = max(k for k in FS_ALL if k <= abi)
     handled, file_rights = FS_ALL[level], FS_FILE_RIGHTS[max(k for k in FS_FILE_RIGHTS if k <= abi)]
-    attr = _RulesetAttr(handled)
-    ruleset = libc.syscall(SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.sizeof(attr), 0)
+    attr = _RulesetAttr(handled, NET_TCP_ALL if abi >= 4 else 0, SCOPE_ALL if abi >= 6 else 0)
+    size = 24 if abi >= 6 else 16 if abi >= 4 else 8
+    ruleset = libc.syscall(SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), size, 0)
     if ruleset < 0:
         raise SetupError(f"landlock: {os.strerror(ctypes.get_errno())}")
     read = FS_EXECUTE | FS_READ_FILE | FS_READ_DIR
-    rules = [(path, read) for path, fd in _close_all(_binds())]
+    rules = []
+    for path, _fd in _close_all(_binds(site_packages)):
+        rules += _read_rules(path, hidden, read)
     rules += [("/etc/" + name, read) for name in ETC_COPIED]
     rules += [("/dev/" + name, FS_READ_FILE | FS_WRITE_FILE) for name in DEVICES]
     rules.append((scratch, handled))
@@ -535,14 +615,57 @@ def _close_all(binds: list[tuple[str, int]]) -> list[tuple[str, int]]:
 
 
 # -- values returned to the grader ---------------------------------------------------------
-# An "eval" step's value leaves the process as data, never as an object: exact builtin types
-# only (no subclasses, no user classes; a dict subclass such as Counter is read as the plain
-# dict it stores, through dict's own methods), recursively, as a tagged Python literal that the
-# grader parses with `ast.literal_eval` and rebuilds itself. The grader, not this process,
-# compares it with the expected value, so a program that patches this encoder can only make it
-# emit some other value or garbage: never make a wrong value compare equal.
+# An "eval" step's value leaves the process as data, never as an object: builtin values,
+# recursively, as a tagged Python literal that the grader parses with `ast.literal_eval` and
+# rebuilds itself. The grader, not this process, compares it with the expected value, so a
+# program that patches this encoder can only make it emit some other value or garbage: never
+# make a wrong value compare equal. What is read, and how:
+#
+# - exact builtin types as they are;
+# - subclasses of the builtin types (a namedtuple, an int subclass, Counter, OrderedDict…)
+#   through their base type's own methods, so their overrides never run; but a class that
+#   defines its own equality or truth (`__eq__`, `__ne__`, `__bool__`, `__len__`; the standard
+#   library's Counter, OrderedDict and collections.User* excepted) is refused: Python's own
+#   assert would have used it, and the grader cannot;
+# - collections.UserList, UserDict, UserString: the value they hold (`data`);
+# - fractions.Fraction and decimal.Decimal as exact numbers (they compare as numbers);
+# - numpy scalars and 0-d arrays as the Python number they hold (`item()`).
 
 MAX_DEPTH = 40
+OWN_SEMANTICS = ("__eq__", "__ne__", "__bool__", "__len__")
+_BUILTIN_BASES = (bool, int, float, complex, str, bytes, list, tuple, set, frozenset, dict)
+_TRUSTED = (
+    collections.Counter,
+    collections.OrderedDict,
+    collections.UserList,
+    collections.UserDict,
+    collections.UserString,
+    collections.defaultdict,
+    collections.deque,
+)
+_WRAPPERS = (collections.UserList, collections.UserDict, collections.UserString)
+_class_dict = type.__dict__["__dict__"].__get__
+_class_mro = type.__dict__["__mro__"].__get__
+_get = object.__getattribute__
+
+
+def _base_of(kind):
+    """The builtin type a value of `kind` is read as, or None; a TypeError for a class with
+    equality or truth of its own."""
+    for cls in _class_mro(kind):
+        if cls in _BUILTIN_BASES or cls in _TRUSTED:
+            return cls
+        if any(name in _class_dict(cls) for name in OWN_SEMANTICS):
+            raise TypeError(
+                f"the sandbox does not return a {kind.__name__}: its class defines its own "
+                "equality or truth, which the grader cannot use"
+            )
+    return None
+
+
+def _module_class(module: str, name: str):
+    found = sys.modules.get(module)
+    return getattr(found, name, None) if found is not None else None
 
 
 def _encode(
@@ -554,9 +677,11 @@ def _encode(
     _hex=float.hex,
     _isinstance=isinstance,
     _items=dict.items,
+    _index=int.__index__,
+    _real=complex.real.__get__,
+    _imag=complex.imag.__get__,
 ):
-    """The value as a tagged literal; a TypeError for anything but exact builtin types (and
-    dict subclasses, read through dict's own methods: their overrides never run)."""
+    """The value as a tagged literal (see above); a TypeError for anything else."""
     if depth > MAX_DEPTH:
         raise ValueError("the value is nested too deeply to return")
     kind = _type(value)
@@ -565,30 +690,71 @@ def _encode(
     if kind is bool:
         return "('b',1)" if value else "('b',0)"
     if kind is int:
-        return "('i','" + ("-" if value < 0 else "") + _hex_int(value) + "')"
+        return "('i','" + _hex_int(value) + "')"
     if kind is float:
         return "('f','" + _hex(value) + "')"
-    if kind is complex:
-        return "('c','" + _hex(value.real) + "','" + _hex(value.imag) + "')"
     if kind is str:
         return "('s'," + _repr(value) + ")"
-    if kind is bytes:
-        return "('y'," + _brepr(value) + ")"
     tags = {list: "l", tuple: "t", set: "S", frozenset: "F"}
     if kind in tags:
         items = [_encode(v, depth + 1) + "," for v in value]
         return "('" + tags[kind] + "',(" + "".join(items) + "))"
+    numbers = _numbers(value, kind)
+    if numbers is not None:
+        return numbers
+    base = _base_of(kind)
+    if base in _WRAPPERS:
+        return _encode(_get(value, "data"), depth + 1)
+    if base is None:
+        raise TypeError(f"the sandbox returns only builtin values, not {kind.__name__}")
+    if base is int:
+        return "('i','" + _hex_int(_index(value)) + "')"
+    if base is float:
+        return "('f','" + _hex(value) + "')"
+    if base is complex:
+        return "('c','" + _hex(_real(value)) + "','" + _hex(_imag(value)) + "')"
+    if base is str:
+        return "('s'," + _repr(value) + ")"
+    if base is bytes:
+        return "('y'," + _brepr(value) + ")"
+    for sequence, tag in ((list, "l"), (tuple, "t"), (set, "S"), (frozenset, "F")):
+        if base is sequence or _isinstance(value, sequence):
+            items = [_encode(v, depth + 1) + "," for v in sequence.__iter__(value)]
+            return "('" + tag + "',(" + "".join(items) + "))"
     if _isinstance(value, dict):  # Counter, defaultdict…: their stored items, as a plain dict
         pairs = [
             "(" + _encode(k, depth + 1) + "," + _encode(v, depth + 1) + "),"
             for k, v in _items(value)
         ]
         return "('d',(" + "".join(pairs) + "))"
+    if base is collections.deque:
+        items = [_encode(v, depth + 1) + "," for v in collections.deque.__iter__(value)]
+        return "('Q',(" + "".join(items) + "))"
     raise TypeError(f"the sandbox returns only builtin values, not {kind.__name__}")
 
 
+def _numbers(value, kind, _index=int.__index__, _str=str.__str__, _repr=str.__repr__):
+    """A Fraction, Decimal, numpy scalar or 0-d array as a tagged literal; None for others."""
+    fraction = _module_class("fractions", "Fraction")
+    if fraction is not None and isinstance(value, fraction):
+        top, bottom = _index(value.numerator), _index(value.denominator)
+        return "('q','" + _hex_int(top) + "','" + _hex_int(bottom) + "')"
+    decimal = _module_class("decimal", "Decimal")
+    if decimal is not None and isinstance(value, decimal):
+        return "('D'," + _repr(_str(decimal.__str__(value))) + ")"
+    generic = _module_class("numpy", "generic")
+    array = _module_class("numpy", "ndarray")
+    scalar = generic is not None and isinstance(value, generic)
+    if not (scalar or (array is not None and isinstance(value, array) and value.ndim == 0)):
+        return None
+    item = value.item()
+    if type(item) not in (bool, int, float, complex, str, bytes):
+        raise TypeError(f"the sandbox does not return a numpy {kind.__name__} holding that")
+    return _encode(item)
+
+
 def _hex_int(value, _format=format):
-    return "0x" + _format(-value if value < 0 else value, "x")
+    return ("-" if value < 0 else "") + "0x" + _format(-value if value < 0 else value, "x")
 
 
 def _emit(fd, text, _write=os.write, _len=len):
@@ -623,13 +789,28 @@ def _guard(event: str, args: tuple) -> None:
 
 
 def _compile(steps: list) -> list:
-    """(code, is_eval) of every step: each must compile before any runs."""
+    """(code, kind, function) of every step: each must compile before any runs. Kinds: "exec",
+    "eval" (the value is sent back), "record" (run with `__candidate__` calling the program's
+    `function` and sending back each value it returns)."""
     out = []
     for step in steps:
         name, source = step[0], step[1]
-        is_eval = len(step) > 2 and step[2] == "eval"
-        out.append((compile(source, f"<{name}>", "eval" if is_eval else "exec"), is_eval))
+        kind = step[2] if len(step) > 2 else "exec"
+        function = step[3] if kind == "record" else None
+        mode = "eval" if kind == "eval" else "exec"
+        out.append((compile(source, f"<{name}>", mode), kind, function))
     return out
+
+
+def _recorder(function, values, _emit_, _encode_):
+    """A stand-in for the program's function that sends back each value it returns."""
+
+    def candidate(*args, **kwargs):
+        value = function(*args, **kwargs)
+        _emit_(values, _encode_(value))
+        return value
+
+    return candidate
 
 
 def _finish(request: dict) -> None:
@@ -640,6 +821,7 @@ def _finish(request: dict) -> None:
     only in this frame's locals.
     """
     _exec, _eval, _exit, _write, _encode_, _emit_ = exec, eval, os._exit, os.write, _encode, _emit
+    _recorder_ = _recorder
     marker = f"\n{request.pop('nonce')}\n".encode()
     values = int(request.pop("values_fd"))
     steps = request.pop("steps")
@@ -652,11 +834,14 @@ def _finish(request: dict) -> None:
         sys.modules["__sandbox__"] = module
         namespace = module.__dict__
         sys.addaudithook(_guard)  # cannot be removed once added
-        for code, is_eval in codes:
-            if is_eval:
+        for code, kind, function in codes:
+            if kind == "eval":
                 _emit_(values, _encode_(_eval(code, namespace)))
-            else:
-                _exec(code, namespace)
+                continue
+            if kind == "record":
+                target = namespace[function]
+                namespace["__candidate__"] = _recorder_(target, values, _emit_, _encode_)
+            _exec(code, namespace)
     except BaseException:  # SystemExit and KeyboardInterrupt are failures too
         try:
             namespace.clear()  # free what the program holds: a MemoryError's report needs room
@@ -712,7 +897,8 @@ def _inner(request: dict, status: int, alive: int, uid: int | None) -> None:
             _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
             os.chdir(SCRATCH)
             os.environ.update(HOME=SCRATCH, TMPDIR="/tmp")
-            _install_seccomp(unix_sockets=True)  # UNIX sockets stay inside the namespaces
+            # UNIX sockets stay inside the namespaces; one task: not even a thread
+            _install_seccomp(unix_sockets=True, threads=int(request["processes"]) > 1)
         except (SetupError, OSError) as exc:
             _report(status, f"error: {exc}")
             os._exit(1)
@@ -766,19 +952,52 @@ def _namespaces(request: dict, status: int) -> None:
     os._exit(_exit_code(wait_status))
 
 
+def _cap_scratch(request: dict) -> bool:
+    """Mount a size-capped tmpfs over the scratch directory (the cwd) in a mount namespace of
+    this process's own (and a user namespace when not root); False where that is refused."""
+    if not request["mount_scratch"]:
+        return False
+    root = os.geteuid() == 0
+    euid, egid = os.geteuid(), os.getegid()
+    if libc.unshare(CLONE_NEWNS if root else CLONE_NEWNS | CLONE_NEWUSER) != 0:
+        return False
+    scratch = os.getcwd()
+    try:
+        if not root:
+            _write("/proc/self/setgroups", "deny")
+            _write("/proc/self/uid_map", f"{euid} {euid} 1")
+            _write("/proc/self/gid_map", f"{egid} {egid} 1")
+        _mount(None, "/", None, MS_REC | MS_PRIVATE)
+        opts = f"size={int(request['tmpfs_mb'])}m,nr_inodes=4096,mode=700,uid={euid},gid={egid}"
+        _mount("tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NODEV, opts)
+    except (SetupError, OSError):
+        return False
+    os.chdir(scratch)  # into the tmpfs, over the grader's folder
+    return True
+
+
 def _process(request: dict, status: int) -> None:
-    """No namespaces: the limits, every capability dropped, Landlock (file access: the system
-    and interpreter directories read-only, the scratch directory given as cwd), the seccomp
-    filter (no sockets at all) and the guard."""
+    """No namespaces for the program: the limits, the scratch directory capped (a tmpfs in a
+    mount namespace of its own where one can be made; else the grader made it on a tmpfs
+    charged to the run's cgroup), Landlock (file access: the system and interpreter
+    directories and site-packages read-only, less the hidden paths; the scratch directory read
+    and write), every capability dropped, the seccomp filter (no sockets at all) and the guard.
+    """
     try:
         _set_limits(request)
-        _drop_privileges(None)  # every capability; no_new_privs
-        if not _landlock(os.getcwd()) and os.geteuid() == 0:
+        _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+        if not _cap_scratch(request) and not request["scratch_charged"]:
             raise SetupError(
-                "isolation=process as root needs Landlock (Linux 5.13 or later) to confine "
-                "the program's file access; run as an unprivileged user, or use namespaces"
+                "isolation=process cannot cap the scratch directory's size here: it needs a "
+                "mount namespace (root, or unprivileged user namespaces) or writable cgroups"
             )
-        _install_seccomp(unix_sockets=False)
+        if not _landlock(os.getcwd(), request["site_packages"], request["hidden"]):
+            raise SetupError(
+                "isolation=process needs Landlock (Linux 5.13 or later) to confine the "
+                "program's file access; use isolation=namespaces"
+            )
+        _drop_privileges(None)  # every capability; no_new_privs
+        _install_seccomp(unix_sockets=False, threads=int(request["processes"]) > 1)
     except (SetupError, OSError, ValueError) as exc:
         _report(status, f"error: {exc}")
         os._exit(1)
@@ -786,12 +1005,11 @@ def _process(request: dict, status: int) -> None:
     _finish(request)
 
 
-def _site_packages() -> None:
-    """Started with -S (no .pth files run: they cost tens of ms and run arbitrary code), so
-    add the site-packages folders to the path by hand; user site stays off."""
-    import site
-
-    for path in site.getsitepackages():
+def _site_packages(folders: list[str]) -> None:
+    """Started with -S (no .pth files run: they cost tens of ms and run arbitrary code, and no
+    site-packages of the interpreter's own): the grader names the site-packages folders of the
+    environment it runs in, added to the path here; user site stays off."""
+    for path in folders:
         if os.path.isdir(path) and path not in sys.path:
             sys.path.append(path)
 
@@ -799,8 +1017,8 @@ def _site_packages() -> None:
 def main() -> None:
     if "" in sys.path:
         sys.path.remove("")
-    _site_packages()
     request = marshal.loads(sys.stdin.buffer.read())
+    _site_packages(request["site_packages"])
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)

@@ -96,6 +96,61 @@ class Tests:
     setup: str
     reference: str
     checks: tuple[Check, ...] = ()  # how each assert is judged (`mbpp_judge.plan`)
+    # what the answer completes (HumanEval's prompt: imports, signature, docstring); "" for MBPP
+    prefix: str = ""
+
+
+def assemble(prefix: str, answer: str) -> str:
+    """The program run for an answer: the answer alone without a prefix; a function body
+    (its first line indented) completes the prefix; a whole program follows it (so helpers
+    the prefix defines stay defined, and the answer's own definitions win)."""
+    if not prefix:
+        return answer
+    first = next((line for line in answer.splitlines() if line.strip()), "")
+    if first[:1] in (" ", "\t"):
+        return prefix + answer
+    return prefix.rstrip("\n") + "\n\n\n" + answer
+
+
+# seeds `random` the same way before check() in the program's run and in its replay (without
+# binding a name in the program's namespace), so that tests drawing inputs from it call the
+# function with the same arguments in both
+SEED_RANDOM = "__import__('random').seed(0)"
+# the replay's candidate: the recorded values, rebuilt from their tagged literals (see
+# `_sandbox_boot._encode`; each was decoded once by the strict decoder before), in call order
+REPLAY = """
+import ast as __ast, collections as __collections, decimal as __decimal, fractions as __fractions
+def __rebuild(node):
+    tag, args = node[0], node[1:]
+    if tag == "N":
+        return None
+    if tag == "b":
+        return bool(args[0])
+    if tag == "i":
+        return int(args[0], 16)
+    if tag == "f":
+        return float.fromhex(args[0])
+    if tag == "c":
+        return complex(float.fromhex(args[0]), float.fromhex(args[1]))
+    if tag in ("s", "y"):
+        return args[0]
+    if tag == "q":
+        return __fractions.Fraction(int(args[0], 16), int(args[1], 16))
+    if tag == "D":
+        return __decimal.Decimal(args[0])
+    if tag == "Q":
+        return __collections.deque(__rebuild(item) for item in args[0])
+    if tag == "d":
+        return {__rebuild(k): __rebuild(v) for k, v in args[0]}
+    kinds = {"l": list, "t": tuple, "S": set, "F": frozenset}
+    return kinds[tag](__rebuild(item) for item in args[0])
+__answers = iter([__rebuild(__ast.literal_eval(record)) for record in RECORDS])
+def candidate(*args, **kwargs):
+    for value in __answers:
+        return value
+    raise AssertionError("check() called the function more often than the program answered")
+"""
+END = "__end = object()\nassert next(__answers, __end) is __end, 'answers left over'"
 
 
 def _slim(outcome: Outcome, keep: int = 2000) -> Outcome:
@@ -143,8 +198,17 @@ class Mbpp:
     contract_configs: ClassVar[list[dict]] = [{}]
 
     def __init__(self, **config: Any):
-        self.config = MbppConfig(**config)
-        self._data = TaskData(
+        self.config = self.Config(**config)
+        self._data = self._task_data()
+        # the task's data files (the user's, wherever they are) are never shown to programs
+        data = [str(path) for path in self._data.local.values()]
+        self.sandbox = Sandbox(self.config.limits(), self.config.isolation, hide=data)
+        self._outcomes: dict[tuple[str, str], Outcome] = {}
+        self._expected: dict[str, tuple[str, ...]] = {}  # task → records of `before_steps`
+        self._lock = threading.Lock()
+
+    def _task_data(self) -> TaskData:
+        return TaskData(
             "mbpp",
             data=self.config.data,
             revision=self.config.revision,
@@ -154,9 +218,6 @@ class Mbpp:
             check=_check_row,
             select=_in_range,
         )
-        self.sandbox = Sandbox(self.config.limits(), self.config.isolation)
-        self._outcomes: dict[tuple[str, str], Outcome] = {}
-        self._lock = threading.Lock()
 
     def splits(self) -> dict[str, int]:
         return self._data.splits()
@@ -218,50 +279,121 @@ class Mbpp:
 
     @staticmethod
     def steps(problem: Problem, program: str) -> list[tuple[str, ...]]:
-        """What the sandbox runs: expected sides it must compute (before the program), the
-        program, the setup code, then each assert: its actual side only ("eval": the value
-        comes back to be judged here) or, for a shape the judge does not know, the assert."""
+        """What the sandbox runs: the program, the setup code, then each assert: its actual side
+        only ("eval": the value comes back to be judged here) or, for a shape the judge does
+        not know, the assert. Expected sides computed in a sandbox are not among them: they
+        come from a run of their own (`before_steps`), which no program shares."""
         gold: Tests = problem.gold
         checks = gold.checks or tuple(plan(t) for t in gold.asserts)
-        before = [(f"expected {i + 1}", c.expected, "eval") for i, c in enumerate(checks)]
-        before = [s for s, c in zip(before, checks, strict=True) if c.before]
-        steps: list[tuple[str, ...]] = []
-        if before:
-            names = ", ".join(MODULES)
-            steps += [("imports", f"import {names}"), *before, ("imports", f"del {names}")]
-        steps.append(("program", program))
+        steps: list[tuple[str, ...]] = [("program", assemble(gold.prefix, program))]
         if gold.setup.strip():
             steps.append(("setup", gold.setup))
         for i, check in enumerate(checks):
-            if check.outside:
+            if check.kind == "replay":  # check(candidate), each value the function returns sent
+                source = f"{SEED_RANDOM}\n{check.source}\ncheck(__candidate__)"
+                steps.append(("check", source, "record", check.actual))
+            elif check.outside:
                 steps.append((f"test {i + 1}", check.actual, "eval"))
             else:
                 steps.append((f"test {i + 1}", check.source))
         return steps
 
     @staticmethod
-    def judge(problem: Problem, outcome: Outcome) -> Outcome:
-        """The outcome with the verdict on the returned values: a run that completed but
-        returned a wrong value, or values that are not exactly one per check, is `wrong`."""
+    def replay_steps(problem: Problem, records: Sequence[str]) -> list[tuple[str, ...]]:
+        """The run that judges a "replay" check with no program in it: the prefix (the prompt's
+        helpers) and setup, then `check(candidate)` with a `candidate` that returns, call by
+        call, the values the program's function returned (the records, already decoded once
+        by the strict decoder here)."""
+        gold: Tests = problem.gold
+        (check,) = [c for c in gold.checks if c.kind == "replay"]
+        steps: list[tuple[str, ...]] = []
+        if gold.prefix.strip():
+            steps.append(("prompt", gold.prefix))
+        if gold.setup.strip():
+            steps.append(("setup", gold.setup))
+        stub = REPLAY.replace("RECORDS", repr(list(records)))
+        steps.append(("check", f"{stub}\n{SEED_RANDOM}\n{check.source}\ncheck(candidate)\n{END}"))
+        return steps
+
+    @staticmethod
+    def _replayed(outcome: Outcome, replay: Outcome | None) -> Outcome:
+        """A judged outcome with the verdict of its replay run (None: no replay needed)."""
+        if replay is None or not outcome.passed or replay.passed:
+            return outcome
+        # the values decide whatever way the replay failed (an assert, or a timeout or CPU
+        # limit that values crafted to be slow to check brought about); a sandbox that cannot
+        # start at all is the sandbox's own one-line error
+        return replace(outcome, passed=False, status="wrong")
+
+    @staticmethod
+    def _needs_replay(problem: Problem, outcome: Outcome) -> bool:
+        gold: Tests = problem.gold
+        return outcome.passed and any(c.kind == "replay" for c in gold.checks)
+
+    @staticmethod
+    def before_steps(problem: Problem) -> list[tuple[str, ...]]:
+        """The run that computes the expected sides the sandbox's interpreter must compute
+        (e.g. `sys.getsizeof((1, 2))`), alone: no program runs in it; [] when there are none."""
+        gold: Tests = problem.gold
+        checks = gold.checks or tuple(plan(t) for t in gold.asserts)
+        before = [(f"expected {i + 1}", c.expected, "eval") for i, c in enumerate(checks)]
+        before = [s for s, c in zip(before, checks, strict=True) if c.before]
+        if not before:
+            return []
+        names = ", ".join(MODULES)
+        return [("imports", f"import {names}"), *before]
+
+    def expected(self, problem: Problem) -> tuple[str, ...]:
+        """The encoded expected sides of `before_steps` (cached per task); an error if that
+        run, which holds no program, fails."""
+        steps = self.before_steps(problem)
+        if not steps:
+            return ()
+        with self._lock:
+            cached = self._expected.get(problem.id)
+        if cached is None:
+            outcome = self.sandbox.run(steps)
+            if not outcome.passed:
+                raise UserError(
+                    f"mbpp: task {problem.id}'s expected values could not be computed in the "
+                    f"sandbox ({outcome.status}: {outcome.stderr.strip()[-200:]})"
+                )
+            cached = outcome.values
+            with self._lock:
+                self._expected[problem.id] = cached
+        return cached
+
+    @staticmethod
+    def judge(problem: Problem, outcome: Outcome, expected: Sequence[str] = ()) -> Outcome:
+        """The outcome with the verdict on the returned values (`expected`: the records of the
+        task's `before_steps` run): a run that completed but returned a wrong value, or values
+        that are not exactly one per check, is `wrong`."""
         if not outcome.passed:
             return outcome
         gold: Tests = problem.gold
         checks = gold.checks or tuple(plan(t) for t in gold.asserts)
         before = [c for c in checks if c.before]
         after = [c for c in checks if c.outside]
-        if len(outcome.values) != len(before) + len(after):
+        if any(c.kind == "replay" for c in checks):  # every record a value; judged on replay
+            try:
+                for record in outcome.values:
+                    decode(record)
+            except Undecodable:
+                return replace(outcome, passed=False, status="wrong")
+            return outcome
+        if len(outcome.values) != len(after) or len(expected) != len(before):
             return replace(outcome, passed=False, status="wrong")
         try:
-            values = [decode(v) for v in outcome.values]
-            computed = iter(values[: len(before)])
-            for check, actual in zip(after, values[len(before) :], strict=True):
+            computed = iter([decode(v) for v in expected])
+            for check, record in zip(after, outcome.values, strict=True):
+                actual = decode(record)
                 if check.before:
-                    expected = next(computed)
+                    value = next(computed)
                 elif check.expected:
-                    expected = ast.literal_eval(check.expected)
+                    value = ast.literal_eval(check.expected)
                 else:
-                    expected = None
-                if not holds(check, actual, expected):
+                    value = None
+                if not holds(check, actual, value):
                     return replace(outcome, passed=False, status="wrong")
         except Undecodable:
             return replace(outcome, passed=False, status="wrong")
@@ -273,7 +405,12 @@ class Mbpp:
         with self._lock:
             cached = self._outcomes.get(key)
         if cached is None:
-            cached = _slim(self.judge(problem, self.sandbox.run(self.steps(problem, program))))
+            expected = self.expected(problem)
+            outcome = self.judge(problem, self.sandbox.run(self.steps(problem, program)), expected)
+            replay = None
+            if self._needs_replay(problem, outcome):
+                replay = self.sandbox.run(self.replay_steps(problem, outcome.values))
+            cached = _slim(self._replayed(outcome, replay))
             with self._lock:
                 self._outcomes[key] = cached
         return cached
@@ -286,22 +423,44 @@ class Mbpp:
         todo = {(p.id, a): p for p, a, _ in items if a is not None}
         with self._lock:
             pending = [(p, a) for (_, a), p in todo.items() if (p.id, a) not in self._outcomes]
+        needed = {p.id: p for p, _ in pending if self.before_steps(p)}
+        with self._lock:
+            needed = {i: p for i, p in needed.items() if i not in self._expected}
+        computed = self.sandbox.run_many(
+            [self.before_steps(p) for p in needed.values()], workers=self.config.workers
+        )
+        with self._lock:
+            for problem_id, outcome in zip(needed, computed, strict=True):
+                if outcome.passed:
+                    self._expected[problem_id] = outcome.values
         outcomes = self.sandbox.run_many(
             [self.steps(p, a) for p, a in pending], workers=self.config.workers
         )
-        with self._lock:
-            for (p, a), outcome in zip(pending, outcomes, strict=True):
-                self._outcomes[(p.id, a)] = _slim(self.judge(p, outcome))
+        judged = [
+            self.judge(p, o, self.expected(p)) for (p, _), o in zip(pending, outcomes, strict=True)
+        ]
+        again = [i for i, o in enumerate(judged) if self._needs_replay(pending[i][0], o)]
+        replays: list[Outcome | None] = [None] * len(pending)
+        replayed = self.sandbox.run_many(
+            [self.replay_steps(pending[i][0], judged[i].values) for i in again],
+            workers=self.config.workers,
+        )
+        for i, replay in zip(again, replayed, strict=True):
+            replays[i] = replay
+        for (p, a), outcome, replay in zip(pending, judged, replays, strict=True):
+            final = _slim(self._replayed(outcome, replay))
+            with self._lock:
+                self._outcomes[(p.id, a)] = final
         return [a is not None and self._outcomes[(p.id, a)].passed for p, a, _ in items]
 
     def grade_note(self, problem: Problem, answer: str) -> str | None:
-        """Kept in the record when the grade came from a second run, alone, of a program that
-        timed out beside others (`Outcome.reran`)."""
+        """Kept in the record when the grade came from a second run of a program that timed out
+        beside others (`Outcome.reran`: beside only the programs that timed out too)."""
         with self._lock:
             outcome = self._outcomes.get((problem.id, answer))
         if outcome is None or not outcome.reran:
             return None
-        return f"timed out beside other programs; run again alone: {outcome.status}"
+        return f"timed out beside other programs; run again: {outcome.status}"
 
     def data_files(self) -> dict[str, str]:
         return self._data.data_files()

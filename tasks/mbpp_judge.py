@@ -2,29 +2,37 @@
 
 Each assert is parsed with `ast`. When it has a shape this module knows, the sandbox evaluates
 only the side that involves the program (the "actual" expression) and returns its value as data
-(`_sandbox_boot._encode`: exact builtin types only, recursively); the grader rebuilds the value
+(`_sandbox_boot._encode`: builtin values, recursively); the grader rebuilds the value
 here with a strict decoder, obtains the expected side itself and compares, so nothing the
 program does to its own interpreter (builtins, frames, `__eq__`, the exit path) can make a wrong
 value compare equal. Shapes:
 
 - `assert A == E`, `assert E == A`, `assert A != E` (and `is` / `is not` with None, True, False);
 - `assert A` and `assert not A` (the value's truth, taken here);
-- `assert math.isclose(A, E[, rel_tol=…, abs_tol=…])` (the tolerances must be literals).
+- `assert math.isclose(A, E[, rel_tol=…, abs_tol=…])` (the tolerances must be literals);
+- `assert abs(A - E) < T` (T a literal).
 
 E is a literal (`ast.literal_eval`, evaluated here), or an expression over the modules `math`
-and `sys` only (e.g. `sys.getsizeof((1, 2))`): the sandbox evaluates that one before the program
-runs, so the program cannot have touched the interpreter yet. Any other assert runs in the
-program's process as before (`Check.kind == "exec"`), and is counted.
+and `sys` and a few pure builtins only (e.g. `sys.getsizeof((1, 2))`, `2.0 / 3.0`,
+`tuple([1, 2])`): the sandbox evaluates that one in a run of its own, with no program. Any
+other assert runs in the program's process (`Check.kind == "exec"`), and is counted.
 """
 
 from __future__ import annotations
 
 import ast
 import builtins
+import collections
 import math
 from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from fractions import Fraction
 
 MODULES = ("math", "sys")  # names an expected side computed in the sandbox may use
+# builtins an expected side computed in the sandbox may call (in a run with no program, so they
+# are Python's own): the conversions and folds tests write expected values with
+PURE_BUILTINS = ("abs", "dict", "float", "frozenset", "int", "len", "list", "max", "min")
+PURE_BUILTINS += ("round", "set", "sorted", "str", "sum", "tuple")
 SINGLETONS = (None, True, False)
 
 
@@ -32,7 +40,7 @@ SINGLETONS = (None, True, False)
 class Check:
     """How one assert is judged."""
 
-    kind: str  # eq, ne, is, is_not, true, false, isclose; exec: in the program's process
+    kind: str  # eq, ne, is, is_not, true, false, isclose, abs_lt; exec: in the program's process
     source: str  # the assert
     actual: str = ""  # the expression the sandbox evaluates after the program
     expected: str = ""  # a literal (evaluated here) or, with `before`, an expression
@@ -54,14 +62,14 @@ def _literal(node: ast.AST) -> bool:
 
 
 def _module_only(node: ast.AST) -> bool:
-    """An expression that uses no name but `math` and `sys` (so no name the program defines)."""
+    """An expression that uses no name but `math`, `sys` and a few pure builtins (so no name
+    the program or the test defines), e.g. `sys.getsizeof((1,))`, `2.0 / 3.0` or
+    `tuple([1, 2])`."""
     names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
     banned = (ast.Lambda, ast.NamedExpr, ast.Await, ast.Yield, ast.YieldFrom)
     comprehension = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
-    return (
-        bool(names)
-        and names <= set(MODULES)
-        and not any(isinstance(n, banned + comprehension) for n in ast.walk(node))
+    return names <= set(MODULES + PURE_BUILTINS) and not any(
+        isinstance(n, banned + comprehension) for n in ast.walk(node)
     )
 
 
@@ -83,6 +91,9 @@ def plan(source: str) -> Check:
     if len(body) != 1 or not isinstance(body[0], ast.Assert):  # a message changes no verdict
         return inside
     test = body[0].test
+    close = _abs_lt(source, test)
+    if close is not None:
+        return close
     if isinstance(test, ast.Compare) and len(test.ops) == 1:
         op, left, right = test.ops[0], test.left, test.comparators[0]
         if isinstance(op, (ast.Is, ast.IsNot)):
@@ -130,6 +141,32 @@ def plan(source: str) -> Check:
     return inside
 
 
+def _abs_lt(source: str, test: ast.expr) -> Check | None:
+    """`abs(A - E) < T` (either order of A and E), T a non-negative literal number."""
+    if not (
+        isinstance(test, ast.Compare)
+        and len(test.ops) == 1
+        and isinstance(test.ops[0], ast.Lt)
+        and isinstance(test.left, ast.Call)
+        and ast.unparse(test.left.func) == "abs"
+        and len(test.left.args) == 1
+        and not test.left.keywords
+        and isinstance(test.left.args[0], ast.BinOp)
+        and isinstance(test.left.args[0].op, ast.Sub)
+        and _literal(test.comparators[0])
+    ):
+        return None
+    tol = ast.literal_eval(test.comparators[0])
+    if type(tol) not in (int, float) or not tol >= 0:
+        return None
+    difference = test.left.args[0]
+    for actual, other in ((difference.left, difference.right), (difference.right, difference.left)):
+        expected = _expected(other)
+        if expected is not None and not _literal(actual) and not _module_only(actual):
+            return Check("abs_lt", source, ast.unparse(actual), *expected, abs_tol=float(tol))
+    return None
+
+
 # -- values -----------------------------------------------------------------------------------
 
 MAX_DEPTH = 64
@@ -172,6 +209,12 @@ def _build(node, depth: int):
             return args[0]
         if tag in _SEQUENCES and len(args) == 1 and type(args[0]) is tuple:
             return _SEQUENCES[tag](_build(item, depth + 1) for item in args[0])
+        if tag == "q" and len(args) == 2 and all(type(a) is str for a in args):
+            return Fraction(int(args[0], 16), int(args[1], 16))
+        if tag == "D" and len(args) == 1 and type(args[0]) is str and len(args[0]) < 10_000:
+            return Decimal(args[0])
+        if tag == "Q" and len(args) == 1 and type(args[0]) is tuple:
+            return collections.deque(_build(item, depth + 1) for item in args[0])
         if tag == "d" and len(args) == 1 and type(args[0]) is tuple:
             out = {}
             for pair in args[0]:
@@ -179,7 +222,7 @@ def _build(node, depth: int):
                     raise Undecodable("not a key-value pair")
                 out[_build(pair[0], depth + 1)] = _build(pair[1], depth + 1)
             return out
-    except (ValueError, TypeError, OverflowError) as exc:  # unhashable keys, bad hex
+    except (ValueError, TypeError, ArithmeticError, InvalidOperation) as exc:  # bad hex, 1/0
         raise Undecodable(str(exc)) from None
     raise Undecodable(f"unknown tag {tag!r}")
 
@@ -200,10 +243,15 @@ def holds(check: Check, actual, expected) -> bool:
         if check.kind == "false":
             return not actual
         if check.kind == "isclose":
-            numbers = (int, float, bool)
+            numbers = (int, float, bool, Fraction, Decimal)
             if type(actual) not in numbers or type(expected) not in numbers:
                 return False
             return math.isclose(actual, expected, rel_tol=check.rel_tol, abs_tol=check.abs_tol)
-    except (ValueError, TypeError, OverflowError, RecursionError):
+        if check.kind == "abs_lt":
+            numbers = (int, float, bool, Fraction, Decimal)
+            if type(actual) not in numbers or type(expected) not in numbers:
+                return False
+            return bool(abs(actual - expected) < check.abs_tol)
+    except (ValueError, TypeError, ArithmeticError, RecursionError):
         return False
     raise ValueError(f"no verdict for a check of kind {check.kind!r}")

@@ -13,12 +13,14 @@ memfds, tasks, one CPU; where cgroups are writable), whose child side (`_sandbox
   directories, a minimal /etc, a private /tmp and the scratch directory (cwd), each a small
   tmpfs; no network interface but a down loopback; a /proc of its own; zero SysV limits; then,
   as root, a fresh unprivileged uid, otherwise no capabilities; no_new_privs;
-- isolation "process": none of the namespaces; no capabilities, Landlock confining file access
-  to the interpreter and a scratch directory of the host (required as root); for machines
-  without namespaces;
-- a seccomp filter: no processes but threads, no exec, no sockets but AF_UNIX (none in "process"
-  mode), no namespaces, mounts, ptrace, keyrings, SysV IPC, memfds, bpf, io_uring, no signals
-  to other processes;
+- isolation "process": none of the namespaces; no capabilities, Landlock (required) confining
+  file access to the system and interpreter folders, the environment's site-packages and a
+  scratch directory capped in size (a tmpfs of its own, else a folder on /dev/shm charged to
+  the run's cgroup, else it refuses to run); for machines without namespaces;
+- a seccomp filter: no processes (no threads either with one task), no exec, no sockets or
+  socket pairs but AF_UNIX (none in "process" mode), no namespaces, mounts, ptrace, keyrings,
+  SysV IPC, memfds, bpf, io_uring, no signals, prlimit or descriptor owners (F_SETOWN,
+  F_SETSIG) aimed at other processes;
 - resource limits: CPU seconds, address space, tasks, file size, open files, no core;
 - a guard (an audit hook) that refuses sockets, process creation and signals with a readable
   error (the filter is what holds when a program switches the guard off).
@@ -26,7 +28,9 @@ memfds, tasks, one CPU; where cgroups are writable), whose child side (`_sandbox
 The grader enforces a wall-clock limit and an output cap (stdout and stderr together), and on
 either kills the control group and the process group; the PID namespace dies with its first
 process, so nothing the program started survives it. `run_many` runs programs side by side and
-runs one that timed out again, alone, once.
+runs those that timed out again, once, side by side with each other. The child imports from the
+site-packages of the environment running dllmbench, never seeing dllmbench's own package, data
+or metadata (`hidden_paths`).
 """
 
 from __future__ import annotations
@@ -37,7 +41,6 @@ import marshal
 import os
 import secrets
 import selectors
-import shutil
 import signal
 import stat
 import subprocess
@@ -52,6 +55,7 @@ from functools import cache
 from pathlib import Path
 
 from dllmbench.core.errors import UserError
+from dllmbench.tasks import cgroups
 from dllmbench.tasks.cgroups import RunGroup
 
 ISOLATIONS = ("namespaces", "process")
@@ -93,12 +97,13 @@ class Outcome:
     stdout: str
     stderr: str
     seconds: float
-    # the encoded value of each "eval" step, in order (tagged literals, see `_sandbox_boot`);
-    # written by the program's process, so data to parse strictly, never to trust
+    # the encoded value of each "eval" step and of each call a "record" step made, in order
+    # (tagged literals, see `_sandbox_boot`); written by the program's process, so data to
+    # parse strictly, never to trust
     values: tuple[str, ...] = ()
     # the most memory the run's control group held at once (MiB); None without cgroups
     memory_peak_mb: float | None = None
-    # this is a second run, made alone, of a program whose first run (beside others) timed out
+    # this is a second run (beside only other re-runs) of a program whose first run timed out
     reran: bool = False
 
 
@@ -112,7 +117,20 @@ def _command() -> list[str]:
     return [sys.executable, *flags, "-c", _boot_source()]
 
 
+# the numeric libraries start one thread each (a program may have one task: `Limits.processes`)
+THREADS_ONE = dict.fromkeys(
+    (
+        "OPENBLAS_NUM_THREADS",
+        "OMP_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "NUMEXPR_NUM_THREADS",
+        "VECLIB_MAXIMUM_THREADS",
+        "BLIS_NUM_THREADS",
+    ),
+    "1",
+)
 ENV = {
+    **THREADS_ONE,
     "PATH": "/usr/local/bin:/usr/bin:/bin",
     "LANG": "C.UTF-8",
     "LC_ALL": "C.UTF-8",
@@ -123,52 +141,106 @@ ENV = {
 }
 
 
-class Sandbox:
-    """Runs programs under `limits` with the chosen isolation; thread-safe."""
+# isolation "process": a tmpfs of the program's own over its scratch directory where the child
+# can make a mount namespace (tests turn it off to reach the fallback: a folder on /dev/shm,
+# whose pages the run's cgroup is charged for)
+MOUNT_SCRATCH = True
+SHM = "/dev/shm"
 
-    def __init__(self, limits: Limits | None = None, isolation: str = "namespaces"):
+
+def site_packages() -> list[str]:
+    """The site-packages folders of the environment running dllmbench (a virtual environment's
+    own, and the base interpreter's where the environment includes them): the packages a
+    sandboxed program may import."""
+    import site
+
+    return [p for p in dict.fromkeys(site.getsitepackages()) if os.path.isdir(p)]
+
+
+@cache
+def hidden_paths() -> tuple[str, ...]:
+    """Real paths of dllmbench's own package folders (its code and the packaged task data) and
+    of its installed metadata: never visible to a sandboxed program, whichever way dllmbench is
+    installed (a bind of the interpreter's prefix or of site-packages may hold them)."""
+    import importlib.util
+
+    found = []
+    for name in ("dllmbench", "dllmbench.tasks", "dllmbench.plugins"):
+        spec = importlib.util.find_spec(name)
+        if spec is not None:
+            found += list(spec.submodule_search_locations or ())
+    for folder in site_packages():
+        for entry in os.listdir(folder):
+            if entry.startswith("dllmbench-") and entry.endswith((".dist-info", ".egg-info")):
+                found.append(os.path.join(folder, entry))
+    return tuple(dict.fromkeys(os.path.realpath(p) for p in found if os.path.isdir(p)))
+
+
+class Sandbox:
+    """Runs programs under `limits` with the chosen isolation; thread-safe. `hide` names more
+    folders no program may see (as dllmbench's own package and data never are)."""
+
+    def __init__(
+        self, limits: Limits | None = None, isolation: str = "namespaces", hide: Sequence[str] = ()
+    ):
         if isolation not in ISOLATIONS:
             raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}, got {isolation!r}")
         self.limits = limits or Limits()
         self.isolation = isolation
+        self.hide = tuple(dict.fromkeys(os.path.realpath(p) for p in hide))
 
     def run(self, steps: Sequence[tuple[str, ...]]) -> Outcome:
         """Run (name, source) steps in order, in one namespace; pass when all complete.
 
-        A step (name, source, "eval") is an expression: its value is encoded (exact builtin
-        types only) and comes back in `Outcome.values`, for the caller to judge outside."""
-        scratch = None
+        A step (name, source, "eval") is an expression: its value is encoded (builtin values,
+        see `_sandbox_boot._encode`) and comes back in `Outcome.values`, for the caller to
+        judge outside."""
+        scratch, charged = None, False
         if self.isolation == "process":
-            scratch = tempfile.mkdtemp(prefix="dllmbench-sandbox-")
+            charged = _charged_scratch()
+            scratch = tempfile.mkdtemp(prefix="dllmbench-sandbox-", dir=SHM if charged else None)
         try:
             # As root, in namespaces, the program runs as a uid no other run holds; otherwise
             # it keeps this process's uid, with no capabilities (see `_sandbox_boot`).
             if self.isolation == "namespaces" and os.geteuid() == 0:
                 with allocate_uid() as uid:
-                    return self._run(steps, scratch, uid)
-            return self._run(steps, scratch, None)
+                    return self._run(steps, scratch, uid, charged)
+            return self._run(steps, scratch, None, charged)
         finally:
             if scratch is not None:
-                shutil.rmtree(scratch, ignore_errors=True)
+                left = remove_tree(scratch)
+                if left:
+                    print(
+                        f"dllmbench: could not remove {len(left)} path(s) of a sandbox's "
+                        f"scratch folder {scratch}: {left[0][:300]}",
+                        file=sys.stderr,
+                    )
 
     def run_many(
         self, programs: Sequence[Sequence[tuple[str, ...]]], workers: int = 0
     ) -> list[Outcome]:
         """Run many programs, `workers` at a time (0: two per CPU core, as a run spends part
-        of its time waiting on the kernel). A program that timed out beside others is run
-        again alone, once, and that second outcome counts (`Outcome.reran`): a neighbour's load
-        must not fail a correct program."""
-        workers = workers or 2 * (os.cpu_count() or 1)
-        with ThreadPoolExecutor(max(1, workers)) as pool:
+        of its time waiting on the kernel). Programs that timed out beside others are run
+        again, once, side by side with only each other (`workers` at a time), and that second
+        outcome counts (`Outcome.reran`): a neighbour's load must not fail a correct program,
+        and N programs that wait until their timeout cost about one timeout more, not N. (A
+        program that only burns CPU ends on its CPU-seconds limit, not on the clock.)"""
+        workers = max(1, workers or 2 * (os.cpu_count() or 1))
+        with ThreadPoolExecutor(workers) as pool:
             outcomes = list(pool.map(self.run, programs))
-        if workers > 1 and len(programs) > 1:
-            for i, outcome in enumerate(outcomes):
-                if outcome.status == "timeout":
-                    outcomes[i] = replace(self.run(programs[i]), reran=True)
+            if workers > 1 and len(programs) > 1:
+                again = [i for i, outcome in enumerate(outcomes) if outcome.status == "timeout"]
+                reruns = pool.map(self.run, [programs[i] for i in again])
+                for i, outcome in zip(again, reruns, strict=True):
+                    outcomes[i] = replace(outcome, reran=True)
         return outcomes
 
     def _run(
-        self, steps: Sequence[tuple[str, ...]], scratch: str | None, uid: int | None
+        self,
+        steps: Sequence[tuple[str, ...]],
+        scratch: str | None,
+        uid: int | None,
+        charged: bool = False,
     ) -> Outcome:
         limits = self.limits
         nonce = secrets.token_hex(16)
@@ -182,12 +254,26 @@ class Sandbox:
             "status_fd": status_w,
             "values_fd": values_w,
             "uid": uid,
+            "site_packages": site_packages(),
+            "hidden": [*hidden_paths(), *self.hide],
+            "mount_scratch": MOUNT_SCRATCH,
+            "scratch_charged": charged,
         }
         group = RunGroup.create(
             limits.memory_mb,
             limits.processes + (2 if self.isolation == "namespaces" else 0),  # + boot and init
             limits.cpus,
         )
+        if group is None and self._unbounded_tasks():
+            os.close(status_r)
+            os.close(values_r)
+            os.close(status_w)
+            os.close(values_w)
+            raise UserError(
+                "isolation=process as root bounds a program's threads only with a cgroup "
+                "(root is exempt from RLIMIT_NPROC) and none is writable here: use "
+                "processes=1, or isolation=namespaces"
+            )
         start = time.monotonic()
         deadline = start + limits.timeout
         try:
@@ -230,8 +316,11 @@ class Sandbox:
         ready = status.startswith(b"ready")
         if not ready and reason is None:
             message = status.decode(errors="replace").strip() or err.decode(errors="replace")
+            message = message.strip()[-300:].replace("\n", " ") or "no message"
+            if self.isolation == "process":
+                raise UserError(f"the code sandbox (isolation=process) could not start: {message}")
             raise UserError(
-                f"the code sandbox could not start ({message.strip()[-300:] or 'no message'}); "
+                f"the code sandbox could not start ({message}); "
                 "it needs Linux namespaces (root, or unprivileged user namespaces enabled); "
                 "isolation=process runs programs without them, with far weaker protection"
             )
@@ -256,6 +345,106 @@ class Sandbox:
             _records(values),
             None if peak is None else peak / (1 << 20),
         )
+
+    def _unbounded_tasks(self) -> bool:
+        """Whether nothing but a cgroup would bound the program's tasks: isolation "process"
+        as root (exempt from RLIMIT_NPROC) with more than one task allowed (with one, the
+        seccomp filter refuses every clone)."""
+        return self.isolation == "process" and os.geteuid() == 0 and self.limits.processes > 1
+
+
+def _charged_scratch() -> bool:
+    """Whether a process-isolation scratch folder goes on /dev/shm, a tmpfs whose pages the
+    run's cgroup is charged for (its memory limit then caps the folder too): where cgroups are
+    writable and /dev/shm is a tmpfs."""
+    if cgroups.hierarchies() is None:
+        return False
+    try:
+        return os.statvfs(SHM).f_bsize > 0 and _fstype(SHM) == "tmpfs"
+    except OSError:
+        return False
+
+
+def _fstype(path: str) -> str | None:
+    best, kind = "", None
+    with open("/proc/self/mountinfo", encoding="utf-8") as fh:
+        for line in fh:
+            left, _, right = line.partition(" - ")
+            point = left.split()[4].replace("\\040", " ")
+            if (path == point or path.startswith(point.rstrip("/") + "/")) and len(point) >= len(
+                best
+            ):
+                best, kind = point, right.split()[0]
+    return kind
+
+
+def remove_tree(path: str) -> list[str]:
+    """Remove `path` and everything under it; never raises. Iterative (any depth, any path
+    length: it walks with directory descriptors, never recursion or whole paths) and without
+    following links; returns what it could not remove ("path: reason"; empty when all went).
+    Meant for a folder no live process still writes to."""
+    left: list[str] = []
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        try:
+            fd = os.open(path, flags)
+        except FileNotFoundError:
+            return left
+        except NotADirectoryError:
+            os.unlink(path)
+            return left
+        names: list[str] = []  # from `path` down to the folder `fd` is
+        pending: list[list[str]] = []  # subfolders still to empty, per level
+        while True:
+            subfolders = []
+            with os.scandir(fd) as entries:
+                for entry in entries:
+                    try:
+                        if entry.is_dir(follow_symlinks=False):
+                            subfolders.append(entry.name)
+                        else:
+                            os.unlink(entry.name, dir_fd=fd)
+                    except OSError as exc:
+                        left.append(f"{_shown(path, names, entry.name)}: {exc.strerror}")
+            pending.append(subfolders)
+            while True:
+                if pending[-1]:
+                    name = pending[-1].pop()
+                    try:
+                        child = os.open(name, flags, dir_fd=fd)
+                    except OSError as exc:
+                        left.append(f"{_shown(path, names, name)}: {exc.strerror}")
+                        continue
+                    os.close(fd)
+                    fd = child
+                    names.append(name)
+                    break  # empty the child first
+                pending.pop()
+                if not names:
+                    os.close(fd)
+                    try:
+                        os.rmdir(path)
+                    except OSError as exc:
+                        left.append(f"{path}: {exc.strerror}")
+                    return left
+                parent = os.open("..", flags, dir_fd=fd)
+                os.close(fd)
+                fd = parent
+                name = names.pop()
+                try:
+                    os.rmdir(name, dir_fd=fd)
+                except OSError as exc:
+                    left.append(f"{_shown(path, names, name)}: {exc.strerror}")
+    except Exception as exc:  # never lose the caller's result to a cleanup
+        left.append(f"{path}: {type(exc).__name__}: {exc}")
+        return left
+
+
+def _shown(path: str, names: list[str], name: str) -> str:
+    """A short form of a path deep in a tree: its top, depth and last name."""
+    if len(names) > 3:
+        return f"{path}/…({len(names)} levels)…/{name}"
+    return os.path.join(path, *names, name)
 
 
 _uids_lock = threading.Lock()

@@ -117,6 +117,16 @@ def test_plans():
     assert (check.kind, check.actual, check.rel_tol) == ("isclose", "f(1)", 0.001)
     check = plan("assert f((1,)) == sys.getsizeof((1,))")
     assert check.before and check.expected == "sys.getsizeof((1,))"
+    # expected sides of pure builtins and arithmetic: computed in a run with no program
+    check = plan("assert tuple(f(1)) == tuple([1, 2])")
+    assert check.before and check.actual == "tuple(f(1))" and check.expected == "tuple([1, 2])"
+    assert plan("assert f(1) == (3 + 5, 3 * 5)").before
+    assert plan("assert f(1) == g(2)").kind == "exec"  # a name the program may define
+    assert plan("assert f(1) == len(x)").kind == "exec"  # a name the test defines
+    check = plan("assert abs(f(1.5) - 2.0 / 3.0) < 1e-06")
+    assert (check.kind, check.actual, check.abs_tol) == ("abs_lt", "f(1.5)", 1e-06)
+    assert check.before and check.expected == "2.0 / 3.0"
+    assert plan("assert abs(f(1) - 0.5) < t").kind == "exec"  # a tolerance that is no literal
 
 
 def test_decoder_is_strict():

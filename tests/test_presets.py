@@ -62,7 +62,7 @@ def plan_json(cli, *argv):
     return json.loads(result.out)
 
 
-@pytest.mark.parametrize("task", ["gsm8k", "math500", "mbpp"])
+@pytest.mark.parametrize("task", ["gsm8k", "math500", "mbpp", "humaneval"])
 @pytest.mark.parametrize("backbone", ["dream", "llada"])
 def test_plan_preset_paper_prints_the_resolved_run_without_loading_weights(
     cli, no_models, backbone, task
@@ -163,7 +163,7 @@ def test_plan_without_a_preset_resolves_the_general_defaults(cli, no_models):
         (["--preset", "paper", "--task", "gsm8k"], ["--preset paper needs --task and --backbone"]),
         (
             ["--preset", "paper", "--task", "arith", "--backbone", "dream"],
-            ["tasks gsm8k, math500, mbpp, not 'arith'"],
+            ["tasks gsm8k, humaneval, math500, mbpp, not 'arith'"],
         ),
         (
             ["--preset", "paper", "--task", "gsm8k", "--backbone", "tiny"],

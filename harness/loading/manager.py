@@ -52,6 +52,7 @@ BUILTIN_MODULES = (
     "dllmbench.tasks.gsm8k",
     "dllmbench.tasks.math500",
     "dllmbench.tasks.mbpp",
+    "dllmbench.tasks.humaneval",
     "dllmbench.tasks.arith",
 )
 

@@ -82,6 +82,12 @@ PAPER = Preset(
         "gsm8k": {"extraction": "strict"},  # the strict extractor throughout, never last-number
         "math500": {"timeout": 30.0},  # the paper's grader allowed 30 s per grade
         "mbpp": {},  # the paper states no sandbox limits: the task's own apply
+        # HumanEval as the backbones' model cards evaluate it: zero-shot, the problem's prompt
+        # alone (LLaDA-Base continues the raw prompt: the task's `fewshot` style has no
+        # exemplars) or in Dream's chat template; graded by running check(candidate) under the
+        # sandbox's own limits. The sampler stays the paper's shared one (the cards' own
+        # samplers, e.g. Dream-Base's temperature 0.2 and top-p 0.95, are backbone options)
+        "humaneval": {},
     },
     # the paper's PRM (and its ORM, on final states) pooled the generated region up to the
     # first end-of-sequence token, not up to a turn-end token

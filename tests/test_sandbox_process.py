@@ -1,0 +1,420 @@
+"""Attacks on the grader and its neighbours, each refused or contained in both isolations with
+correct neighbours graded correctly beside it; the scratch folder's cap and its cleanup; the
+expected values a task computes in the sandbox kept out of the program's reach. Every attack
+aims at a process, file or socket this test made, never at another of the machine's."""
+
+from __future__ import annotations
+
+import os
+import resource
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dllmbench.core.errors import UserError
+from dllmbench.tasks import cgroups
+from dllmbench.tasks import sandbox as sandbox_module
+from dllmbench.tasks.data import PACKAGED
+from dllmbench.tasks.mbpp import Mbpp
+from dllmbench.tasks.sandbox import Limits, Sandbox, remove_tree
+
+pytestmark = pytest.mark.slow
+
+ISOLATIONS = ["namespaces", "process"]
+
+# The guard (an audit hook) switched off first, so that only the kernel stands.
+UNGUARD = (
+    "import sys, os, ctypes\n"
+    "boot = sys.modules['__main__']\n"
+    "boot._guard.__code__ = (lambda event, args: None).__code__\n"
+    "boot.REFUSED = frozenset()\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "def errno():\n"
+    "    return ctypes.get_errno()\n"
+)
+
+CORRECT = [("program", "def f(n):\n    return sum(range(n))"), ("test", "f(10)", "eval")]
+
+
+def _neighbours_and(attack: str, isolation: str, **limits) -> tuple[object, list[object]]:
+    """The attack run beside three correct programs: (its outcome, theirs)."""
+    sandbox = Sandbox(Limits(timeout=20, **limits), isolation)
+    outcomes = sandbox.run_many([CORRECT, [("program", UNGUARD + attack)], CORRECT, CORRECT], 4)
+    return outcomes[1], [outcomes[0], *outcomes[2:]]
+
+
+def _assert_neighbours_right(neighbours) -> None:
+    for outcome in neighbours:
+        assert outcome.passed and outcome.values == ("('i','0x2d')",), outcome
+
+
+@pytest.fixture
+def victim():
+    """A process of the test's own: what the attacks on other processes aim at."""
+    proc = subprocess.Popen(["sleep", "120"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_prlimit_on_another_process_is_refused(isolation, victim):
+    before = resource.prlimit(victim.pid, resource.RLIMIT_NOFILE)
+    attack = (
+        "import resource\n"
+        "resource.prlimit(0, resource.RLIMIT_NOFILE)  # its own limits: allowed\n"
+        "resource.prlimit(os.getpid(), resource.RLIMIT_NOFILE)\n"
+        "print('own limits read', flush=True)\n"
+        f"resource.prlimit({victim.pid}, resource.RLIMIT_NOFILE, (7, 7))\n"
+    )
+    outcome, neighbours = _neighbours_and(attack, isolation)
+    assert not outcome.passed and "PermissionError" in outcome.stderr, outcome
+    assert "own limits read" in outcome.stdout  # it got past its own limits to the refusal
+    assert resource.prlimit(victim.pid, resource.RLIMIT_NOFILE) == before
+    _assert_neighbours_right(neighbours)
+
+
+FCNTL_SETOWN = (
+    "import fcntl, signal\n"
+    "r, w = os.pipe()\n"
+    "refused = []\n"
+    "for cmd, arg in ((8, VICTIM), (15, None), (10, int(signal.SIGKILL))):\n"
+    "    if arg is None:  # F_SETOWN_EX {F_OWNER_PID, VICTIM}\n"
+    "        owner = (ctypes.c_int * 2)(1, VICTIM)\n"
+    "        rc = libc.fcntl(r, cmd, ctypes.byref(owner))\n"
+    "    else:\n"
+    "        rc = libc.fcntl(r, cmd, arg)\n"
+    "    refused.append(rc == -1 and errno() == 1)\n"
+    "pid = ctypes.c_int(VICTIM)\n"
+    "refused.append(libc.ioctl(r, 0x8901, ctypes.byref(pid)) == -1)  # FIOSETOWN\n"
+    "fcntl.fcntl(r, fcntl.F_SETFL, os.O_ASYNC | os.O_NONBLOCK)\n"
+    "os.write(w, b'x')  # SIGIO (or the signal set) to the owner\n"
+    "print('refused', refused, flush=True)\n"
+    "assert not all(refused)\n"
+)
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_signals_through_a_descriptors_owner_are_refused(isolation, victim):
+    """F_SETOWN, F_SETOWN_EX and F_SETSIG (and FIOSETOWN) aimed at a process outside: with
+    O_ASYNC, a write would send it SIGKILL."""
+    outcome, neighbours = _neighbours_and(
+        FCNTL_SETOWN.replace("VICTIM", str(victim.pid)), isolation
+    )
+    assert not outcome.passed, outcome
+    assert "refused [True, True, True, True]" in outcome.stdout, outcome
+    time.sleep(0.2)
+    assert victim.poll() is None, "the sandboxed program signalled a process outside it"
+    _assert_neighbours_right(neighbours)
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_host_unix_sockets_are_out_of_reach(isolation, tmp_path):
+    """A socket pair's end sending to a datagram socket of the host, by path and in the
+    abstract namespace: nothing arrives (process mode refuses socket pairs; namespaces mode
+    shows neither the path nor the host's abstract names)."""
+    tmp_path.chmod(0o777)
+    by_path = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    by_path.bind(str(tmp_path / "host.sock"))
+    os.chmod(tmp_path / "host.sock", 0o777)
+    abstract_name = f"\0dllmbench-test-{os.getpid()}-{isolation}"
+    abstract = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    abstract.bind(abstract_name)
+    attack = (
+        "import struct\n"
+        "pair = (ctypes.c_int * 2)()\n"
+        "rc = libc.socketpair(1, 2, 0, pair)  # AF_UNIX, SOCK_DGRAM\n"
+        "print('socketpair', rc, errno(), flush=True)\n"
+        "assert rc == 0\n"
+        "sent = 0\n"
+        f"for name in ({str(tmp_path / 'host.sock').encode()!r}, {abstract_name.encode()!r}):\n"
+        "    addr = struct.pack('=H', 1) + name\n"
+        "    n = libc.sendto(pair[0], b'hello', 5, 0, addr, len(addr))\n"
+        "    print('sendto', n, errno(), flush=True)\n"
+        "    sent += n == 5\n"
+        "assert sent\n"
+    )
+    try:
+        outcome, neighbours = _neighbours_and(attack, isolation)
+        assert not outcome.passed, outcome
+        if isolation == "process":
+            assert "socketpair -1 1" in outcome.stdout, outcome
+        for sock in (by_path, abstract):
+            sock.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                sock.recv(16)
+        _assert_neighbours_right(neighbours)
+    finally:
+        by_path.close()
+        abstract.close()
+
+
+NEST = (
+    "print('scratch', os.getcwd(), flush=True)\n"
+    "for i in range(1500):\n"
+    "    os.mkdir('d')\n"
+    "    os.chdir('d')\n"
+    "    open('f', 'w').close()\n"
+    "print('nested', flush=True)\n"
+)
+
+
+def test_a_deep_tree_is_removed_without_recursion(tmp_path):
+    top = tmp_path / "top"
+    top.mkdir()
+    fd = os.open(top, os.O_RDONLY)
+    for i in range(3000):  # deeper than any path the kernel takes whole (PATH_MAX)
+        os.mkdir("d", dir_fd=fd)
+        if i % 500 == 0:
+            os.symlink("/", "link", dir_fd=fd)
+        child = os.open("d", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = child
+        os.close(os.open("f", os.O_CREAT | os.O_WRONLY, dir_fd=fd))
+    os.close(fd)
+    assert remove_tree(str(top)) == []
+    assert not top.exists()
+    assert Path("/").exists()  # links were removed, never followed
+    assert remove_tree(str(top)) == []  # nothing there: nothing to say
+
+
+def test_the_cleanup_never_raises(tmp_path, monkeypatch):
+    (tmp_path / "a").mkdir()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(os, "scandir", broken)
+    left = remove_tree(str(tmp_path / "a"))
+    assert len(left) == 1 and "disk on fire" in left[0]
+
+
+@pytest.fixture
+def shm_scratch(monkeypatch):
+    """Process mode with the fallback scratch: a folder on /dev/shm charged to the run's cgroup
+    (where the child cannot make a mount namespace), so the program writes on the host."""
+    if not sandbox_module._charged_scratch():
+        pytest.skip("needs writable cgroups and a tmpfs /dev/shm")
+    monkeypatch.setattr(sandbox_module, "MOUNT_SCRATCH", False)
+
+
+@pytest.mark.usefixtures("shm_scratch")
+def test_a_deep_tree_in_scratch_leaves_neighbours_graded_and_nothing_behind():
+    outcome, neighbours = _neighbours_and(NEST + "assert False\n", "process")
+    assert "nested" in outcome.stdout and not outcome.passed, outcome
+    scratch = outcome.stdout.split()[1]
+    assert scratch.startswith("/dev/shm/dllmbench-sandbox-")
+    assert not os.path.exists(scratch)
+    _assert_neighbours_right(neighbours)
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_a_deep_tree_in_scratch_beside_neighbours(isolation):
+    outcome, neighbours = _neighbours_and(NEST, isolation)
+    assert outcome.passed, outcome  # a deep tree is allowed; it must just not hurt anyone
+    _assert_neighbours_right(neighbours)
+
+
+FILL = (
+    "held = 0\n"
+    "try:\n"
+    "    for i in range(128):\n"
+    "        with open(f'fill{i}', 'wb') as fh:\n"
+    "            for _ in range(8):\n"
+    "                fh.write(bytes(1 << 20))\n"
+    "                fh.flush()\n"
+    "                held += 1\n"
+    "                print('held', held, flush=True)\n"
+    "except OSError as exc:\n"
+    "    print('stopped', exc, flush=True)\n"
+    "assert held >= 1024, held\n"
+)
+
+
+def _held(stdout: str) -> int:
+    return max([int(line.split()[1]) for line in stdout.splitlines() if line.startswith("held")])
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_a_gigabyte_fill_of_scratch_is_capped(isolation):
+    outcome, neighbours = _neighbours_and(FILL, isolation, tmpfs_mb=32, file_mb=64)
+    assert not outcome.passed, outcome
+    assert _held(outcome.stdout) <= 32, outcome.stdout[-300:]
+    _assert_neighbours_right(neighbours)
+
+
+@pytest.mark.usefixtures("shm_scratch")
+def test_a_gigabyte_fill_of_a_cgroup_charged_scratch_is_capped():
+    outcome, neighbours = _neighbours_and(FILL, "process", memory_mb=192, file_mb=64)
+    assert not outcome.passed, outcome
+    assert _held(outcome.stdout) <= 192, outcome.stdout[-300:]
+    _assert_neighbours_right(neighbours)
+
+
+def test_process_mode_that_cannot_cap_scratch_refuses_in_one_line(monkeypatch):
+    monkeypatch.setattr(sandbox_module, "MOUNT_SCRATCH", False)
+    monkeypatch.setattr(sandbox_module, "_charged_scratch", lambda: False)
+    with pytest.raises(UserError) as info:
+        Sandbox(Limits(timeout=20), "process").run(CORRECT)
+    message = str(info.value)
+    assert "\n" not in message and "cannot cap the scratch directory" in message
+
+
+THREADS = (
+    "import threading\n"
+    "started = []\n"
+    "for _ in range(8):\n"
+    "    try:\n"
+    "        threading.Thread(target=started.append, args=(1,)).start()\n"
+    "    except RuntimeError:\n"
+    "        pass\n"
+    "print('started', len(started), flush=True)\n"
+)
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+@pytest.mark.parametrize("with_cgroups", [True, False])
+def test_one_task_means_no_thread(isolation, with_cgroups, monkeypatch):
+    if not with_cgroups:
+        monkeypatch.setattr(cgroups, "hierarchies", lambda: None)
+    outcome = Sandbox(Limits(timeout=20), isolation).run([("program", UNGUARD + THREADS)])
+    assert outcome.passed and "started 0" in outcome.stdout, outcome
+
+
+def test_process_mode_as_root_with_threads_and_no_cgroup_refuses(monkeypatch):
+    if os.geteuid() != 0:
+        pytest.skip("only root is exempt from RLIMIT_NPROC")
+    monkeypatch.setattr(cgroups, "hierarchies", lambda: None)
+    with pytest.raises(UserError, match="bounds a program's threads only with a cgroup"):
+        Sandbox(Limits(timeout=20, processes=4), "process").run(CORRECT)
+
+
+# -- task 596: its expected side is computed in the sandbox ---------------------------------------
+
+READ_EVERY_DESCRIPTOR = (
+    "import fcntl\n"
+    "found = b''\n"
+    "for fd in range(3, 64):\n"
+    "    try:\n"
+    "        flags = os.O_RDONLY | os.O_NONBLOCK\n"
+    "        again = os.open(f'/proc/self/fd/{fd}', flags)\n"
+    "    except OSError:\n"
+    "        continue\n"
+    "    try:\n"
+    "        found += os.read(again, 1 << 16)\n"
+    "    except OSError:\n"
+    "        pass\n"
+    "print('found', found, flush=True)\n"
+)
+
+FORGE = (
+    "for fd in range(3, 64):\n"
+    "    try:\n"
+    "        os.write(fd, b\"11\\n('i','0x9')\" * 6)\n"
+    "    except OSError:\n"
+    "        pass\n"
+    "def tuple_size(t):\n"
+    "    return 9\n"
+)
+
+
+@pytest.fixture(scope="module")
+def task596():
+    task = Mbpp(data=str(PACKAGED), timeout=10.0, workers=4)
+    problem = next(p for p in task.problems("validation") if p.id == "596")
+    assert all(c.before for c in problem.gold.checks)
+    return task, problem
+
+
+def test_596_the_program_never_sees_the_expected_values(task596):
+    task, problem = task596
+    assert task.before_steps(problem) and all(
+        step[0] != "program" for step in task.before_steps(problem)
+    )
+    assert not any(step[0] == "imports" for step in task.steps(problem, "x = 1"))
+    outcome = task.sandbox.run(task.steps(problem, UNGUARD + READ_EVERY_DESCRIPTOR))
+    assert "found b''" in outcome.stdout, outcome
+
+
+def test_596_forged_values_are_graded_wrong_every_time(task596):
+    task, problem = task596
+    forged = [UNGUARD + READ_EVERY_DESCRIPTOR + FORGE + f"# {i}\n" for i in range(20)]
+    assert not any(task.grade(problem, program, program) for program in forged[:10])
+    items = [(problem, program, program) for program in forged[10:]]
+    items += [(problem, problem.gold.reference, "")] * 2
+    grades = task.grade_many(items)
+    assert grades == [False] * 10 + [True, True]
+    assert task.grade(problem, problem.gold.reference, "")
+
+
+# -- timeouts ---------------------------------------------------------------------------------
+
+BLOCKER = "import time\nprint('start', time.time(), flush=True)\ntime.sleep(600)\n"
+
+
+def test_programs_that_time_out_are_run_again_side_by_side():
+    """Eight programs that block until their 3 s timeout: their second runs overlap (each
+    started before the first of them could have timed out), so they cost one more timeout,
+    not eight."""
+    sandbox = Sandbox(Limits(timeout=3))
+    began = time.monotonic()
+    outcomes = sandbox.run_many([[("program", BLOCKER)]] * 8, workers=8)
+    seconds = time.monotonic() - began
+    assert [(o.status, o.reran) for o in outcomes] == [("timeout", True)] * 8, outcomes
+    starts = sorted(float(o.stdout.split()[1]) for o in outcomes)
+    assert starts[-1] - starts[0] < 3, starts  # all eight second runs at once
+    assert seconds < 8 * 3, seconds  # not one after another (about 6 s: two timeouts)
+
+
+# -- Landlock's own scoping, behind the filter ----------------------------------------------------
+
+SCOPED = """
+import ctypes, os, socket, sys
+from dllmbench.tasks import _sandbox_boot as boot
+victim, scratch, name = int(sys.argv[1]), sys.argv[2], chr(0) + sys.argv[3]
+abi = boot._landlock_abi()
+assert boot._landlock(scratch, [], [])
+try:
+    os.kill(victim, 0)
+    print("signal sent")
+except PermissionError:
+    print("signal refused")
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+try:
+    s.sendto(b"x", name)
+    print("abstract sent")
+except PermissionError:
+    print("abstract refused")
+"""
+
+
+def test_landlock_scopes_signals_and_abstract_sockets_on_its_own(victim, tmp_path):
+    """Without the seccomp filter (which refuses both first), Landlock alone (ABI 6) keeps a
+    confined process from signalling a process outside and from reaching a host's abstract
+    socket."""
+    from dllmbench.tasks import _sandbox_boot as boot
+
+    if boot._landlock_abi() < 6:
+        pytest.skip("Landlock ABI 6 (signal and abstract socket scoping) is not here")
+    name = f"\0dllmbench-scope-{os.getpid()}"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(name)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", SCOPED, str(victim.pid), str(tmp_path), name[1:]],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 0, result.stderr[-1000:]
+        assert result.stdout.split("\n")[:2] == ["signal refused", "abstract refused"]
+        listener.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            listener.recv(8)
+    finally:
+        listener.close()
+    assert victim.poll() is None
