@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from dllmbench.core.errors import UserError
+from dllmbench.core.schema import Manifest
+from dllmbench.core.shape import MANIFEST_FIX, require
 from dllmbench.running.summary import summarize_run
 from dllmbench.storage.rundir import RunDir
 from dllmbench.storage.shards import Shard, running_shares, shards_in
@@ -66,7 +68,7 @@ def merge(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
             f"share {', '.join(busy)} of {path} is still running; merge when it has finished"
         )
     with RunDir(path) as rundir:
-        manifest = rundir.read_manifest()
+        manifest = require(rundir.read_manifest(), Manifest, rundir.manifest_path, MANIFEST_FIX)
         ids = problem_ids(manifest)
         check_complete(rundir, manifest, ids)
         results = summarize_run(

@@ -27,7 +27,7 @@ from dllmbench.plugins.backbones.base import (
     block_step,
     top_ranked,
 )
-from dllmbench.plugins.backbones.loading import DType
+from dllmbench.plugins.backbones.loading import DType, device_problem
 
 ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 
@@ -55,6 +55,8 @@ class DreamConfig:
     seed: int = 0  # initialisation of model="random"
 
     def __post_init__(self) -> None:
+        if (unusable := device_problem(self.device)) is not None:
+            raise ValueError(unusable)
         if self.attention not in ATTENTIONS:
             raise ValueError(f"attention must be sdpa or packed, got {self.attention!r}")
         if self.alg not in ALGS:

@@ -72,6 +72,37 @@ def rename_llada_keys(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tens
     return out
 
 
+def device_problem(device: str | None) -> str | None:
+    """Why `device` cannot be used by this torch build on this machine (not a torch device, a
+    build without its backend, no such device), or None: found from the configuration,
+    before any weights load."""
+    if device is None:
+        return None
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        return f"device {device!r} is not a torch device; e.g. cpu, cuda or cuda:1"
+    if dev.type == "cpu":
+        return None
+    if dev.type == "cuda":
+        if torch.version.cuda is None and torch.version.hip is None:
+            return (
+                f"device {device!r}: this torch {torch.__version__} was built without CUDA; "
+                "use device=cpu, or install a CUDA build of torch"
+            )
+        count = torch.cuda.device_count()
+        if count == 0:
+            return f"device {device!r}: no CUDA device is visible; use device=cpu"
+        if dev.index is not None and dev.index >= count:
+            return f"device {device!r}: there are {count} CUDA devices (cuda:0 to cuda:{count - 1})"
+        return None
+    backend = getattr(torch, dev.type, None) if dev.type != "mps" else torch.backends.mps
+    available = getattr(backend, "is_available", None)
+    if available is None or not available():
+        return f"device {device!r}: this torch build has no {dev.type} device; use device=cpu"
+    return None
+
+
 def device_and_dtype(device: str | None, dtype: str | None) -> tuple[torch.device, torch.dtype]:
     """bf16 on a GPU and fp32 on a CPU unless told otherwise."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
