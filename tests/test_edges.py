@@ -6,7 +6,6 @@ were."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -130,3 +129,147 @@ def test_a_cuda_device_beyond_those_visible(cli, tmp_path, no_backbone, monkeypa
     result = cli(*TINY, "--backbone", "tiny:device=cuda", "--out", tmp_path / "r")
     assert_user_error(result, "no CUDA device is visible")
     assert not (tmp_path / "r").exists()
+
+
+# -- 2. budgets the planner answers at once; canvases beyond the model's positions ---------------
+
+
+def test_a_budget_beyond_any_plan_is_one_line(cli):
+    for budget in ("1" + "0" * 30, "10000001"):
+        result = cli("plan", "--budget", budget)
+        assert_user_error(result, "argument --budget: must be at most 10000000")
+    assert_user_error(cli(*TOY_RUN, "--budget", "72," + "9" * 40), "must be at most 10000000")
+
+
+def test_the_planner_builds_a_few_configurations_not_one_per_size(monkeypatch):
+    from dllmbench.execution import planner
+    from dllmbench.loading.registry import registry
+
+    built = []
+    real = planner._try_build
+    monkeypatch.setattr(planner, "_try_build", lambda *a: built.append(a[1]) or real(*a))
+    result = planner.plan(registry(), 10_000_000, 128, ["majority", "top_m"])
+    assert [p.method.id for p in result.methods] == [
+        "Majority@78125",
+        "Top-2 Retention K=76922 b=64",  # 130 passes a particle, k even
+    ]
+    assert len(built) < 200  # a loop over every size built 78,000 and more
+
+
+def test_the_planner_finds_what_a_size_by_size_search_finds():
+    """The largest size within the budget, every built-in family, at budgets on each side of
+    the first costs it takes and a few more: the same as trying each size in turn (sizes a strategy refuses, such as an odd k where keep is
+    2, or n below prism's final, included)."""
+    from dllmbench.core.errors import PluginError
+    from dllmbench.execution import planner
+    from dllmbench.execution.method import Method
+    from dllmbench.loading.registry import registry
+
+    reg = registry()
+    for steps in (3, 8):
+        for family in reg.families():
+            spec = planner.family_spec(family, steps)
+            if spec.free_field() is None:
+                continue
+            costs = {}
+            for size in range(1, 122):
+                method = planner._try_build(reg, spec.with_size(size), None, None)
+                if isinstance(method, Method):
+                    costs[size] = method.total_cost(steps)
+            edges = {c + d for c in sorted(set(costs.values()))[:6] for d in (-1, 0)}
+            for budget in sorted({b for b in edges if b >= 1} | {1, 59, 120}):
+                if not any(size <= budget + 1 for size in costs):
+                    with pytest.raises(PluginError):  # no size it may try builds
+                        planner.fit(reg, spec, None, None, budget, steps)
+                    continue
+                method, smallest = planner.fit(reg, spec, None, None, budget, steps)
+                fitting = [size for size, cost in costs.items() if cost <= budget]
+                assert smallest == costs[min(costs)]
+                want = max(fitting) if fitting else None
+                got = method and method.spec.strategy_config[spec.free_field()]
+                assert got == want, (family.name, steps, budget)
+
+
+@pytest.mark.parametrize("length", ["256", "400", "100000"])
+def test_a_canvas_beyond_the_models_positions_is_one_line(cli, tmp_path, no_backbone, length):
+    needle = f"--gen-length {length} does not fit backbone 'tiny': its model has 256 positions"
+    result = cli(*TINY, "--backbone", "tiny", "--gen-length", length, "--out", tmp_path / "r")
+    assert_user_error(result, needle, "below 256")
+    assert not (tmp_path / "r").exists()
+    plan = cli(
+        "plan", "--task", "arith", "--backbone", "tiny", "--gen-length", length, "--budget", "99"
+    )
+    assert_user_error(plan, needle)
+    assert_user_error(cli("run", "--gen-length", length), needle)  # the demo
+
+
+# -- 5. numbers are ASCII digits, bounded; an option given twice; a run directory given twice ----
+
+
+@pytest.mark.parametrize(
+    "option,value,needle",
+    [
+        ("--budget", "2_08", "must be an integer, got '2_08'"),
+        ("--budget", "٢٠٨", "must be an integer, got '٢٠٨'"),
+        ("--budget", "72,٢٠٨", "must be an integer, got '٢٠٨'"),
+        ("--seed", "99999999999999999999999", "must be at most 9223372036854775807"),
+        ("--seed", "1_0", "must be an integer"),
+        ("--steps", "８", "must be an integer"),  # a full-width digit
+        ("--limit", "1e3", "must be an integer"),
+        ("--resamples", "²", "must be an integer"),
+    ],
+)
+def test_numbers_are_ascii_digits_and_bounded(cli, finished_run, option, value, needle):
+    before = snapshot(finished_run)
+    result = cli(*TOY_RUN, option, value, "--out", finished_run)
+    assert_user_error(result, f"argument {option}", needle)
+    assert snapshot(finished_run) == before
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["--task", "toy_sum:size=4_0"], "option size wants an int, got '4_0'"),
+        (["--task", "toy_sum:size=٤"], "option size wants an int, got '٤'"),
+        (["--backbone", "toy:p_correct=٠.5"], "option p_correct wants a number"),
+        (["--task", "toy_sum:size=4,size=3"], "option 'size' is given twice in 'toy_sum:size"),
+        (["--method", "independent:n=2,n=3+majority"], "option 'n' is given twice"),
+        (["--scorer", "orm=toy:noise=1,noise=2"], "option 'noise' is given twice"),
+    ],
+)
+def test_plugin_numbers_are_ascii_and_options_are_given_once(cli, finished_run, argv, needle):
+    before = snapshot(finished_run)
+    result = cli(*TOY_RUN, *argv, "--out", finished_run)
+    assert_user_error(result, needle)
+    assert snapshot(finished_run) == before
+
+
+def test_a_run_directory_given_twice_to_report(cli, finished_run):
+    before = snapshot(finished_run)
+    result = cli("report", finished_run, finished_run / ".." / finished_run.name)
+    assert_user_error(result, "is given twice", "give each run directory once")
+    assert snapshot(finished_run) == before
+
+
+# -- 6. task errors name the task ----------------------------------------------------------------
+
+
+def test_an_unknown_task_is_named_before_a_missing_backbone(cli, tmp_path):
+    result = cli("run", "--task", "nosuch", "--out", tmp_path / "r")
+    assert_user_error(result, "unknown task 'nosuch'; known: ", "toy_sum")
+    assert_user_error(cli("run", "--task", "toy_sum", "--backbone", "nosuch"), "unknown backbone")
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["--task", "toy_sum:foo"], "task 'toy_sum' option 'foo' is not key=value; its options: "),
+        (["--backbone", "toy:fast"], "backbone 'toy' option 'fast' is not key=value; its options"),
+        (["--scorer", "orm=toy:x"], "scorer 'toy' option 'x' is not key=value; its options: "),
+    ],
+)
+def test_an_option_that_is_not_key_value_names_the_plugins_options(cli, finished_run, argv, needle):
+    before = snapshot(finished_run)
+    assert_user_error(cli(*TOY_RUN, *argv, "--out", finished_run), needle)
+    assert snapshot(finished_run) == before

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 from dllmbench.cli.common import Reply, add_json
+from dllmbench.core.errors import UserError
 
 
 def add_parser(sub: Any) -> None:
@@ -38,6 +40,14 @@ def execute(args: argparse.Namespace) -> Reply:
         write_report,  # numpy, scipy and matplotlib: only when asked
     )
 
+    seen: dict[Path, str] = {}
+    for run in args.runs:
+        where = Path(run).resolve()
+        if where in seen:
+            raise UserError(
+                f"{run} is given twice (as {seen[where]} before); give each run directory once"
+            )
+        seen[where] = run
     start = time.perf_counter()
     written = write_report(args.runs, args.out, controls=args.controls)
     seconds = round(time.perf_counter() - start, 2)

@@ -22,6 +22,7 @@ from dllmbench.cli.common import (
     add_preset,
     add_sampling,
     add_scorers,
+    check_canvas,
     field_default,
     methods_arg,
     settings,
@@ -147,6 +148,9 @@ def run_config(args: argparse.Namespace) -> Any:
     if s.scorers is not None:  # a typo in a scorer name costs no model load
         users = scorer_users(reg, methods_arg(args), args.steps)
         check_scorers(users, set(s.scorers), requested=methods_arg(args) is not None)
+    check_canvas(
+        s.backbone, reg.check("backbone", s.backbone, **s.backbone_config), args.gen_length
+    )
     return RunConfig(
         task=s.task,
         task_config=s.task_config,

@@ -32,7 +32,7 @@ from dllmbench.plugins.backbones.base import (
     purpose_generator,
     top_ranked,
 )
-from dllmbench.plugins.backbones.loading import DType, device_problem
+from dllmbench.plugins.backbones.loading import DType, device_problem, positions_of
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,11 @@ class LLaDAConfig:
             raise ValueError("temperature and cfg_scale must be >= 0")
         if self.block_length is not None and self.block_length < 1:
             raise ValueError("block_length must be >= 1")
+
+    @property
+    def positions(self) -> int | None:
+        """Positions of the model (prompt and canvas), from its config.json (`KnowsPositions`)."""
+        return positions_of(self.model)
 
     @property
     def passes_per_step(self) -> int:

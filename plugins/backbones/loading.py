@@ -9,6 +9,7 @@ tokenizer, for smoke tests and CPU tests.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import string
@@ -70,6 +71,27 @@ def rename_llada_keys(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tens
         else:
             raise UserError(f"LLaDA checkpoint has an unexpected key {key!r}")
     return out
+
+
+# the positions of a tiny random model (`random_model`)
+RANDOM_POSITIONS = 2048
+
+
+def positions_of(model: str) -> int | None:
+    """The positions of the model `model` names, from its config.json, when that is a local
+    directory (Dream's `max_position_embeddings`, LLaDA's `max_sequence_length`); read before
+    any weights load. None when it cannot tell (a Hub id, a config without either key)."""
+    if model == "random":
+        return RANDOM_POSITIONS
+    file = Path(model) / "config.json"
+    try:
+        raw = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # loading says what is wrong with it
+    if not isinstance(raw, dict):
+        return None
+    value = raw.get("max_position_embeddings", raw.get("max_sequence_length"))
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def device_problem(device: str | None) -> str | None:
@@ -403,7 +425,7 @@ def random_model(
             num_attention_heads=4,
             num_key_value_heads=2,
             vocab_size=vocab,
-            max_position_embeddings=2048,
+            max_position_embeddings=RANDOM_POSITIONS,
             tie_word_embeddings=False,
         )
     else:
@@ -416,7 +438,7 @@ def random_model(
             vocab_size=vocab,
             rope_theta=5e5,
             rms_norm_eps=1e-5,
-            max_position_embeddings=2048,
+            max_position_embeddings=RANDOM_POSITIONS,
             tie_word_embeddings=False,
         )
     config.is_causal = False
