@@ -158,8 +158,8 @@ def test_the_planner_builds_a_few_configurations_not_one_per_size(monkeypatch):
 
 def test_the_planner_finds_what_a_size_by_size_search_finds():
     """The largest size within the budget, every built-in family, at budgets on each side of
-    the first costs it takes and a few more: the same as trying each size in turn (sizes a strategy refuses, such as an odd k where keep is
-    2, or n below prism's final, included)."""
+    the first costs it takes and a few more: the same as trying each size in turn (sizes a
+    strategy refuses, such as an odd k where keep is 2, or n below prism's final, included)."""
     from dllmbench.core.errors import PluginError
     from dllmbench.execution import planner
     from dllmbench.execution.method import Method
