@@ -273,3 +273,93 @@ def test_an_option_that_is_not_key_value_names_the_plugins_options(cli, finished
     before = snapshot(finished_run)
     assert_user_error(cli(*TOY_RUN, *argv, "--out", finished_run), needle)
     assert snapshot(finished_run) == before
+
+
+# -- 3. a command never writes into a folder that belongs to something else ----------------------
+
+COLLECT = ["collect", "--task", "toy_sum:size=2", "--backbone", "toy", "--n", "2", "--steps", "8"]
+COLLECT += ["--gen-length", "5"]
+
+
+@pytest.fixture
+def collection(cli, tmp_path) -> Path:
+    out = tmp_path / "collection"
+    assert cli(*COLLECT, "--out", out).code == 0
+    return out
+
+
+@pytest.fixture
+def retrain_never_starts(monkeypatch):
+    import dllmbench.demo.retrain as retrain
+
+    def started(*args, **kwargs):
+        raise AssertionError("the retrain started before its folder was checked")
+
+    monkeypatch.setattr(retrain, "retrain", started)
+
+
+def foreign_targets(tmp_path: Path, finished_run: Path, collection: Path) -> dict[str, Path]:
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "mine.txt").write_text("mine")
+    (tmp_path / "a-file").write_text("mine")
+    return {
+        "a run directory": finished_run,
+        "a collection": collection,
+        "a checkpoint": Path(tmp_path / "ckpt"),
+        "a folder of other files": other,
+        "a file": tmp_path / "a-file",
+    }
+
+
+COMMANDS = {
+    "collect": COLLECT,
+    "train-scorer": ["train-scorer", "--kind", "orm", "--steps", "1"],  # --data added below
+    "demo retrain": ["demo", "retrain"],
+    "report": ["report"],  # the run added below
+}
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_a_command_refuses_a_folder_that_belongs_to_something_else(
+    cli, tmp_path, finished_run, collection, retrain_never_starts, command
+):
+    targets = foreign_targets(tmp_path, finished_run, collection)
+    ckpt = targets["a checkpoint"]
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
+    argv = list(COMMANDS[command])
+    if command == "train-scorer":
+        argv += ["--data", collection]
+    if command == "report":
+        argv += [finished_run]
+    for what, target in targets.items():
+        if command == "collect" and what == "a collection":
+            continue  # its own: resumed
+        before = snapshot(tmp_path)
+        result = cli(*argv, "--out", target)
+        needle = "is not a folder" if what == "a file" else str(target)
+        assert_user_error(result, needle, "choose another --out")
+        assert snapshot(tmp_path) == before, what
+
+
+@pytest.mark.parametrize("command", [*sorted(COMMANDS), "run", "diagnose"])
+def test_an_empty_out_is_one_line(cli, tmp_path, finished_run, collection, command, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    argv = list({**COMMANDS, "run": TOY_RUN, "diagnose": ["diagnose", collection]}[command])
+    if command == "train-scorer":
+        argv += ["--data", collection]
+    if command == "report":
+        argv += [finished_run]
+    before = snapshot(tmp_path)
+    assert_user_error(cli(*argv, "--out", ""), "--out is empty")
+    assert snapshot(tmp_path) == before
+
+
+def test_demo_retrain_checks_its_folder_before_pretraining(cli, tmp_path, retrain_never_starts):
+    file = tmp_path / "file"
+    file.write_text("mine")
+    assert_user_error(cli("demo", "retrain", "--out", file), "is not a folder")
+    assert_user_error(cli("demo", "retrain", "--out", file / "x"), f"{file} is not a folder")
+    assert_user_error(cli("demo", "retrain", "--out", "/proc/dllmbench"), "cannot write to /proc")
+    assert file.read_text() == "mine"

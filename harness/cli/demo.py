@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 from dllmbench.cli.argtypes import natural_int, positive_int
 from dllmbench.cli.common import Parser, Reply, add_json, field_default
+from dllmbench.cli.folders import claim
 from dllmbench.core.errors import UserError
 from dllmbench.demo import RetrainConfig
 
@@ -28,7 +28,7 @@ def add_parser(sub: Any) -> None:
         "--backbone tiny:model=OUT --scorer prm=prm:checkpoint=OUT/prm "
         "--scorer orm=orm:checkpoint=OUT/orm.",
     )
-    r.add_argument("--out", type=Path, required=True, help="where the model and scorers go")
+    r.add_argument("--out", required=True, help="where the model and scorers go")
     r.add_argument("--seed", type=natural_int, default=field_default(RetrainConfig, "seed"))
     r.add_argument(
         "--pretrain-steps",
@@ -89,7 +89,7 @@ def retrain(args: argparse.Namespace) -> Reply:
     from dllmbench.demo.retrain import retrain  # torch and transformers: here
 
     cfg = RetrainConfig(
-        out=args.out,
+        out=claim(args.out, "demo folder"),  # before pretraining, its longest stage
         seed=args.seed,
         pretrain_steps=args.pretrain_steps,
         problems=args.problems,

@@ -10,6 +10,7 @@ from typing import Any
 from rich.console import Console
 
 from dllmbench.cli.common import Reply, add_json
+from dllmbench.cli.folders import claim
 from dllmbench.core.errors import UserError
 
 
@@ -48,6 +49,7 @@ def execute(args: argparse.Namespace) -> Reply:
                 f"{run} is given twice (as {seen[where]} before); give each run directory once"
             )
         seen[where] = run
+    claim(Path(args.runs[0]) / "report" if args.out is None else args.out, "report folder")
     start = time.perf_counter()
     written = write_report(args.runs, args.out, controls=args.controls)
     seconds = round(time.perf_counter() - start, 2)

@@ -138,6 +138,8 @@ def run_config(args: argparse.Namespace) -> Any:
     """The `RunConfig` these arguments ask for, checked as far as it can be without a model."""
 
     reg = registry()
+    if args.out is not None and not args.out.strip():
+        raise UserError("--out is empty; give the run directory, e.g. --out runs/mine")
     demo = not args.task and not args.backbone and not args.preset
     if demo:  # the shipped demo
         for key, value in DEMO.items():
