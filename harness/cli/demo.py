@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -86,7 +87,10 @@ def _no_action(args: argparse.Namespace) -> Reply:
 
 
 def retrain(args: argparse.Namespace) -> Reply:
-    from dllmbench.demo.retrain import retrain  # torch and transformers: here
+    from dllmbench.demo.retrain import check_out, retrain  # torch and transformers: here
+
+    if args.out.strip():
+        check_out(Path(args.out))  # the installed package first: its own line
 
     cfg = RetrainConfig(
         out=claim(args.out, "demo folder"),  # before pretraining, its longest stage
