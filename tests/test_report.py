@@ -173,9 +173,8 @@ def test_runs_of_one_protocol_combine_and_a_mismatch_is_refused(two_budgets, tmp
     assert data["pooled"]["size"] == 15 and data["pooled"]["run"] == 1
 
     twice = cli("report", two_budgets, two_budgets, "--out", tmp_path / "twice")
-    assert twice.code == 0, twice.err
-    again = json.loads((tmp_path / "twice" / "report.json").read_text())
-    assert [m["run"] for m in again["methods"]] == [0] * len(again["methods"])
+    assert twice.code == 2 and "is given twice" in twice.err, twice.err
+    assert not (tmp_path / "twice").exists()
 
     seed = _run(
         tmp_path / "seed1",

@@ -99,6 +99,8 @@ from dllmbench.analysis.diagnostics import PruningEvent, ScoredState, SMCCheckpo
 from dllmbench.analysis.pooled import PooledCandidate, shared_scorers
 from dllmbench.core.errors import UserError
 from dllmbench.core.jsonfile import read_object
+from dllmbench.core.schema import Manifest, Results
+from dllmbench.core.shape import MANIFEST_FIX, require
 from dllmbench.storage.rundir import RunDir
 
 SEGMENT_FIELDS = ("step", "mask", "scores", "parent", "kept")
@@ -141,10 +143,15 @@ def load_run(run_dir: str | Path) -> RunData:
     fix = "give the directory a `dllmbench run` wrote (its --out)"
     if not (path / "manifest.json").is_file():
         raise UserError(f"{path} is not a run directory (it has no manifest.json); {fix}")
-    manifest = read_object(path / "manifest.json", fix)
+    manifest = require(
+        read_object(path / "manifest.json", fix), Manifest, path / "manifest.json", MANIFEST_FIX
+    )
     records = RunDir(path).read_records()
     results_file = path / "results.json"
-    results = read_object(results_file, fix) if results_file.is_file() else None
+    results = None
+    if results_file.is_file():
+        rewrite = f"rewrite it from the records with: dllmbench merge {path}"
+        results = require(read_object(results_file, rewrite), Results, results_file, rewrite)
     by_method: dict[str, dict[str, dict[str, Any]]] = {m["id"]: {} for m in manifest["methods"]}
     for record in records:
         if record["method"] in by_method:

@@ -272,6 +272,14 @@ class MultiPass(Protocol):
 
 
 @runtime_checkable
+class KnowsPositions(Protocol):
+    """A backbone Config knowing, before any weights load, how many positions its model has
+    (prompt and canvas together); None when it cannot tell (a Hub model not yet fetched)."""
+
+    positions: int | None
+
+
+@runtime_checkable
 class ShipsScorers(Protocol):
     """A backbone Config naming scorers trained for its weights: run name → (plugin, options)."""
 
@@ -429,6 +437,13 @@ def evidence_of(strategy: object) -> Evidence:
 def shipped_scorers(config: object) -> dict[str, tuple[str, dict[str, Any]]]:
     """The scorers a backbone Config ships with (none unless it is `ShipsScorers`)."""
     return dict(config.shipped_scorers or {}) if isinstance(config, ShipsScorers) else {}
+
+
+def positions(config: object) -> int | None:
+    """The positions a backbone Config's model has (None unless it is `KnowsPositions` and can
+    tell): a canvas as long leaves none for the prompt."""
+    known = config.positions if isinstance(config, KnowsPositions) else None
+    return int(known) if known else None
 
 
 def is_deterministic(config: object) -> bool:

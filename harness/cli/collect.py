@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 from dllmbench.cli.argtypes import natural_int, positive_int
 from dllmbench.cli.common import Reply, add_json, add_limit, add_sampling, field_default
+from dllmbench.cli.folders import claim
 from dllmbench.cli.progress import Progress
 from dllmbench.core.errors import UserError
 from dllmbench.execution.engine import Capacity, Sampling
@@ -50,6 +50,7 @@ def add_parser(sub: Any) -> None:
 
 def execute(args: argparse.Namespace) -> Reply:
     reg = registry()
+    out = claim(args.out, "collection")  # before the backbone loads
     task_name, task_config = parse_part(args.task)
     backbone_name, backbone_config = parse_part(args.backbone)
     task = reg.task(task_name, **task_config)
@@ -73,7 +74,6 @@ def execute(args: argparse.Namespace) -> Reply:
         len(problems),
         rollouts=args.rollouts,
     )
-    out = Path(args.out)
     capacity = Capacity(batch_rows=args.batch_rows)
     cfg = CollectConfig(
         task,

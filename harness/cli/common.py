@@ -14,10 +14,12 @@ from typing import Any, NoReturn
 from rich.console import Console
 from rich.table import Table
 
+from dllmbench.api.interfaces import positions
 from dllmbench.cli.argtypes import name_list, natural_int, positive_int, scorer_entry
 from dllmbench.core.errors import UserError
 from dllmbench.execution.engine import Sampling
 from dllmbench.execution.method import parse_part
+from dllmbench.loading.registry import options, registry
 from dllmbench.running import presets
 
 # every run but the demo: the paper's T and canvas; `--preset` and explicit flags come first
@@ -165,8 +167,28 @@ def scorers_arg(entries: list[str]) -> dict[str, tuple[str, dict[str, Any]]]:
     out: dict[str, tuple[str, dict[str, Any]]] = {}
     for entry in entries:
         name, eq, plugin = entry.partition("=")
-        out[name.strip()] = parse_part(plugin if eq else name)
+        out[name.strip()] = plugin_arg("scorer", plugin if eq else name)
     return out
+
+
+def plugin_arg(kind: str, text: str) -> tuple[str, dict[str, Any]]:
+    """`--task arith:test_size=50` and the like → (name, options): an unknown plugin is one
+    line listing the known ones, an option that is not key=value one naming the plugin's
+    options."""
+    name = text.partition(":")[0].strip()
+    info = registry().info(kind, name) if name else None  # unknown: the registry's line
+    try:
+        return parse_part(text)
+    except UserError:
+        items = text.partition(":")[2].split(",")
+        bad = next((i for i in items if i.strip() and not i.partition("=")[0].strip()), None)
+        bad = next((i for i in items if i.strip() and "=" not in i), bad)
+        if info is None or bad is None:  # an option given twice: parse_part's line
+            raise
+    known = ", ".join(options(info.factory)) or "none"
+    raise UserError(
+        f"{kind} {name!r} option {bad.strip()!r} is not key=value; its options: {known}"
+    ) from None
 
 
 @dataclass
@@ -184,8 +206,10 @@ class Settings:
 def settings(args: argparse.Namespace, defaults: dict[str, Any]) -> Settings:
     """Parse --task, --backbone and --scorer; fill the flags from --preset, then from
     `defaults`. An explicit flag or plugin option always wins over the preset's value."""
-    task, task_config = parse_part(args.task) if args.task else (None, {})
-    backbone, backbone_config = parse_part(args.backbone) if args.backbone else (None, {})
+    task, task_config = plugin_arg("task", args.task) if args.task else (None, {})
+    backbone, backbone_config = (
+        plugin_arg("backbone", args.backbone) if args.backbone else (None, {})
+    )
     scorers = None if args.scorer is None else scorers_arg(args.scorer)
     record = None
     if args.preset:
@@ -211,3 +235,16 @@ def settings(args: argparse.Namespace, defaults: dict[str, Any]) -> Settings:
         if getattr(args, key) is None:
             setattr(args, key, value)
     return Settings(task, task_config, backbone, backbone_config, scorers, record)
+
+
+def check_canvas(backbone: str | None, config: Any, gen_length: int) -> None:
+    """A canvas of `gen_length` positions must leave room for the prompt in the backbone's
+    model (`KnowsPositions`, read from its config.json before any weights load): one line
+    instead of a run that crawls over a canvas the model was never trained on."""
+    limit = positions(config) if backbone else None
+    if limit is not None and gen_length >= limit:
+        raise UserError(
+            f"--gen-length {gen_length} does not fit backbone {backbone!r}: its model has "
+            f"{limit} positions for the prompt and the canvas together; give --gen-length "
+            f"below {limit}, e.g. --gen-length {min(GENERAL['gen_length'], limit // 2)}"
+        )

@@ -12,6 +12,7 @@ from rich.console import Console
 
 from dllmbench.cli.argtypes import natural_int, positive_int
 from dllmbench.cli.common import Parser, Reply, add_json, field_default
+from dllmbench.cli.folders import claim
 from dllmbench.core.errors import UserError
 from dllmbench.demo import RetrainConfig
 
@@ -28,7 +29,7 @@ def add_parser(sub: Any) -> None:
         "--backbone tiny:model=OUT --scorer prm=prm:checkpoint=OUT/prm "
         "--scorer orm=orm:checkpoint=OUT/orm.",
     )
-    r.add_argument("--out", type=Path, required=True, help="where the model and scorers go")
+    r.add_argument("--out", required=True, help="where the model and scorers go")
     r.add_argument("--seed", type=natural_int, default=field_default(RetrainConfig, "seed"))
     r.add_argument(
         "--pretrain-steps",
@@ -86,10 +87,13 @@ def _no_action(args: argparse.Namespace) -> Reply:
 
 
 def retrain(args: argparse.Namespace) -> Reply:
-    from dllmbench.demo.retrain import retrain  # torch and transformers: here
+    from dllmbench.demo.retrain import check_out, retrain  # torch and transformers: here
+
+    if args.out.strip():
+        check_out(Path(args.out))  # the installed package first: its own line
 
     cfg = RetrainConfig(
-        out=args.out,
+        out=claim(args.out, "demo folder"),  # before pretraining, its longest stage
         seed=args.seed,
         pretrain_steps=args.pretrain_steps,
         problems=args.problems,

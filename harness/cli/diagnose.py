@@ -10,6 +10,7 @@ from rich.console import Console
 
 from dllmbench.cli.argtypes import natural_int, positive_int
 from dllmbench.cli.common import Reply, add_json, add_scorers, field_default, scorers_arg
+from dllmbench.cli.folders import claim
 from dllmbench.cli.progress import Progress
 from dllmbench.core.errors import UserError
 from dllmbench.execution.method import parse_part
@@ -80,6 +81,7 @@ def execute(args: argparse.Namespace) -> Reply:
 
     path = Path(args.collection)
     meta = read_meta(path)
+    out = claim(path / "controls" if args.out is None else args.out, "scorer controls folder")
     if args.backbone:
         backbone = parse_part(args.backbone)
     else:
@@ -90,7 +92,6 @@ def execute(args: argparse.Namespace) -> Reply:
             f"the backbone {backbone[0]!r} ships no scorers; name them with --scorer "
             "NAME=SPEC, e.g. --scorer prm=prm:checkpoint=DIR"
         )
-    out = Path(args.out) if args.out else path / "controls"
     cfg = ControlsConfig(width=args.width, seed=args.seed)
     with Progress() as bar:
 

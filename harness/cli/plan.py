@@ -20,6 +20,7 @@ from dllmbench.cli.common import (
     add_preset,
     add_sampling,
     add_scorers,
+    check_canvas,
     methods_arg,
     settings,
     table,
@@ -61,6 +62,7 @@ def execute(args: argparse.Namespace) -> Reply:
             f"e.g. --budget {default_budget(args.steps)}"
         )
     backbone_config = reg.check("backbone", s.backbone, **s.backbone_config) if s.backbone else None
+    check_canvas(s.backbone, backbone_config, args.gen_length)
     passes = passes_per_step(backbone_config)
     scorers = None if s.scorers is None or args.scorer_assumed else set(s.scorers)
     result = plan(reg, args.budget, args.steps, methods_arg(args), scorers, passes)

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 from dllmbench.cli.common import Reply, add_json
+from dllmbench.cli.folders import claim
+from dllmbench.core.errors import UserError
 
 
 def add_parser(sub: Any) -> None:
@@ -38,6 +41,15 @@ def execute(args: argparse.Namespace) -> Reply:
         write_report,  # numpy, scipy and matplotlib: only when asked
     )
 
+    seen: dict[Path, str] = {}
+    for run in args.runs:
+        where = Path(run).resolve()
+        if where in seen:
+            raise UserError(
+                f"{run} is given twice (as {seen[where]} before); give each run directory once"
+            )
+        seen[where] = run
+    claim(Path(args.runs[0]) / "report" if args.out is None else args.out, "report folder")
     start = time.perf_counter()
     written = write_report(args.runs, args.out, controls=args.controls)
     seconds = round(time.perf_counter() - start, 2)

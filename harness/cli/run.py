@@ -22,6 +22,7 @@ from dllmbench.cli.common import (
     add_preset,
     add_sampling,
     add_scorers,
+    check_canvas,
     field_default,
     methods_arg,
     settings,
@@ -137,6 +138,8 @@ def run_config(args: argparse.Namespace) -> Any:
     """The `RunConfig` these arguments ask for, checked as far as it can be without a model."""
 
     reg = registry()
+    if args.out is not None and not args.out.strip():
+        raise UserError("--out is empty; give the run directory, e.g. --out runs/mine")
     demo = not args.task and not args.backbone and not args.preset
     if demo:  # the shipped demo
         for key, value in DEMO.items():
@@ -147,6 +150,9 @@ def run_config(args: argparse.Namespace) -> Any:
     if s.scorers is not None:  # a typo in a scorer name costs no model load
         users = scorer_users(reg, methods_arg(args), args.steps)
         check_scorers(users, set(s.scorers), requested=methods_arg(args) is not None)
+    check_canvas(
+        s.backbone, reg.check("backbone", s.backbone, **s.backbone_config), args.gen_length
+    )
     return RunConfig(
         task=s.task,
         task_config=s.task_config,

@@ -12,6 +12,7 @@ from rich.console import Console
 from dllmbench.api.interfaces import TrainableScorer, missing_members
 from dllmbench.cli.argtypes import fraction, natural_int, positive_float, positive_int
 from dllmbench.cli.common import Reply, add_json, field_default
+from dllmbench.cli.folders import claim
 from dllmbench.cli.progress import Progress
 from dllmbench.core.errors import UserError
 from dllmbench.execution.method import parse_part
@@ -75,6 +76,7 @@ def _config(args: argparse.Namespace) -> TrainConfig:
 
 def execute(args: argparse.Namespace) -> Reply:
     reg = registry()
+    out = claim(args.out, "scorer training folder")  # not the collection it reads, not a run
     meta, snapshots = load(Path(args.data))
     if args.labels == "rollout" and not meta.get("rollouts"):
         raise UserError(f"{args.data} has no rollouts: {NO_ROLLOUTS}")
@@ -93,7 +95,7 @@ def execute(args: argparse.Namespace) -> Reply:
             f"scorer {args.kind!r} cannot be trained here: it lacks {', '.join(missing)} "
             "(dllmbench.interfaces.TrainableScorer)"
         )
-    cfg, out = _config(args), Path(args.out)
+    cfg = _config(args)
     with Progress() as bar:
         bar.start(f"train {args.kind}", cfg.steps)
         record = train(

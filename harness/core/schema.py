@@ -85,6 +85,53 @@ class MethodEntry(TypedDict):
     budgets: NotRequired[list[int]]  # the budgets it is planned at, ascending
 
 
+class SamplingEntry(TypedDict):
+    """The manifest's `sampling`: the protocol every method of a run shares."""
+
+    total_steps: int
+    gen_length: int
+    prompt_style: str
+    seed: int
+
+
+class ManifestTask(TypedDict):
+    """The manifest's `task` (what resume, merge and the report read of it)."""
+
+    name: str
+    config: dict[str, Any]
+    split: str
+    problems: int
+    problem_ids: NotRequired[list[str]]
+
+
+class ManifestPlugin(TypedDict):
+    """The manifest's `backbone` and each of its `scorers`."""
+
+    name: str
+    config: dict[str, Any]
+
+
+class StatisticsEntry(TypedDict):
+    resamples: int
+    level: float
+
+
+class Manifest(TypedDict):
+    """`manifest.json`: the keys the summary, `merge` and `report` read (a damaged manifest
+    lacking one is one line, `dllmbench.core.shape`); the runner writes more (provenance)."""
+
+    created: str
+    sampling: SamplingEntry
+    task: ManifestTask
+    backbone: ManifestPlugin
+    scorers: NotRequired[dict[str, ManifestPlugin]]
+    budget: int
+    budgets: list[int]
+    methods: list[MethodEntry]
+    reference: NotRequired[str | None]
+    statistics: StatisticsEntry
+
+
 class IntervalEntry(TypedDict):
     value: float
     low: float

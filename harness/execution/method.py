@@ -11,6 +11,7 @@ from typing import Any
 
 from dllmbench.api.interfaces import SearchStrategy, Selector, evidence_of
 from dllmbench.core.errors import UserError
+from dllmbench.core.numbers import ascii_float, ascii_int
 from dllmbench.core.schema import EvidenceEntry, MethodEntry, PluginEntry
 from dllmbench.loading.provenance import config_data
 from dllmbench.loading.registry import Registry
@@ -24,11 +25,10 @@ def _value(text: str) -> Any:
     low = text.lower()
     if low in ("true", "false"):
         return low == "true"
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
+    for cast in (ascii_int, ascii_float):  # `2_08` and `٢٠٨` stay text: not a number
+        value = cast(text)
+        if value is not None:
+            return value
     return text
 
 
@@ -47,6 +47,10 @@ def parse_part(text: str) -> tuple[str, dict[str, Any]]:
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
             raise UserError(f"method spec option {item!r} is not key=value; e.g. n=8")
+        if key.strip() in config:
+            raise UserError(
+                f"option {key.strip()!r} is given twice in {text.strip()!r}; give each option once"
+            )
         config[key.strip()] = _value(value.strip())
     return name.strip(), config
 

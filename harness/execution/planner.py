@@ -124,7 +124,10 @@ def fit(
 ) -> tuple[Method | None, int | None]:
     """The largest configuration of `spec` costing at most `budget`, and the smallest cost.
 
-    A free size that no size from 1 to budget + 1 accepts is the plugin's error.
+    Costs grow with the size, so the size is found by doubling then halving: about
+    2·log2(budget) configurations are built, not one per size. A size the strategy's
+    constraints rule out (k not divisible by keep) stands for the nearest allowed size below
+    it. A free size that no size from 1 to budget + 1 (at most 4096) accepts is the plugin's error.
     """
     free = spec.free_field()
     if free is None:
@@ -132,21 +135,67 @@ def fit(
         method.id = _label(label, method)
         cost = method.total_cost(total_steps, passes_per_step)
         return (method if cost <= budget else None), cost
-    best, smallest, error = None, None, None
-    for size in range(1, budget + 2):
-        method = _try_build(registry, spec.with_size(size), label, family)
-        if isinstance(method, PluginError):
-            error = error or method
-            continue
-        cost = method.total_cost(total_steps, passes_per_step)
-        if smallest is None:
-            smallest = cost
-        if cost > budget:
+    top = budget + 1  # the largest size tried: a size costs at least one pass
+    built: dict[int, Method | PluginError] = {}
+
+    def at(size: int) -> Method | PluginError:
+        if size not in built:
+            built[size] = _try_build(registry, spec.with_size(size), label, family)
+        return built[size]
+
+    smallest_size, error = None, None
+    for size in range(1, min(top, SCAN) + 1):  # the smallest size the strategy accepts
+        method = at(size)
+        if isinstance(method, Method):
+            smallest_size = size
             break
-        best = method
-    if smallest is None and error is not None:
-        raise error
-    return best, smallest
+        error = error or method
+    if smallest_size is None:
+        smallest_size = _first_allowed(at, SCAN + 1, top)
+    if smallest_size is None:
+        if error is not None:
+            raise error
+        return None, None
+    first = at(smallest_size)
+    assert isinstance(first, Method)
+    smallest = first.total_cost(total_steps, passes_per_step)
+    if smallest > budget:
+        return None, smallest
+
+    def allowed_below(size: int) -> Method:
+        """The method of the largest allowed size from `smallest_size` to `size`."""
+        for below in range(size, smallest_size - 1, -1):
+            method = at(below)
+            if isinstance(method, Method):
+                return method
+        return first
+
+    def fits(size: int) -> bool:
+        return allowed_below(size).total_cost(total_steps, passes_per_step) <= budget
+
+    low, high = smallest_size, smallest_size  # fits(low); then the first size that does not
+    while fits(high):
+        low = high
+        if high >= top:
+            return allowed_below(top), smallest
+        high = min(top, 2 * high)
+    while high - low > 1:  # fits(low), not fits(high)
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return allowed_below(low), smallest
+
+
+# sizes tried one by one for the smallest a strategy accepts, before a search by halving
+SCAN, SCAN_MAX = 64, 4096
+
+
+def _first_allowed(at, start: int, top: int) -> int | None:
+    """The smallest size from `start` to `top` (at most `SCAN_MAX`) that builds, found one by
+    one (a strategy refusing the first 64 sizes is rare): None when none does."""
+    for size in range(start, min(top, SCAN_MAX) + 1):
+        if isinstance(at(size), Method):
+            return size
+    return None
 
 
 ALL = "all"

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from dllmbench.core.errors import UserError
+from dllmbench.core.schema import Manifest
+from dllmbench.core.shape import MANIFEST_FIX, require
 from dllmbench.running.summary import summarize_run
 from dllmbench.storage.claims import CLAIMS, Claims, abandoned
 from dllmbench.storage.heartbeat import read_beats
@@ -84,7 +86,7 @@ def merge(
             f"share {', '.join(busy)} of {path} is still running; merge when it has finished"
         )
     with RunDir(path) as rundir:
-        manifest = rundir.read_manifest()
+        manifest = require(rundir.read_manifest(), Manifest, rundir.manifest_path, MANIFEST_FIX)
         ids = problem_ids(manifest)
         check_complete(rundir, manifest, ids)
         results = summarize_run(

@@ -27,7 +27,7 @@ from dllmbench.plugins.backbones.base import (
     block_step,
     top_ranked,
 )
-from dllmbench.plugins.backbones.loading import DType
+from dllmbench.plugins.backbones.loading import DType, device_problem, positions_of
 
 ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 
@@ -55,6 +55,8 @@ class DreamConfig:
     seed: int = 0  # initialisation of model="random"
 
     def __post_init__(self) -> None:
+        if (unusable := device_problem(self.device)) is not None:
+            raise ValueError(unusable)
         if self.attention not in ATTENTIONS:
             raise ValueError(f"attention must be sdpa or packed, got {self.attention!r}")
         if self.alg not in ALGS:
@@ -65,6 +67,11 @@ class DreamConfig:
             raise ValueError("block_length must be >= 1")
         if self.top_k is not None and self.top_k < 1:
             raise ValueError("top_k must be >= 1")
+
+    @property
+    def positions(self) -> int | None:
+        """Positions of the model (prompt and canvas), from its config.json (`KnowsPositions`)."""
+        return positions_of(self.model)
 
     @property
     def deterministic(self) -> bool:

@@ -32,7 +32,7 @@ from dllmbench.plugins.backbones.base import (
     purpose_generator,
     top_ranked,
 )
-from dllmbench.plugins.backbones.loading import DType
+from dllmbench.plugins.backbones.loading import DType, device_problem, positions_of
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,8 @@ class LLaDAConfig:
     seed: int = 0  # initialisation of model="random"
 
     def __post_init__(self) -> None:
+        if (unusable := device_problem(self.device)) is not None:
+            raise ValueError(unusable)
         if self.attention not in ATTENTIONS:
             raise ValueError(f"attention must be sdpa or packed, got {self.attention!r}")
         if self.remasking not in ("low_confidence", "random"):
@@ -63,6 +65,11 @@ class LLaDAConfig:
             raise ValueError("temperature and cfg_scale must be >= 0")
         if self.block_length is not None and self.block_length < 1:
             raise ValueError("block_length must be >= 1")
+
+    @property
+    def positions(self) -> int | None:
+        """Positions of the model (prompt and canvas), from its config.json (`KnowsPositions`)."""
+        return positions_of(self.model)
 
     @property
     def passes_per_step(self) -> int:

@@ -9,6 +9,7 @@ tokenizer, for smoke tests and CPU tests.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import string
@@ -70,6 +71,58 @@ def rename_llada_keys(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tens
         else:
             raise UserError(f"LLaDA checkpoint has an unexpected key {key!r}")
     return out
+
+
+# the positions of a tiny random model (`random_model`)
+RANDOM_POSITIONS = 2048
+
+
+def positions_of(model: str) -> int | None:
+    """The positions of the model `model` names, from its config.json, when that is a local
+    directory (Dream's `max_position_embeddings`, LLaDA's `max_sequence_length`); read before
+    any weights load. None when it cannot tell (a Hub id, a config without either key)."""
+    if model == "random":
+        return RANDOM_POSITIONS
+    file = Path(model) / "config.json"
+    try:
+        raw = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # loading says what is wrong with it
+    if not isinstance(raw, dict):
+        return None
+    value = raw.get("max_position_embeddings", raw.get("max_sequence_length"))
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def device_problem(device: str | None) -> str | None:
+    """Why `device` cannot be used by this torch build on this machine (not a torch device, a
+    build without its backend, no such device), or None: found from the configuration,
+    before any weights load."""
+    if device is None:
+        return None
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        return f"device {device!r} is not a torch device; e.g. cpu, cuda or cuda:1"
+    if dev.type == "cpu":
+        return None
+    if dev.type == "cuda":
+        if torch.version.cuda is None and torch.version.hip is None:
+            return (
+                f"device {device!r}: this torch {torch.__version__} was built without CUDA; "
+                "use device=cpu, or install a CUDA build of torch"
+            )
+        count = torch.cuda.device_count()
+        if count == 0:
+            return f"device {device!r}: no CUDA device is visible; use device=cpu"
+        if dev.index is not None and dev.index >= count:
+            return f"device {device!r}: there are {count} CUDA devices (cuda:0 to cuda:{count - 1})"
+        return None
+    backend = getattr(torch, dev.type, None) if dev.type != "mps" else torch.backends.mps
+    available = getattr(backend, "is_available", None)
+    if available is None or not available():
+        return f"device {device!r}: this torch build has no {dev.type} device; use device=cpu"
+    return None
 
 
 def device_and_dtype(device: str | None, dtype: str | None) -> tuple[torch.device, torch.dtype]:
@@ -372,7 +425,7 @@ def random_model(
             num_attention_heads=4,
             num_key_value_heads=2,
             vocab_size=vocab,
-            max_position_embeddings=2048,
+            max_position_embeddings=RANDOM_POSITIONS,
             tie_word_embeddings=False,
         )
     else:
@@ -385,7 +438,7 @@ def random_model(
             vocab_size=vocab,
             rope_theta=5e5,
             rms_norm_eps=1e-5,
-            max_position_embeddings=2048,
+            max_position_embeddings=RANDOM_POSITIONS,
             tie_word_embeddings=False,
         )
     config.is_causal = False

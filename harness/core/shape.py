@@ -1,0 +1,98 @@
+"""Whether a JSON value read from a run directory has the shape a TypedDict of
+`dllmbench.core.schema` gives it: the first key that is missing or of the wrong type, so that a
+damaged file is one line naming it, not a KeyError deep in the analysis."""
+
+from __future__ import annotations
+
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+from dllmbench.core.errors import UserError
+
+# what to do about a manifest that lacks what is read of it: it cannot be rebuilt from the records
+MANIFEST_FIX = "restore it from a copy, or run the command again with another --out"
+
+_NAMES = {bool: "a bool", int: "an int", float: "a number", str: "a string", type(None): "null"}
+
+
+def _is_typeddict(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, dict) and hasattr(tp, "__required_keys__")
+
+
+def _describe(tp: Any) -> str:
+    if _is_typeddict(tp) or typing.get_origin(tp) is dict:
+        return "an object"
+    if typing.get_origin(tp) is list:
+        return "a list"
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a) for a in typing.get_args(tp))
+    return _NAMES.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def problem(value: Any, tp: Any, where: str = "") -> str | None:
+    """Why `value` is not a `tp` (`'methods[2] lacks id'`), or None when it is. Checks required
+    keys and types through nested TypedDicts, lists and dicts; keys `tp` does not name, and
+    `Any`, are not checked."""
+    here = where or "the file"
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return None
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(tp)
+        if any(problem(value, option, where) is None for option in options):
+            return None
+        simple = [o for o in options if typing.get_origin(o) is None and not _is_typeddict(o)]
+        if len(simple) < len(options) - 1 or value is None:  # not a plain X | None
+            return f"{here} is not {_describe(tp)}"
+        inner = next(o for o in options if o is not type(None))
+        return problem(value, inner, where)
+    if _is_typeddict(tp):
+        if not isinstance(value, dict):
+            return f"{here} is not an object"
+        hints = typing.get_type_hints(tp)
+        for key in sorted(tp.__required_keys__, key=list(hints).index):
+            if key not in value:
+                return f"{where + ' ' if where else ''}lacks {key!r}"
+        for key in hints:
+            if key in value:
+                found = problem(value[key], hints[key], f"{where}.{key}" if where else key)
+                if found:
+                    return found
+        return None
+    if origin is list:
+        if not isinstance(value, list):
+            return f"{here} is not a list"
+        (item,) = typing.get_args(tp) or (Any,)
+        for i, entry in enumerate(value):
+            found = problem(entry, item, f"{where}[{i}]")
+            if found:
+                return found
+        return None
+    if origin is dict:
+        if not isinstance(value, dict):
+            return f"{here} is not an object"
+        _, item = typing.get_args(tp) or (str, Any)
+        for key, entry in value.items():
+            found = problem(entry, item, f"{where}.{key}" if where else str(key))
+            if found:
+                return found
+        return None
+    if tp is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif tp is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif isinstance(tp, type):
+        ok = isinstance(value, tp)
+    else:
+        ok = True
+    return None if ok else f"{here} is not {_describe(tp)}"
+
+
+def require(value: Any, tp: Any, file: Path, fix: str) -> Any:
+    """`value` when it is a `tp`; else a UserError naming `file`, what is wrong, and `fix`."""
+    found = problem(value, tp)
+    if found:
+        raise UserError(f"{file} is damaged: {found}; {fix}")
+    return value
