@@ -288,8 +288,9 @@ def test_a_lock_left_by_a_killed_run_is_taken_over(cli, tmp_path):
     assert not (out / ".lock").exists()
     invocations = json.loads((out / "compute.json").read_text())["invocations"]
     records = len((out / "samples.jsonl").read_text().splitlines())
-    # the killed invocation counts too, with the record it wrote before it was killed
-    counts = [(i["records_written"], i["finished"]) for i in invocations]
+    # the killed invocation counts too, with the record it wrote before it was killed (its
+    # entry was saved just before that record: compute.json's accounts attribute the record)
+    counts = [(i["recorded"]["records"], i["finished"]) for i in invocations]
     assert counts == [(1, False), (records - 1, True)]
 
 

@@ -21,7 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 from rich.progress import Progress as Bar
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
     seconds = round(seconds)
     if seconds < 60:
         return f"{seconds}s"
@@ -124,11 +124,11 @@ class Progress:
         text = f"dllmbench: {self.description}: {self.done}/{self.total}{pct}"
         finished = self.done - self.first
         if final:
-            text += f", done in {_duration(elapsed)}"
+            text += f", done in {duration(elapsed)}"
         elif finished and elapsed > 0:
             rate = finished / elapsed
             eta = (self.total - self.done) / rate
-            text += f", {rate:.2f}/s, ETA {_duration(eta)}"
+            text += f", {rate:.2f}/s, ETA {duration(eta)}"
         else:
-            text += f", {_duration(elapsed)} elapsed"
+            text += f", {duration(elapsed)} elapsed"
         print(text, file=self.stream, flush=True)

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dllmbench.cli.common import Reply, add_json
-from dllmbench.cli.progress import _duration as duration
+from dllmbench.cli.progress import duration
 
 
 def add_parser(sub: Any) -> None:
