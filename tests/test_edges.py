@@ -45,7 +45,7 @@ def without(key: str, where: tuple = ()):
 # -- 1. damaged manifest.json and results.json: report and merge ---------------------------------
 
 MANIFEST_DAMAGE = [
-    ("empty object", lambda m: {}, "lacks 'created'"),
+    ("empty object", lambda m: {}, "is damaged: lacks '"),
     ("no methods", without("methods"), "lacks 'methods'"),
     ("a method without its id", without("id", ("methods", 1)), "methods[1] lacks 'id'"),
     ("no task problems", without("problems", ("task",)), "task lacks 'problems'"),

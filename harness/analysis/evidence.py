@@ -99,7 +99,7 @@ from dllmbench.analysis.diagnostics import PruningEvent, ScoredState, SMCCheckpo
 from dllmbench.analysis.pooled import PooledCandidate, shared_scorers
 from dllmbench.core.errors import UserError
 from dllmbench.core.jsonfile import read_object
-from dllmbench.core.schema import Manifest, Results
+from dllmbench.core.schema import MethodsManifest, Results
 from dllmbench.core.shape import MANIFEST_FIX, require
 from dllmbench.storage.rundir import RunDir
 
@@ -144,7 +144,10 @@ def load_run(run_dir: str | Path) -> RunData:
     if not (path / "manifest.json").is_file():
         raise UserError(f"{path} is not a run directory (it has no manifest.json); {fix}")
     manifest = require(
-        read_object(path / "manifest.json", fix), Manifest, path / "manifest.json", MANIFEST_FIX
+        read_object(path / "manifest.json", fix),
+        MethodsManifest,
+        path / "manifest.json",
+        MANIFEST_FIX,
     )
     records = RunDir(path).read_records()
     results_file = path / "results.json"

@@ -34,8 +34,10 @@ from dllmbench.core.errors import UserError
 from dllmbench.core.schema import (
     REPORT_SCHEMA_VERSION,
     Controls,
+    Manifest,
     Report,
 )
+from dllmbench.core.shape import MANIFEST_FIX, require
 from dllmbench.storage.rundir import manifest_differences
 
 # the manifest keys that must match for run directories to combine
@@ -87,6 +89,7 @@ def load_runs(paths: Sequence[str | Path]) -> list[evidence.RunData]:
         path = Path(raw)
         check_finished(path)
         run = evidence.load_run(path)
+        require(run.manifest, Manifest, path / "manifest.json", MANIFEST_FIX)
         _check_complete(run)
         if runs:
             diff = protocol_mismatch(runs[0].manifest, run.manifest)

@@ -116,6 +116,12 @@ class StatisticsEntry(TypedDict):
     level: float
 
 
+class MethodsManifest(TypedDict):
+    """What the evidence of a run reads of its manifest: the methods."""
+
+    methods: list[MethodEntry]
+
+
 class Manifest(TypedDict):
     """`manifest.json`: the keys the summary, `merge` and `report` read (a damaged manifest
     lacking one is one line, `dllmbench.core.shape`); the runner writes more (provenance)."""
