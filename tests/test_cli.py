@@ -234,6 +234,7 @@ def test_plugin_violation_is_printed_as_one_line_by_the_dispatcher(cli, monkeypa
 MINIMAL = {
     "run": ["run"],
     "merge": ["merge", "d"],
+    "status": ["status", "d"],
     "report": ["report", "d"],
     "plan": ["plan"],
     "plugins": ["plugins"],
