@@ -60,6 +60,22 @@ def test_progress_on_a_terminal_is_a_bar_and_writes_no_lines():
     assert "dllmbench: x:" not in log.getvalue()
 
 
+def test_the_bar_on_a_terminal_shows_rate_and_time_left():
+    class Tty(Log):
+        def isatty(self) -> bool:
+            return True
+
+    with Progress(Tty()) as progress:
+        progress.start("x", 10, done=2)
+        bar = progress._bar
+        (column,) = [c for c in bar.columns if type(c).__name__ == "_RateColumn"]
+        assert str(column.render(bar.tasks[0])).endswith("s elapsed")  # nothing finished yet
+        progress.advance(3)
+        progress._started -= 10  # as if started ten seconds ago: 3 records in 10 s
+        text = str(column.render(bar.tasks[0]))
+    assert re.fullmatch(r"0\.30/s, ETA 1[67]s", text), text  # 5 left at 0.3/s
+
+
 def _render(table, width):
     console = Console(width=width, record=True, file=io.StringIO())
     console.print(table, crop=False)
