@@ -234,6 +234,7 @@ def test_plugin_violation_is_printed_as_one_line_by_the_dispatcher(cli, monkeypa
 MINIMAL = {
     "run": ["run"],
     "merge": ["merge", "d"],
+    "status": ["status", "d"],
     "report": ["report", "d"],
     "plan": ["plan"],
     "plugins": ["plugins"],
@@ -286,7 +287,45 @@ def test_plugins_verbose_shows_options_summary_and_cost(capsys, cli):
     assert text.code == 0, text.err
     assert "strategy prm_guided  (dllmbench" in text.out
     assert "  cost: denoise: k·T" in text.out and "    k: int = 8" in text.out
-    assert "Optional[Literal['float32', 'bfloat16', 'float16']]" in text.out  # no markup eaten
+    assert "3-shot, [BEGIN]/[DONE])" in text.out  # no markup eaten
+
+
+def test_plugins_verbose_shows_allowed_values_own_docstrings_and_every_family(capsys, cli):
+    """A string option with a fixed set of values lists them; each plugin's summary is its
+    own docstring, never one its class inherits; every method family, by the name --methods
+    takes, with its label."""
+    described = {(p["kind"], p["name"]): p for p in cli_json(capsys, "plugins", "-v", "--json")}
+    final = {o["name"]: o for o in described["strategy", "prm_guided"]["options"]}["final"]
+    assert final == {
+        "name": "final",
+        "type": "'prune' | 'keep'",
+        "choices": ["prune", "keep"],
+        "default": "prune",
+    }
+    dtype = {o["name"]: o for o in described["backbone", "dream"]["options"]}["dtype"]
+    assert dtype["choices"] == ["float32", "bfloat16", "float16"]
+    assert dtype["type"] == "'float32' | 'bfloat16' | 'float16' | None"
+    summaries = {key: p["summary"] for key, p in described.items() if key[0] != "family"}
+    assert all(summaries.values()), [k for k, v in summaries.items() if not v]
+    assert summaries["scorer", "prm"] != summaries["scorer", "orm"]
+    assert "Base of" not in summaries["scorer", "prm"]
+    assert summaries["selector", "oracle"].startswith("A ceiling")
+    families = {key[1]: p for key, p in described.items() if key[0] == "family"}
+    assert {"vanilla", "majority", "prm_guided", "hex", "prism"} <= set(families)
+
+    text = cli("plugins", "--verbose").out
+    assert "    final: 'prune' | 'keep' = 'prune'" in text
+    assert "    remasking: 'low_confidence' | 'random' = 'low_confidence'" in text
+    assert "method families (the names --methods takes" in text
+    for name, family in families.items():
+        assert f"family {name}  (" in text and f"  label: {family['label']}" in text
+    assert cli("plan", "--budget", "1040", "--methods", ",".join(families)).code == 0
+
+
+def test_an_option_outside_its_allowed_values_is_one_line_naming_them(cli):
+    result = cli("plan", "--budget", "1040", "--method", "prm_guided:k=8,every=64,final=x+first")
+    assert result.code == 2 and result.err.count("\n") == 1, result.err
+    assert "'prune'" in result.err and "'keep'" in result.err
 
 
 @pytest.mark.slow

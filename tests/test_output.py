@@ -8,10 +8,13 @@ import re
 import time
 from pathlib import Path
 
+import pytest
 from conftest import TOY_RUN
+from rich.cells import cell_len
 from rich.console import Console
+from rich.table import Table
 
-from dllmbench.analysis.leaderboard import markdown, rich_table
+from dllmbench.analysis.leaderboard import headers, markdown, rich_table, rows
 from dllmbench.cli.progress import Progress
 from dllmbench.core import schema
 
@@ -57,9 +60,25 @@ def test_progress_on_a_terminal_is_a_bar_and_writes_no_lines():
     assert "dllmbench: x:" not in log.getvalue()
 
 
+def test_the_bar_on_a_terminal_shows_rate_and_time_left():
+    class Tty(Log):
+        def isatty(self) -> bool:
+            return True
+
+    with Progress(Tty()) as progress:
+        progress.start("x", 10, done=2)
+        bar = progress._bar
+        (column,) = [c for c in bar.columns if type(c).__name__ == "_RateColumn"]
+        assert str(column.render(bar.tasks[0])).endswith("s elapsed")  # nothing finished yet
+        progress.advance(3)
+        progress._started -= 10  # as if started ten seconds ago: 3 records in 10 s
+        text = str(column.render(bar.tasks[0]))
+    assert re.fullmatch(r"0\.30/s, ETA 1[67]s", text), text  # 5 left at 0.3/s
+
+
 def _render(table, width):
     console = Console(width=width, record=True, file=io.StringIO())
-    console.print(table)
+    console.print(table, crop=False)
     return console.export_text()
 
 
@@ -84,11 +103,98 @@ def test_columns_80_run_prints_labels_whole(tmp_path, cli, monkeypatch):
     result = cli(*TOY_RUN, "--out", tmp_path / "r")
     assert result.code == 0, result.err
     results = json.loads((tmp_path / "r" / "results.json").read_text())
-    assert max(len(line) for line in result.out.splitlines()) <= 80
+    *table, last = result.out.splitlines()  # the last: the run directory, never cut
+    assert max(len(line) for line in table) <= 80 and last.startswith("run directory: ")
     for m in results["methods"]:
         assert f"│ {m['id']} " in result.out, m["id"]
     # stderr is not a terminal here: progress came as lines
     assert re.search(r"dllmbench: toy_sum × methods: \d+/\d+ \(\d+%\)", result.err)
+
+
+def _demo_like(results: dict) -> dict:
+    """`results` with labels and configurations as long as the demo's, and words in them."""
+    for m in results["methods"]:
+        m["id"] += " K=32 b=12 + Top"
+        m["spec"] += ",every=12,final=keep+weighted_majority:by=weight"
+    results["reference"] += " K=32 b=12 + Top"
+    return results
+
+
+@pytest.mark.parametrize("width", [40, 41, 47, 55, 64, 80, 97, 120, 143, 160])
+def test_the_leaderboard_never_splits_a_word_and_keeps_method_accuracy_and_delta(
+    finished_run, width
+):
+    results = _demo_like(json.loads((finished_run / "results.json").read_text()))
+    board = rich_table(results, "title", width=width)
+    assert isinstance(board, Table)
+    text = _render(board, width)
+    assert max(cell_len(line) for line in text.splitlines()) <= width
+    columns = {c.header.replace("\n", " "): c for c in board.columns}
+    assert {"method", "acc %", f"Δ vs {results['reference']} [95% CI]"} <= set(columns)
+    wanted = {"method": ("id", " "), "configuration": ("spec", "")}
+    for name, column in columns.items():
+        cells = [str(c) for c in column._cells]
+        for cell in cells:  # each line fits its column, and rich wrapped none of them again
+            assert all(cell_len(x) <= column.width and x.strip() in text for x in cell.split("\n"))
+        if name in wanted:  # labels broken at spaces, configurations between options
+            key, join = wanted[name]
+            joined = {join.join(cell.split("\n")) for cell in cells}
+            assert {m[key] for m in results["methods"]} <= joined
+    accuracies = [str(c) for c in columns["acc %"]._cells if str(c)]  # not the ceilings row
+    assert accuracies == [cells[4] for _, cells in rows(results)]
+    if width >= 160:
+        assert "configuration" in columns  # the demo's table at 160 columns has it, whole words
+
+
+@pytest.mark.parametrize("width", [12, 30, 39])
+def test_below_40_columns_the_leaderboard_is_one_column_per_line(finished_run, width):
+    results = _demo_like(json.loads((finished_run / "results.json").read_text()))
+    board = rich_table(results, "title", width=width)
+    assert not isinstance(board, Table)
+    lines = _render(board, width).splitlines()
+    words = [
+        w for m in results["methods"] for w in [*m["id"].split(), *re.split("[,:+]", m["spec"])]
+    ]
+    assert all(any(w in line for line in lines) for w in words)  # no word cut
+    assert max(map(cell_len, lines)) <= max(width, *(cell_len(w) + 5 for w in words))
+    for name in headers(results)[1:]:  # each column on a line (or two) of its own, per method
+        found = [x for x in lines if x.startswith(f"  {name.split()[0]}")]
+        assert len(found) == len(results["methods"]), name
+    if width >= 30:
+        assert [x for x in lines if x.startswith("  acc %:")] == [
+            f"  acc %: {cells[4]}" for _, cells in rows(results)
+        ]
+
+
+def test_columns_40_run_prints_every_accuracy(finished_run, cli, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "40")
+    result = cli(*TOY_RUN, "--out", finished_run)  # a finished run: its tables again
+    assert result.code == 0, result.err
+    results = json.loads((finished_run / "results.json").read_text())
+    *table, last = result.out.splitlines()
+    assert max(map(cell_len, table)) <= 40
+    assert last.startswith(f"run directory: {finished_run} ")  # a path is never cut
+    assert "acc %" in result.out and "Δ vs" in result.out
+    for m in results["methods"]:
+        assert re.search(rf"│ +{100 * m['accuracy']['value']:.2f} │", result.out), m["id"]
+
+
+@pytest.mark.parametrize("columns", ["0", None, "²"])
+def test_columns_0_or_piped_output_prints_the_full_table(finished_run, cli, monkeypatch, columns):
+    """COLUMNS=0, or COLUMNS unset (or not a number) with stdout piped: every column, every
+    configuration on one line, however wide."""
+    if columns is None:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    else:
+        monkeypatch.setenv("COLUMNS", columns)
+    result = cli(*TOY_RUN, "--out", finished_run)
+    assert result.code == 0, result.err
+    results = json.loads((finished_run / "results.json").read_text())
+    head = next(line for line in result.out.splitlines() if "method" in line)
+    assert [h.strip() for h in head.strip("┃").split("┃")] == headers(results)
+    for m in results["methods"]:
+        line = next(x for x in result.out.splitlines() if f"│ {m['id']} " in x)
+        assert f"│ {m['spec']} " in line and f"{m['passes_per_problem']:.0f}" in line
 
 
 def test_json_goes_before_or_after_the_command(cli):

@@ -451,9 +451,12 @@ def test_describe_plugins_gives_options_summary_and_cost(tmp_path, monkeypatch):
     assert plugins["strategy", "prm_guided"]["cost"] == (
         "denoise: k·T; score:<scorer>: k·ceil(T / every)"
     )
-    assert {"name": "final", "type": "str", "default": "prune"} in (
-        plugins["strategy", "prm_guided"]["options"]
-    )
+    assert {
+        "name": "final",
+        "type": "'prune' | 'keep'",
+        "choices": ["prune", "keep"],
+        "default": "prune",
+    } in (plugins["strategy", "prm_guided"]["options"])
     checkpoint = plugins["scorer", "prm"]["options"][0]
     assert checkpoint == {"name": "checkpoint", "type": "str | None", "default": None}
     assert plugins["strategy", "half"]["cost"] == "denoise: 2·T (two samples)"  # the docstring

@@ -70,9 +70,9 @@ def test_plan_preset_paper_prints_the_resolved_run_without_loading_weights(
     out = plan_json(cli, "--preset", "paper", "--task", task, "--backbone", backbone)
     expected = dict(BACKBONES[backbone])
     assert out["sampling"] == {
-        "total_steps": 128,
+        "steps": 128,
         "gen_length": 512,
-        "prompt_style": expected.pop("prompt_style"),
+        "prompt": expected.pop("prompt_style"),
         "seed": 0,
     }
     assert out["budget"] == 1040 and out["steps"] == 128
@@ -120,7 +120,7 @@ def test_an_explicit_flag_or_option_overrides_one_value_and_the_record_says_so(c
     }
     assert "steps" not in record["set"] and "backbone.temperature" not in record["set"]
     assert record["set"]["gen_length"] == 512  # the rest still comes from the preset
-    assert out["sampling"]["total_steps"] == 64
+    assert out["sampling"]["steps"] == 64
     assert out["backbone"]["config"]["temperature"] == 1.0
     assert out["scorers"] == {
         "prm": {
@@ -153,7 +153,7 @@ def test_plan_text_shows_the_resolved_settings_before_the_table(cli, no_models):
 def test_plan_without_a_preset_resolves_the_general_defaults(cli, no_models):
     out = plan_json(cli, "--task", "gsm8k", "--backbone", "llada", "--budget", "1040")
     assert out["preset"] is None
-    assert out["sampling"]["gen_length"] == 512 and out["sampling"]["total_steps"] == 128
+    assert out["sampling"]["gen_length"] == 512 and out["sampling"]["steps"] == 128
     assert out["backbone"]["config"]["model"] == "GSAI-ML/LLaDA-8B-Instruct"
 
 

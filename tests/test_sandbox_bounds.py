@@ -231,7 +231,7 @@ def test_a_grade_does_not_change_beside_cpu_relaying_neighbours():
     sandbox = Sandbox(Limits(timeout=12, cpu_seconds=2))
     correct = [("program", CORRECT), ("test", "f(2_000_000)", "eval")]
     alone = sandbox.run(correct)
-    assert alone.passed and alone.seconds > 0.1, alone
+    assert alone.passed and alone.values, alone  # it computed its value, alone
     outcomes = sandbox.run_many([correct] + [[("program", UNGUARD + RELAY)]] * 7, workers=8)
     assert outcomes[0].passed, outcomes[0]
     assert outcomes[0].values == alone.values

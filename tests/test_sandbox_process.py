@@ -361,13 +361,10 @@ def test_programs_that_time_out_are_run_again_side_by_side():
     started before the first of them could have timed out), so they cost one more timeout,
     not eight."""
     sandbox = Sandbox(Limits(timeout=3))
-    began = time.monotonic()
     outcomes = sandbox.run_many([[("program", BLOCKER)]] * 8, workers=8)
-    seconds = time.monotonic() - began
     assert [(o.status, o.reran) for o in outcomes] == [("timeout", True)] * 8, outcomes
     starts = sorted(float(o.stdout.split()[1]) for o in outcomes)
-    assert starts[-1] - starts[0] < 3, starts  # all eight second runs at once
-    assert seconds < 8 * 3, seconds  # not one after another (about 6 s: two timeouts)
+    assert starts[-1] - starts[0] < 3, starts  # all eight second runs at once: they overlap
 
 
 # -- Landlock's own scoping, behind the filter ----------------------------------------------------

@@ -3,6 +3,11 @@ budgets has one such table per budget."""
 
 from __future__ import annotations
 
+import re
+
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
+from rich.segment import Segment
 from rich.table import Table
 
 from dllmbench.core.schema import MethodResult, Results
@@ -71,56 +76,157 @@ def headers(results: Results) -> list[str]:
     return [c.format(ref=ref, level=level) for c in COLUMNS]
 
 
-# Columns a narrow terminal keeps, most wanted first; the method label is always shown in full.
+# Columns a narrow terminal keeps, most wanted first; method, accuracy and Δ always stay.
 PRIORITY = (4, 6, 2, 7, 5, 8, 3, 9, 1)
-CONFIG_WIDTH = (16, 40)  # the configuration column folds within these widths
+ESSENTIAL = (0, 4, 6)
+NARROWEST = 40  # below this many columns, the vertical layout: one column per line
+CONFIG_LEAST = 16  # the configuration column is shown at least this wide, or not at all
 CEILINGS = "ceilings (not ranked):"
+_SPEC_PIECE = re.compile(r"[^,:+]+[,:+]?|[,:+]")
 
 
-def _fit(results: Results, width: int | None, budget: int | None = None) -> list[int]:
-    """Indices of the columns that fit in `width` characters (all when `width` is None)."""
-    if width is None:
-        return list(range(len(COLUMNS)))
-    cells = [cells for _, cells in rows(results, budget)]
-    natural = [max([len(h)] + [len(c[i]) for c in cells]) for i, h in enumerate(headers(results))]
-    natural[0] = max(natural[0], len(CEILINGS))
-    natural[1] = min(max(natural[1], CONFIG_WIDTH[0]), CONFIG_WIDTH[1])
-    chosen, used = [0], natural[0] + 4  # a column costs its text, two spaces and a border
+def _pieces(text: str, column: int) -> tuple[list[str], str]:
+    """The unbreakable pieces of a cell and what joins them: a configuration breaks after
+    `,`, `:` and `+`; any other text at spaces."""
+    if column == 1:
+        return _SPEC_PIECE.findall(text), ""
+    return text.split(), " "
+
+
+def _wrap(text: str, width: int, column: int = 0) -> list[str]:
+    """`text` in lines of at most `width` cells, broken only between pieces (a piece wider
+    than `width` gets a line of its own, whole)."""
+    pieces, join = _pieces(text, column)
+    lines: list[str] = []
+    line = ""
+    for piece in pieces:
+        longer = f"{line}{join}{piece}" if line else piece
+        if line and cell_len(longer) > width:
+            lines.append(line)
+            line = piece
+        else:
+            line = longer
+    return [*lines, line]
+
+
+def _longest_piece(text: str, column: int) -> int:
+    return max((cell_len(p) for p in _pieces(text, column)[0]), default=0)
+
+
+def _widths(results: Results, width: int | None, budget: int | None) -> dict[int, int] | None:
+    """The width of each column shown, by index, for a terminal `width` columns wide (None:
+    every column in full); None when method, accuracy and Δ do not fit side by side."""
+    names = headers(results)
+    listed = rows(results, budget)
+    cells = [c for _, c in listed]
+    columns = [[c[i] for c in cells] for i in range(len(names))]
+    if any(ceiling for ceiling, _ in listed):
+        columns[0].append(CEILINGS)  # the ceilings' section row, in the method column
+    full = [max(map(cell_len, [h, *col])) for h, col in zip(names, columns, strict=True)]
+    if width is None or sum(full) + 3 * len(full) + 1 <= width:
+        return dict(enumerate(full))
+    if width < NARROWEST:
+        return None
+    # a header may wrap at its spaces, a cell at its spaces (a configuration between options)
+    snug = [
+        max([_longest_piece(h, 0), *map(cell_len, col)])
+        for h, col in zip(names, columns, strict=True)
+    ]
+    least = [
+        max([_longest_piece(h, 0), *(_longest_piece(c, i) for c in col)])
+        for i, (h, col) in enumerate(zip(names, columns, strict=True))
+    ]
+    least[1] = max(least[1], CONFIG_LEAST)
+    shown = {i: least[i] for i in ESSENTIAL}
+    room = width - 1 - sum(w + 3 for w in shown.values())
+    if room < 0:
+        return None
+    for i in (0, 6, 4):  # the method label whole first, then Δ, then accuracy
+        grow = min(max(snug[i] - shown[i], 0), room)
+        shown[i] += grow
+        room -= grow
     for i in PRIORITY:
-        needed = (CONFIG_WIDTH[0] if i == 1 else natural[i]) + 3
-        if used + needed <= width:
-            chosen.append(i)
-            used += needed
-    return sorted(chosen)
+        need = least[i] if i == 1 else snug[i]
+        if i not in shown and need + 3 <= room:
+            shown[i] = need
+            room -= need + 3
+    for i in (1, *PRIORITY):  # what is left: the configuration, then headers unwrapped
+        if i in shown:
+            grow = min(max(full[i] - shown[i], 0), room)
+            shown[i] += grow
+            room -= grow
+    return dict(sorted(shown.items()))
 
 
 def rich_table(
     results: Results, title: str = "", width: int | None = None, budget: int | None = None
-) -> Table:
+) -> RenderableType:
     """The leaderboard (at `budget`; None: every entry) for a terminal `width` columns wide
-    (None: every column).
+    (None: every column, in full).
 
-    When narrow, the least wanted columns go first (configuration, unique, share, ...);
-    every method's label stays whole. Ceilings sit below a line, in a section of their own.
+    When narrow, the least wanted columns go first (configuration, unique, share, ...), then
+    labels and headers wrap at their spaces and a configuration between its options, never
+    inside a word; method, accuracy and Δ stay at any width from 40 columns. Narrower than
+    that, each method is a block with one column per line. Ceilings sit below a line, in a
+    section of their own.
     """
-    keep = _fit(results, width, budget)
+    shown = _widths(results, width, budget)
+    if shown is None:
+        return _Vertical(_vertical(results, title, width or NARROWEST, budget))
     table = Table(title=title or None)
     names = headers(results)
-    for i in keep:
-        if i == 1:
-            table.add_column(
-                names[i], min_width=CONFIG_WIDTH[0], max_width=CONFIG_WIDTH[1], overflow="fold"
-            )
-        else:
-            table.add_column(names[i], justify="left" if i == 0 else "right", no_wrap=True)
+    for i, w in shown.items():
+        table.add_column(
+            "\n".join(_wrap(names[i], w)),
+            justify="left" if i < 2 else "right",
+            width=w,
+            no_wrap=True,
+        )
     previous_ceiling = False
     for ceiling, cells in rows(results, budget):
         if ceiling and not previous_ceiling:
             table.add_section()
-            table.add_row(CEILINGS, *[""] * (len(keep) - 1), style="italic")
-        table.add_row(*[cells[i] for i in keep], style="dim" if ceiling else None)
+            label = "\n".join(_wrap(CEILINGS, shown[0]))
+            table.add_row(label, *[""] * (len(shown) - 1), style="italic")
+        wrapped = ["\n".join(_wrap(cells[i], w, i)) for i, w in shown.items()]
+        table.add_row(*wrapped, style="dim" if ceiling else None)
         previous_ceiling = ceiling
     return table
+
+
+def _vertical(results: Results, title: str, width: int, budget: int | None) -> list[str]:
+    """The leaderboard as lines for a terminal `width` columns wide: a block per method, its
+    label, then one column per line, most wanted first."""
+    names = headers(results)
+    lines = [*_wrap(title, width), ""] if title else []
+    previous_ceiling = False
+    for ceiling, cells in rows(results, budget):
+        if ceiling and not previous_ceiling:
+            lines += _wrap(CEILINGS, width)
+        previous_ceiling = ceiling
+        lines += _wrap(cells[0], width)
+        for i in PRIORITY:
+            line = f"  {names[i]}: {cells[i]}"
+            if cell_len(line) <= width:
+                lines.append(line)
+            else:  # the value on lines of its own, below its name
+                lines += ["  " + x for x in _wrap(names[i] + ":", width - 2)]
+                lines += ["    " + x for x in _wrap(cells[i], width - 4, i)]
+        lines.append("")
+    return lines[:-1]
+
+
+class _Vertical:
+    """Lines printed as they are: a piece wider than the terminal is left whole for the
+    terminal to wrap, never cut."""
+
+    def __init__(self, lines: list[str]):
+        self.lines = lines
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        for line in self.lines:
+            yield Segment(line)
+            yield Segment.line()
 
 
 def markdown(results: Results, title: str = "") -> str:

@@ -94,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     fault (its contract broken, or an exception raised in its code) or a failed ledger check;
     130 interrupted (Ctrl-C), 143 terminated (SIGTERM). 2 and 3 are one line, with the
     traceback under --debug."""
+    for name in ("COLUMNS", "LINES"):  # a size that is no number (`²`) is ignored, not a crash
+        value = os.environ.get(name, "0")
+        if not (value.isascii() and value.isdigit()):
+            del os.environ[name]
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

@@ -72,11 +72,28 @@ class Interrupted(Exception):
         self.status = status
 
 
+UNLIMITED = 100_000  # the width of a console that does not wrap: the full tables
+
+
+def stdout_width() -> int | None:
+    """How wide what a command prints may be: COLUMNS when it is a positive number, else the
+    terminal's width; None (no limit) for COLUMNS=0, or for piped output (a file, a log)
+    when COLUMNS is unset or not a number."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isascii() and columns.isdigit():
+        return int(columns) or None
+    if not sys.stdout.isatty():
+        return None
+    try:
+        return os.get_terminal_size(sys.stdout.fileno()).columns or 80
+    except (OSError, ValueError):
+        return 80
+
+
 def stdout_console() -> Console:
-    """The console of what a command prints for a person: piped output (a file, a log) is not
-    cut to 80 columns unless COLUMNS says so."""
-    wide = sys.stdout.isatty() or os.environ.get("COLUMNS")
-    return Console() if wide else Console(width=160)
+    """The console of what a command prints for a person, `stdout_width()` wide; one with no
+    limit prints every table in full."""
+    return Console(width=stdout_width() or UNLIMITED)
 
 
 def table(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> Table:

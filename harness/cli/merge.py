@@ -49,7 +49,9 @@ def execute(args: argparse.Namespace) -> Reply:
                 f"passes/problem · {results['task']['problems']} problems"
             )
             at = budget if len(results["budgets"]) > 1 else None
-            console.print(rich_table(results, title, width=console.width, budget=at))
-        console.print(f"merged: {path} (results.json, leaderboard.md, compute.json)")
+            console.print(rich_table(results, title, console.width, at), crop=False)
+        console.print(
+            f"merged: {path} (results.json, leaderboard.md, compute.json)", soft_wrap=True
+        )
 
     return Reply(results, show)

@@ -86,9 +86,17 @@ def dry_run(
 ) -> dict[str, Any]:
     """What `run` would use with these arguments, each plugin's options checked as `run`
     checks them (`Registry.check`); nothing is built and no weights are loaded."""
+    sampling = Sampling(args.steps, args.gen_length, args.prompt)
     out: dict[str, Any] = {
         "preset": s.preset,
-        "sampling": asdict(Sampling(args.steps, args.gen_length, args.prompt)),
+        # the names of the command line and the preset (the manifest says total_steps and
+        # prompt_style, as `Sampling` does)
+        "sampling": {
+            "steps": sampling.total_steps,
+            "gen_length": sampling.gen_length,
+            "prompt": sampling.prompt_style,
+            "seed": sampling.seed,
+        },
     }
     if s.backbone:
         out["backbone"] = {
@@ -110,7 +118,13 @@ def dry_run(
 
 
 def _options_text(config: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in config.items() if v is not None) or "defaults"
+    """`k=v, ...`; a text of several lines is quoted, so that each option stays on its line."""
+    shown = [f"{k}={_value_text(v)}" for k, v in config.items() if v is not None]
+    return ", ".join(shown) or "defaults"
+
+
+def _value_text(value: Any) -> str:
+    return repr(value) if isinstance(value, str) and "\n" in value else str(value)
 
 
 def _print_dry_run(console: Console, dry: dict[str, Any]) -> None:
@@ -121,8 +135,8 @@ def _print_dry_run(console: Console, dry: dict[str, Any]) -> None:
         console.print(f"preset {p['name']}: {len(p['set'])} values set{note}")
     sampling = dry["sampling"]
     console.print(
-        f"sampling: T={sampling['total_steps']}, {sampling['gen_length']} generated tokens, "
-        f"prompt {sampling['prompt_style']}, seed {sampling['seed']}"
+        f"sampling: T={sampling['steps']}, {sampling['gen_length']} generated tokens, "
+        f"prompt {sampling['prompt']}, seed {sampling['seed']}"
     )
     for kind in ("backbone", "task"):
         if kind in dry:

@@ -8,6 +8,7 @@ import argparse
 import dataclasses
 import importlib.metadata
 import inspect
+import types
 import typing
 from typing import Any
 
@@ -36,6 +37,7 @@ def add_parser(sub: Any) -> None:
 
 
 FAMILY_KEYS = ("label", "spec", "cost")
+FAMILIES = "method families (the names --methods takes, each run as its label)"
 
 
 def execute(args: argparse.Namespace) -> Reply:
@@ -77,7 +79,7 @@ def _show(console: Console, entries: list[dict[str, Any]]) -> None:
     ]
     if family_rows:
         columns = ("family", "label", "strategy cost", "distribution", "status")
-        console.print(table("method families", columns, family_rows))
+        console.print(table(FAMILIES, columns, family_rows))
     for entry in entries:
         if entry["broken"]:
             console.print(_broken_line(entry), markup=False, highlight=False)
@@ -89,12 +91,18 @@ def _option(option: dict[str, Any]) -> str:
 
 
 def _show_verbose(console: Console, entries: list[dict[str, Any]]) -> None:
-    """One block per plugin: its heading, what it does, its cost formula, its options."""
+    """One block per plugin: its heading, what it does, its cost formula, its options (a
+    Literal's allowed values as `'a' | 'b'`); then the method families, by the name `--methods`
+    takes, with the label they run as."""
+    heading = False
     for entry in entries:
         if entry["broken"]:
             console.print(_broken_line(entry), markup=False, highlight=False)
             continue
         if entry["kind"] == "family":
+            if not heading:
+                console.print(FAMILIES + ":\n", markup=False, highlight=False, soft_wrap=True)
+                heading = True
             lines = [
                 f"family {entry['name']}  ({entry['distribution']}, {entry['module']})",
                 f"  label: {entry['label']}",
@@ -119,10 +127,28 @@ def _show_verbose(console: Console, entries: list[dict[str, Any]]) -> None:
 
 
 def _type_text(tp: Any) -> str:
-    """A type as a reader writes it: `int`, `str | None`, `Literal['a', 'b']`."""
+    """A type as a reader writes it: `int`, `str | None`; the allowed values of a Literal:
+    `'a' | 'b'`."""
+    origin = typing.get_origin(tp)
+    if origin is typing.Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type_text(a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return "None"
     if isinstance(tp, type):
         return tp.__name__
     return str(tp).replace("typing.", "").replace("NoneType", "None")
+
+
+def _choices(tp: Any) -> list[Any] | None:
+    """The allowed values of an option whose type is a Literal (or an optional one)."""
+    if typing.get_origin(tp) is typing.Literal:
+        return list(typing.get_args(tp))
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        found = [c for a in typing.get_args(tp) for c in _choices(a) or []]
+        return found or None
+    return None
 
 
 def _plain(value: Any) -> Any:
@@ -141,7 +167,10 @@ def option_table(factory: Any) -> list[dict[str, Any]]:
     if config_cls is not None:
         hints = typing.get_type_hints(config_cls)
         for f in dataclasses.fields(config_cls):
-            row: dict[str, Any] = {"name": f.name, "type": _type_text(hints.get(f.name, Any))}
+            tp = hints.get(f.name, Any)
+            row: dict[str, Any] = {"name": f.name, "type": _type_text(tp)}
+            if _choices(tp):
+                row["choices"] = _choices(tp)
             if f.default is not dataclasses.MISSING:
                 row["default"] = _plain(f.default)
             elif f.default_factory is not dataclasses.MISSING:
@@ -158,7 +187,9 @@ def option_table(factory: Any) -> list[dict[str, Any]]:
 
 
 def _summary(factory: Any) -> str:
-    doc = inspect.getdoc(factory) or ""
+    """The first line of a plugin's own docstring (a class's, not one it inherits)."""
+    own = factory.__dict__.get("__doc__") if isinstance(factory, type) else factory.__doc__
+    doc = inspect.cleandoc(own or "")
     return doc.strip().splitlines()[0] if doc.strip() else ""
 
 

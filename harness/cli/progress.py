@@ -17,8 +17,10 @@ import time
 from typing import IO, Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, ProgressColumn, TextColumn
 from rich.progress import Progress as Bar
+from rich.progress import Task as BarTask
+from rich.text import Text
 
 
 def duration(seconds: float) -> str:
@@ -32,8 +34,32 @@ def duration(seconds: float) -> str:
     return f"{hours}h {minutes:02d}m"
 
 
+def rate_and_eta(done: int, first: int, total: int, elapsed: float) -> str:
+    """`6.10/s, ETA 2m 29s` from the records finished in `elapsed` seconds (those found done
+    at the start, `first`, excluded); `12s elapsed` before the first one."""
+    finished = done - first
+    if finished <= 0 or elapsed <= 0:
+        return f"{duration(elapsed)} elapsed"
+    rate = finished / elapsed
+    return f"{rate:.2f}/s, ETA {duration((total - done) / rate)}"
+
+
+class _RateColumn(ProgressColumn):
+    """The bar's records per second and time left, as the log lines say them."""
+
+    def __init__(self, progress: Progress):
+        super().__init__()
+        self.progress = progress
+
+    def render(self, task: BarTask) -> Text:
+        elapsed = time.monotonic() - self.progress._started
+        done = int(task.completed)
+        return Text(rate_and_eta(done, self.progress.first, int(task.total or 0), elapsed))
+
+
 class Progress:
-    """One task's progress: `start(description, total, done)`, then `advance(n)`.
+    """One task's progress: `start(description, total, done)`, then `advance(n)`. On a
+    terminal, a bar with records done, records per second and the time left.
 
     Use it as a context manager; `log(line)` prints a line without breaking the bar.
     """
@@ -61,7 +87,7 @@ class Progress:
                 TextColumn("[bold]{task.description}"),
                 BarColumn(),
                 MofNCompleteColumn(),
-                TimeElapsedColumn(),
+                _RateColumn(self),
                 console=Console(file=self.stream),
                 transient=True,
             )
@@ -122,13 +148,8 @@ class Progress:
         self._last_line = now
         pct = f" ({100 * self.done // self.total}%)" if self.total else ""
         text = f"dllmbench: {self.description}: {self.done}/{self.total}{pct}"
-        finished = self.done - self.first
         if final:
             text += f", done in {duration(elapsed)}"
-        elif finished and elapsed > 0:
-            rate = finished / elapsed
-            eta = (self.total - self.done) / rate
-            text += f", {rate:.2f}/s, ETA {duration(eta)}"
         else:
-            text += f", {duration(elapsed)} elapsed"
+            text += f", {rate_and_eta(self.done, self.first, self.total, elapsed)}"
         print(text, file=self.stream, flush=True)

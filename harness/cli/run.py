@@ -189,7 +189,7 @@ def execute(args: argparse.Namespace) -> Reply:
         if args.json or args.json_before:
             return  # stdout is for the JSON at the end
         console = stdout_console()
-        console.print(_table(cfg, results, budget, several=True, width=console.width))
+        console.print(_table(cfg, results, budget, True, console.width), crop=False)
         shown.append(budget)
 
     try:
@@ -221,7 +221,7 @@ def execute(args: argparse.Namespace) -> Reply:
         for budget in outcome.plan.budgets:
             if budget not in shown:
                 table = _table(cfg, outcome.results, budget, several, console.width)
-                console.print(table)
+                console.print(table, crop=False)
         for x in outcome.plan.left_out:
             console.print(f"left out: {x.family} — {x.reason}")
         note = f", {outcome.resumed} resumed" if outcome.resumed else ""
@@ -229,7 +229,8 @@ def execute(args: argparse.Namespace) -> Reply:
         if outcome.shard is not None:  # the first of a launch: the others wrote the rest
             by = f" by this process of {outcome.shard.count}"
         console.print(
-            f"run directory: {outcome.path} ({outcome.written} records written{by}{note})"
+            f"run directory: {outcome.path} ({outcome.written} records written{by}{note})",
+            soft_wrap=True,  # a path is never cut; the terminal wraps it
         )
 
     return Reply(outcome.results, show)

@@ -18,7 +18,7 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal, get_args
 
 import torch
 
@@ -49,7 +49,8 @@ TURN_ENDS = ("<|im_end|>", "<|eot_id|>")
 PURPOSES = ("token", "order", "position", "tie")
 
 # how a batch's rows meet attention: left-padded to the widest (SDPA), or end to end (packing.py)
-ATTENTIONS = ("sdpa", "packed")
+Attention = Literal["sdpa", "packed"]
+ATTENTIONS: tuple[str, ...] = get_args(Attention)
 
 
 def _salt(purpose: str) -> int:

@@ -15,7 +15,7 @@ set suppress_mask=true to forbid it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal, get_args
 
 import torch
 
@@ -23,13 +23,15 @@ from dllmbench.api.hookspecs import hookimpl
 from dllmbench.api.interfaces import StepBatch
 from dllmbench.plugins.backbones.base import (
     ATTENTIONS,
+    Attention,
     DiffusionBackbone,
     block_step,
     top_ranked,
 )
 from dllmbench.plugins.backbones.loading import DType, device_problem, positions_of
 
-ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
+Alg = Literal["origin", "maskgit_plus", "topk_margin", "entropy"]
+ALGS: tuple[str, ...] = get_args(Alg)
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,7 @@ class DreamConfig:
     temperature: float = 0.5
     top_p: float = 1.0
     top_k: int | None = None
-    alg: str = "maskgit_plus"
+    alg: Alg = "maskgit_plus"
     alg_temp: float | None = 0.5
     eps: float = 1e-3
     # semi-autoregressive commit order: blocks of this many positions left to right, T spread
@@ -51,7 +53,7 @@ class DreamConfig:
     suppress_mask: bool = False  # never sample the mask token (the reference can)
     # "sdpa": rows left-padded to the widest; "packed": rows end to end, no padding
     # (FlexAttention document mask, packing.py)
-    attention: str = "sdpa"
+    attention: Attention = "sdpa"
     seed: int = 0  # initialisation of model="random"
 
     def __post_init__(self) -> None:

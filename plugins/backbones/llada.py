@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 
@@ -26,6 +26,7 @@ from dllmbench.api.interfaces import StepBatch
 from dllmbench.core.errors import UserError
 from dllmbench.plugins.backbones.base import (
     ATTENTIONS,
+    Attention,
     DiffusionBackbone,
     block_schedule,
     block_step,
@@ -43,7 +44,7 @@ class LLaDAConfig:
     chat: bool | None = None  # use the chat template; default: when the tokenizer has one
     mask_id: int | None = None  # default: from config.json or the tokenizer (126336)
     temperature: float = 0.5  # the paper's; 0 draws argmax tokens
-    remasking: str = "low_confidence"  # or "random"
+    remasking: Literal["low_confidence", "random"] = "low_confidence"
     block_length: int | None = None  # default: the whole generated region, one block
     cfg_scale: float = 0.0
     logits_eos_inf: bool = False  # EOS logit −inf before sampling: EOS is never drawn
@@ -51,7 +52,7 @@ class LLaDAConfig:
     suppress_mask: bool = False  # never sample the mask token (the reference can)
     # "sdpa": rows left-padded to the widest; "packed": rows end to end, no padding
     # (FlexAttention document mask, packing.py)
-    attention: str = "sdpa"
+    attention: Attention = "sdpa"
     seed: int = 0  # initialisation of model="random"
 
     def __post_init__(self) -> None:

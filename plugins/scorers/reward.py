@@ -366,12 +366,16 @@ class RewardScorer:
 
 
 class PRM(RewardScorer):
+    """Process reward model: rates partial states (pooled readout and the mask ratio)."""
+
     Config = PRMConfig
     kind = "prm"
     reads_partial = True
 
 
 class ORM(RewardScorer):
+    """Outcome reward model: rates finished answers (pooled readout, a linear head)."""
+
     Config = ORMConfig
     kind = "orm"
     reads_partial = False

@@ -9,6 +9,8 @@ from dllmbench.core.types import Candidate
 
 
 class Oracle:
+    """A ceiling: a correct candidate whenever the pool holds one (it reads the labels)."""
+
     needs: tuple[str, ...] = ()
     ceiling = True
     config = None

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import numpy as np
 
@@ -29,7 +29,9 @@ class PRMGuidedConfig:
     k: int = 8  # children denoised per segment
     every: int = 64  # segment length b in steps
     keep: int = 1  # survivors per segment (M); 1 is the paper's top-1
-    final: str = "prune"  # "prune": return the argmax; "keep": return all K (PRM Hybrid)
+    final: Literal["prune", "keep"] = (
+        "prune"  # "prune": return the argmax; "keep": return all K (PRM Hybrid)
+    )
     scorer: str = "prm"
 
     def __post_init__(self) -> None:

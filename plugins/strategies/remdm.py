@@ -18,20 +18,21 @@ the same in any larger pool). Cost: n·(T + extra).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal, get_args
 
 from dllmbench.api.hookspecs import hookimpl
 from dllmbench.api.interfaces import Evidence
 from dllmbench.api.ops import Ops
 from dllmbench.core.types import Pool, Problem
 
-SCHEDULES = ("cap", "loop")
+Schedule = Literal["cap", "loop"]
+SCHEDULES: tuple[str, ...] = get_args(Schedule)
 
 
 @dataclass(frozen=True)
 class ReMDMConfig:
     n: int = 1  # independent samples
-    schedule: str = "cap"  # "cap" or "loop"
+    schedule: Schedule = "cap"
     eta: float = 0.02  # η: the cap on σ (cap), the constant σ (loop)
     extra: int = 0  # steps beyond T each sample takes (the paper's inference-time scaling)
     t_on: float = 0.55  # loop: remask while t ∈ [t_off, t_on]
