@@ -242,7 +242,6 @@ MINIMAL = {
     "collect": ["collect", "--task", "t", "--backbone", "b", "--out", "o"],
     "train_scorer": ["train-scorer", "--kind", "prm", "--data", "d", "--out", "o"],
     "diagnose": ["diagnose", "c"],
-    "status": ["status", "d"],
     "demo": ["demo", "retrain", "--out", "o"],
 }
 
