@@ -192,7 +192,7 @@ def test_plugin_options_of_the_wrong_type(cli, finished_run, argv, needle):
         ("tiny:temperature=hot", "option temperature wants a number, got 'hot'"),
         ("tiny:chat=maybe", "option chat wants true or false, got 'maybe'"),
         ("tiny:mask_id=x", "option mask_id wants an int, got 'x'"),
-        ("tiny:alg=fast", "alg must be one of origin"),  # the Config's own check, one line
+        ("tiny:alg=fast", "option alg wants one of 'origin'"),  # the Config's own check, one line
     ],
 )
 def test_backbone_options_are_checked_before_it_loads(
