@@ -556,3 +556,30 @@ def test_a_missing_compute_json_is_rebuilt_from_the_records_and_said(tmp_path, c
     assert rebuilt["recorded"]["passes"] == rebuilt["passes"]
     assert resumed["recorded"]["passes"] == resumed["passes"]
     assert compute["total"]["unrecorded"] == {}
+
+
+def test_a_nul_damaged_line_is_named_as_such(tmp_path):
+    run(config(tmp_path / "r", methods=["vanilla"]))
+    samples = tmp_path / "r" / "samples.jsonl"
+    lines = samples.read_bytes().splitlines(keepends=True)
+    lines[1] = b"\0" * 40 + b"\n"
+    samples.write_bytes(b"".join(lines))
+    with pytest.raises(UserError) as err:
+        run(config(tmp_path / "r", methods=["vanilla"]))
+    assert "line 2 is damaged" in str(err.value) and "NUL bytes" in str(err.value)
+    assert "utf-32" not in str(err.value)
+
+
+def test_records_without_their_manifest_say_so(tmp_path):
+    run(config(tmp_path / "r", methods=["vanilla"]))
+    (tmp_path / "r" / "manifest.json").unlink()
+    with pytest.raises(UserError, match=r"holds records \(samples.jsonl\) but no manifest.json"):
+        run(config(tmp_path / "r", methods=["vanilla"]))
+
+
+def test_report_of_an_unmerged_sharded_run_says_merge(tmp_path):
+    from dllmbench.analysis.report import check_finished
+
+    run(config(tmp_path / "r", methods=["vanilla"], shard=Shard(1, 2)))
+    with pytest.raises(UserError, match="finish it by merging its shares with dllmbench merge"):
+        check_finished(tmp_path / "r")

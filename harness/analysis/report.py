@@ -57,10 +57,13 @@ def check_finished(path: Path) -> None:
             "dllmbench run"
         )
     if not (path / "results.json").is_file():
-        raise UserError(
-            f"{path} is not a finished run (no results.json); finish it by running the same "
-            "dllmbench run command again"
+        shares = any(path.glob("samples.shard-*-of-*.jsonl"))
+        how = (
+            f"merging its shares with dllmbench merge {path} (run any missing share first)"
+            if shares
+            else "running the same dllmbench run command again"
         )
+        raise UserError(f"{path} is not a finished run (no results.json); finish it by {how}")
 
 
 def _check_complete(run: evidence.RunData) -> None:

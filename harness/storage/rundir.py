@@ -416,6 +416,13 @@ class RunDir:
 
     def _read_contents(self) -> None:
         if not self.manifest_path.exists():
+            records = [p.name for p in self.path.glob("samples*.jsonl")]
+            if records:
+                raise UserError(
+                    f"{self.path} holds records ({', '.join(sorted(records))}) but no "
+                    "manifest.json (deleted or moved?); put the manifest back to resume, or "
+                    "choose another --out"
+                )
             if any(not _ours(p.name) for p in self.path.iterdir()):
                 raise UserError(
                     f"{self.path} exists and is not a run directory; choose another --out"
@@ -550,7 +557,9 @@ class RunDir:
             try:
                 if not line.endswith(b"\n"):
                     raise ValueError("no newline")
-                record = json.loads(line)
+                if b"\0" in line:
+                    raise ValueError("it holds NUL bytes, as a write cut short by a crash leaves")
+                record = json.loads(line.decode("utf-8"))
             except ValueError as exc:
                 if number == len(lines):
                     break  # torn by a crash mid-write: dropped, and redone on resume
