@@ -3,9 +3,12 @@ problems are in flight, and how waiting rows are cut into batches.
 
 A strategy coroutine runs until it awaits `ops.denoise` or `ops.score`; its request then waits
 here. When no coroutine is ready, the engine serves one round (`Scheduler.round`): every
-waiting scoring request, grouped by scorer, or else one denoising step of every waiting
-denoising request. A request that has had all it asked for makes its coroutine ready again,
-with the answer to send it.
+waiting scoring request, grouped by scorer (once a scorer has a forward's worth of rows or the
+oldest problem waits for one), or else one denoising step of the oldest problems' denoising
+requests, whole problems in admission order until the round holds
+`Capacity.round_batches` forwards' worth of rows. Problems therefore finish roughly in the order
+they came in, a steady stream of records, rather than all together. A request that has had all
+it asked for makes its coroutine ready again, with the answer to send it.
 """
 
 from __future__ import annotations
@@ -34,10 +37,19 @@ class Capacity:
     batch_rows: int = 64  # rows per physical forward
     batch_tokens: int | None = None  # rows × canvas length per forward
     problems: int = 32  # problems in flight
+    # a denoising round serves the oldest problems until it holds this many forwards' rows
+    round_batches: int = 4
 
     def __post_init__(self) -> None:
-        if self.batch_rows < 1 or self.problems < 1:
-            raise ValueError("batch_rows and problems must be >= 1")
+        if self.batch_rows < 1 or self.problems < 1 or self.round_batches < 1:
+            raise ValueError("batch_rows, problems and round_batches must be >= 1")
+
+    def round_full(self, rows: int, tokens: int) -> bool:
+        """Whether a denoising round of `rows` rows computing `tokens` tokens (rows × canvas)
+        fills `round_batches` forwards: by rows, or by tokens when `batch_tokens` caps them."""
+        if rows >= self.round_batches * self.batch_rows:
+            return True
+        return self.batch_tokens is not None and tokens >= self.round_batches * self.batch_tokens
 
     def batches(self, lengths: Sequence[int]) -> list[list[int]]:
         """Indices sorted by canvas length, cut into batches within the row and token caps.
@@ -71,6 +83,12 @@ class Capacity:
         if current:
             batches.append(current)
         return batches
+
+
+def _size(waits: Sequence[DenoiseWait]) -> tuple[int, int]:
+    """Rows and tokens (rows × canvas length) the next step of `waits` computes."""
+    rows = [len(w.computed()) for w in waits]
+    return sum(rows), sum(n * w.tokens.shape[1] for n, w in zip(rows, waits, strict=True))
 
 
 def _least_padding(ascending: Sequence[int], rows: int) -> list[list[int]]:
@@ -341,12 +359,60 @@ class Scheduler:
 
     def round(self) -> list[list[Wait]]:
         """What to serve next, one group per physical kind: every scoring request (a group per
-        scorer, by name) if any waits, else one denoising step of every denoising request."""
+        scorer, by name) when `_score_now`, else one denoising step of the oldest problems.
+
+        A denoising round takes whole problems, every denoising request of each, in the order
+        they were admitted, until it fills `Capacity.round_batches` forwards (`round_full`);
+        the problems after wait for a later round. The oldest problems thus move every round
+        and finish first, and a problem's rows stay in one round, where identical rows are
+        computed once."""
         scoring = [w for w in self.waiting if isinstance(w, ScoreWait)]
-        if scoring:
+        if scoring and self._score_now(scoring):
             names = sorted({w.scorer for w in scoring})
             return [[w for w in scoring if w.scorer == name] for name in names]
-        return [[w for w in self.waiting if isinstance(w, DenoiseWait)]]
+        by_problem: dict[str, list[DenoiseWait]] = {}
+        for wait in self.waiting:
+            if isinstance(wait, DenoiseWait):
+                by_problem.setdefault(wait.rows.problem.id, []).append(wait)
+        sizes = {p: _size(waits) for p, waits in by_problem.items()}
+        order = [p for p in self._admitted() if p in by_problem]
+        # the shortest prefix that fills the round, or up to twice that if a longer one
+        # leaves fewer empty rows in its last forward
+        cap, rows, tokens = self.capacity, 0, 0
+        best: tuple[float, int] | None = None
+        for n, problem in enumerate(order, 1):
+            rows, tokens = rows + sizes[problem][0], tokens + sizes[problem][1]
+            if not cap.round_full(rows, tokens):
+                continue
+            fill = rows / (cap.batch_rows * -(-rows // cap.batch_rows))
+            if best is None or fill > best[0]:
+                best = (fill, n)
+            if fill == 1.0 or cap.round_full(rows // 2, tokens // 2):
+                break
+        taken = order[: best[1] if best else len(order)]
+        return [[w for p in taken for w in by_problem[p]]]
+
+    def _admitted(self) -> list[str]:
+        """The problems with waiting requests, oldest first: in admission order (any not
+        admitted through `admit` after, in request order)."""
+        waiting = {w.rows.problem.id: None for w in self.waiting}
+        return [p for p in self._units_left if p in waiting] + [
+            p for p in waiting if p not in self._units_left
+        ]
+
+    def _score_now(self, scoring: list[ScoreWait]) -> bool:
+        """Whether to serve the waiting scoring requests now rather than a denoising round:
+        when one scorer has a forward's worth of rows, when the oldest problem waits for a
+        score, or when nothing waits to be denoised."""
+        if len(scoring) == len(self.waiting):
+            return True
+        oldest = self._admitted()[0]
+        if any(w.rows.problem.id == oldest for w in scoring):
+            return True
+        rows: Counter[str] = Counter()
+        for wait in scoring:
+            rows[wait.scorer] += len(wait.rows)
+        return max(rows.values()) >= self.capacity.batch_rows
 
     def served(self, groups: list[list[Wait]]) -> None:
         """After a round: a request that had all it asked for readies its coroutine."""
