@@ -39,6 +39,18 @@ class Interrupt(KeyboardInterrupt):
     pass
 
 
+def interrupt_after(n: int):
+    """An `on_record` that interrupts the run at its n-th record."""
+    seen = []
+
+    def stop(record):
+        seen.append(record)
+        if len(seen) == n:
+            raise Interrupt
+
+    return stop
+
+
 def floats_close(a, b, abs_tol: float = 1e-9) -> bool:
     """Equal, floats to 1e-6 relative or `abs_tol` (batch composition changes reductions'
     last bits)."""
@@ -100,13 +112,7 @@ def test_same_records_tolerates_last_bits_of_scores_but_not_decisions(tmp_path):
 
 def test_interrupted_then_resumed_equals_uninterrupted(tmp_path):
     whole = run(config(tmp_path / "whole"))
-    seen = []
-
-    def stop_after_some(record):
-        seen.append(record)
-        if len(seen) == 13:
-            raise Interrupt
-
+    stop_after_some = interrupt_after(13)
     with pytest.raises(Interrupt):
         run(config(tmp_path / "cut"), on_record=stop_after_some)
     kept = RunDir(tmp_path / "cut").read_records()
@@ -258,13 +264,7 @@ def test_results_have_intervals_and_paired_deltas(tmp_path):
 
 
 def test_compute_json_keeps_every_invocation(tmp_path):
-    seen = []
-
-    def stop(record):
-        seen.append(record)
-        if len(seen) == 5:
-            raise Interrupt
-
+    stop = interrupt_after(5)
     with pytest.raises(Interrupt):
         run(config(tmp_path / "r"), on_record=stop)
     run(config(tmp_path / "r"))
@@ -279,13 +279,7 @@ def test_compute_json_keeps_every_invocation(tmp_path):
 
 
 def test_an_interrupted_invocation_is_in_compute_json_with_its_records(tmp_path):
-    seen = []
-
-    def stop(record):
-        seen.append(record)
-        if len(seen) == 7:
-            raise Interrupt
-
+    stop = interrupt_after(7)
     with pytest.raises(Interrupt):
         run(config(tmp_path / "r"), on_record=stop)
     (entry,) = json.loads((tmp_path / "r" / "compute.json").read_text())["invocations"]
@@ -447,13 +441,7 @@ def test_a_resumed_share_keeps_its_own_compute_history(tmp_path, monkeypatch):
     compute file, and compute.json's total equals the records' ledgers, run by run."""
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.delenv("RANK", raising=False)
-    seen = []
-
-    def stop(record):
-        seen.append(record)
-        if len(seen) == 3:
-            raise Interrupt
-
+    stop = interrupt_after(3)
     share = config(tmp_path / "r", shard=Shard(1, 2))
     with pytest.raises(Interrupt):
         run(share, on_record=stop)
@@ -533,13 +521,7 @@ def test_a_directory_locked_by_a_process_starting_now_names_it(tmp_path):
 
 
 def test_a_missing_compute_json_is_rebuilt_from_the_records_and_said(tmp_path, capsys):
-    seen = []
-
-    def stop(record):
-        seen.append(record)
-        if len(seen) == 4:
-            raise Interrupt
-
+    stop = interrupt_after(4)
     with pytest.raises(Interrupt):
         run(config(tmp_path / "r"), on_record=stop)
     (tmp_path / "r" / "compute.json").unlink()

@@ -272,16 +272,21 @@ def torchrun(*argv: object, env: dict[str, str], cwd: Path) -> subprocess.Popen[
     )
 
 
+def dllmbench_process(*argv: object, env: dict[str, str]) -> subprocess.Popen[str]:
+    """`python -m dllmbench ARGV` in the background, its output captured."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "dllmbench", *map(str, argv)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def slurm_step(*argv: object, env: dict[str, str], tasks: int = 2) -> list[subprocess.Popen]:
     """The tasks of one Slurm job step, with Slurm's variables set by hand."""
     return [
-        subprocess.Popen(
-            [sys.executable, "-m", "dllmbench", *map(str, argv)],
-            env={**env, "SLURM_PROCID": str(rank), "SLURM_NTASKS": str(tasks)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        dllmbench_process(*argv, env={**env, "SLURM_PROCID": str(rank), "SLURM_NTASKS": str(tasks)})
         for rank in range(tasks)
     ]
 
@@ -467,13 +472,7 @@ def test_a_killed_share_resumes_and_compute_json_counts_every_invocation(tmp_pat
     out = tmp_path / "killed"
     env = slow_env()
     argv = [*slow_run(), "--out", str(out)]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "dllmbench", *argv, "--shard", "2/2"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = dllmbench_process(*argv, "--shard", "2/2", env=env)
     second = out / "samples.shard-2-of-2.jsonl"
     wait_until(lambda: second.exists() and second.read_text().count("\n") >= 2, [proc])
     proc.kill()
@@ -482,13 +481,7 @@ def test_a_killed_share_resumes_and_compute_json_counts_every_invocation(tmp_pat
     assert_user_error(waited, "share 2/2 (pid", "died without finishing", "--shard 2/2")
     again = cli_subprocess(*argv, "--shard", "2/2", env=env, timeout=300)
     assert again.code == 0, again.err
-    first = subprocess.Popen(
-        [sys.executable, "-m", "dllmbench", *argv, "--shard", "1/2"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    first = dllmbench_process(*argv, "--shard", "1/2", env=env)
     merged = cli_subprocess("merge", out, "--wait", env=env, timeout=300)  # waits for 1/2
     assert first.wait(timeout=300) == 0
     assert merged.code == 0, merged.err
@@ -513,13 +506,7 @@ def test_sigterm_saves_and_says_so(tmp_path):
     """SIGTERM (a scheduler's pre-emption) ends a run as Ctrl-C does: one line, exit 143, the
     lock released, the compute entry saved and the heartbeat saying it stopped."""
     out = tmp_path / "term"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "dllmbench", *slow_run(), "--out", str(out)],
-        env=slow_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = dllmbench_process(*slow_run(), "--out", str(out), env=slow_env())
     samples = out / "samples.jsonl"
     wait_until(lambda: samples.exists() and samples.read_text().count("\n") >= 2, [proc])
     proc.send_signal(signal.SIGTERM)

@@ -110,9 +110,14 @@ def wait_for(path: Path, timeout: float | None = None) -> None:
     ids = problem_ids(manifest)
     methods = [m["id"] for m in manifest.get("methods", [])]
     wanted = {(p, m) for p in ids for m in methods}
+    seen: tuple[tuple[str, int], ...] | None = None
+    have: set[tuple[str, str]] = set()
     while True:
         busy = running_shares(path)
-        have = {(r["problem"], r["method"]) for r in rundir.read_records()}
+        sizes = tuple((f.name, f.stat().st_size) for f in rundir.samples_files())
+        if sizes != seen:  # records are read again only when a samples file grew
+            seen = sizes
+            have = {(r["problem"], r["method"]) for r in rundir.read_records()}
         if not busy and wanted <= have:
             return
         _refuse_the_dead(path, ids)
