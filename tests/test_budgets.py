@@ -250,12 +250,14 @@ def test_budget_by_budget_decides_as_every_budget_at_once(runs, tmp_path):
 
 
 def test_the_smaller_budgets_results_come_before_the_larger_budgets_work(tmp_path):
+    """The first problem is served whole (every method at every budget); then the smaller
+    budget on every other problem, its table, and the larger budget's work after it."""
     from dllmbench.running.runner import run
 
     events: list[tuple[str, object]] = []
     outcome = run(
         _config(tmp_path / "r"),
-        on_record=lambda r: events.append(("record", r["method"])),
+        on_record=lambda r: events.append(("record", (r["problem"], r["method"]))),
         on_budget=lambda results, budget: events.append(("table", (results, budget))),
     )
     tables = [i for i, (kind, _) in enumerate(events) if kind == "table"]
@@ -263,10 +265,16 @@ def test_the_smaller_budgets_results_come_before_the_larger_budgets_work(tmp_pat
     results, budget = events[tables[0]][1]
     assert budget == SMALL
     first_planned = {p.method.id: min(p.budgets) for p in outcome.plan.methods}
-    before = {m for kind, m in events[: tables[0]] if kind == "record"}
-    after = {m for kind, m in events[tables[0] :] if kind == "record"}
+    records = [record for kind, record in events if kind == "record"]
+    first = records[0][0]
+    whole = len(first_planned)
+    assert {p for p, _ in records[:whole]} == {first}  # the first problem, every method
+    assert {m for _, m in records[:whole]} == set(first_planned)
+    before = {m for kind, (p, m) in events[: tables[0]] if kind == "record" and p != first}
+    after = [(p, m) for kind, (p, m) in events[tables[0] :] if kind == "record"]
     assert {first_planned[m] for m in before} == {SMALL}
-    assert {first_planned[m] for m in after} == {LARGE}
+    assert {first_planned[m] for _, m in after} == {LARGE}
+    assert first not in {p for p, _ in after}
     # that early table is the final one at the smaller budget
     final = [m for m in outcome.results["methods"] if m["budget"] == SMALL]
     early = [m for m in results["methods"] if m["budget"] == SMALL]

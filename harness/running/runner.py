@@ -517,6 +517,15 @@ def _run_in(
             results = invocation.conclude(summary, problem_ids)
             return Outcome(results, rundir.path, found, invocation.written, prepared.plan, shard)
         phases = _phases(prepared.plan) if cfg.by_budget else [(prepared.budget, methods)]
+        if len(phases) > 1:
+            # the first unfinished problem whole, every method at every budget, before the
+            # phases: each method meets the run's largest settings in its first seconds, and
+            # an interrupted run keeps at least one problem that is done at every budget
+            first = [p for p in mine if any((p.id, m.id) not in done for m in methods)][:1]
+            done |= {
+                (r["problem"], r["method"])
+                for r in engine.run(first, skip=done, on_record=invocation.keep)
+            }
         for n, (budget, _) in enumerate(phases):
             later = {m.id for _, ms in phases[n + 1 :] for m in ms}
             skip = done | {(p.id, m) for p in mine for m in later}
