@@ -28,7 +28,6 @@ a base model on every task).
 from __future__ import annotations
 
 import ast
-import re
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -36,15 +35,12 @@ from dllmbench.api.hookspecs import hookimpl
 from dllmbench.core.errors import UserError
 from dllmbench.core.types import Problem, Prompt
 from dllmbench.tasks.data import TaskData, need_fields
-from dllmbench.tasks.mbpp import Mbpp, MbppConfig, Tests, program_key
+from dllmbench.tasks.mbpp import Mbpp, MbppConfig, Tests, fenced_block
 from dllmbench.tasks.mbpp_judge import Check, plan
 
 HUB = ("openai/openai_humaneval", None)
 SIZES = {"test": 164}
 FILE = "HumanEval.jsonl"
-
-_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
-_DEFINES = re.compile(r"^\s*(?:def|class|import|from)\s", re.MULTILINE)
 
 _check = need_fields(task_id=str, prompt=str, entry_point=str, canonical_solution=str, test=str)
 
@@ -112,13 +108,9 @@ def _always_true(test: ast.expr) -> bool:
 def extract_program(text: str) -> str | None:
     """The answer in a generation: a fenced block, else the raw text up to the first line
     after its start that begins at the left margin (where a completion's function ends)."""
-    blocks = [(lang.lower(), body) for lang, body in _FENCE.findall(text)]
-    if blocks:
-        python = [b for lang, b in blocks if lang in ("python", "py", "python3", "")] or [
-            b for _, b in blocks
-        ]
-        body = next((b for b in python if _DEFINES.search(b)), python[0])
-        return body.strip("\n").rstrip() or None
+    block = fenced_block(text)
+    if block is not None:
+        return block or None
     lines = text.split("\n")
     start = next((i for i, line in enumerate(lines) if line.strip()), None)
     if start is None:
@@ -205,9 +197,6 @@ class HumanEval(Mbpp):
 
     def extract(self, text: str) -> str | None:
         return extract_program(text)
-
-    def answer_key(self, answer: str) -> str:
-        return program_key(answer)
 
 
 @hookimpl

@@ -43,16 +43,26 @@ def task_text(text: str, tests: Sequence[str]) -> str:
     )
 
 
+def fenced_block(text: str) -> str | None:
+    """The program among a generation's fenced blocks: the first Python (or unlabelled) block
+    that defines something, else the first such block, else the first block; without the
+    blank lines around it ("" when empty). None when the text has no fenced block."""
+    blocks = [(lang.lower(), body) for lang, body in _FENCE.findall(text)]
+    if not blocks:
+        return None
+    python = [b for lang, b in blocks if lang in ("python", "py", "python3", "")] or [
+        b for _, b in blocks
+    ]
+    body = next((b for b in python if _DEFINES.search(b)), python[0])
+    return body.strip("\n").rstrip()
+
+
 def extract_program(text: str) -> str | None:
     """The program in a generation: a fenced block (```python …``` or ``` …```), else the raw
     text cut at `[DONE]` (the few-shot stop marker; a leading `[BEGIN]` is dropped)."""
-    blocks = [(lang.lower(), body) for lang, body in _FENCE.findall(text)]
-    if blocks:
-        python = [b for lang, b in blocks if lang in ("python", "py", "python3", "")] or [
-            b for _, b in blocks
-        ]
-        body = next((b for b in python if _DEFINES.search(b)), python[0])
-        return body.strip("\n").rstrip() or None
+    block = fenced_block(text)
+    if block is not None:
+        return block or None
     raw = text.split("[DONE]", 1)[0]
     if "[BEGIN]" in raw:
         raw = raw.split("[BEGIN]", 1)[1]

@@ -40,27 +40,26 @@ PROBE = """
 import os, sys
 import probe_beside  # the folder dllmbench is installed in is on the path and readable
 print("beside", probe_beside.VALUE)
-top = PREFIX
 read, seen = [], 0
-for folder, dirs, files in os.walk(top):
-    for name in files:
-        path = os.path.join(folder, name)
-        parts = folder.split(os.sep)  # a file of the package or its metadata (not a script)
-        if "dllmbench" in parts or any(p.startswith("dllmbench-") for p in parts):
-            seen += 1
-            try:
-                with open(path, "rb") as fh:
-                    fh.read(1)
-                read.append(path)
-            except OSError:
-                pass
-for path in FILES:
+
+
+def attempt(path):
     try:
         with open(path, "rb") as fh:
             fh.read(1)
         read.append(path)
     except OSError:
         pass
+
+
+for folder, dirs, files in os.walk(PREFIX):
+    for name in files:
+        parts = folder.split(os.sep)  # a file of the package or its metadata (not a script)
+        if "dllmbench" in parts or any(p.startswith("dllmbench-") for p in parts):
+            seen += 1
+            attempt(os.path.join(folder, name))
+for path in FILES:
+    attempt(path)
 print("seen", seen)
 print("read", read)
 """

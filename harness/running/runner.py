@@ -521,11 +521,10 @@ def _run_in(
             # the first unfinished problem whole, every method at every budget, before the
             # phases: each method meets the run's largest settings in its first seconds, and
             # an interrupted run keeps at least one problem that is done at every budget
-            first = [p for p in mine if any((p.id, m.id) not in done for m in methods)][:1]
-            done |= {
-                (r["problem"], r["method"])
-                for r in engine.run(first, skip=done, on_record=invocation.keep)
-            }
+            first = next((p for p in mine if any((p.id, m.id) not in done for m in methods)), None)
+            if first is not None:
+                written = engine.run([first], skip=done, on_record=invocation.keep)
+                done |= {(r["problem"], r["method"]) for r in written}
         for n, (budget, _) in enumerate(phases):
             later = {m.id for _, ms in phases[n + 1 :] for m in ms}
             skip = done | {(p.id, m) for p in mine for m in later}
