@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 import numpy as np
 import torch
 
+from dllmbench.core.flops import ModelShape, Work, shape_of
 from dllmbench.core.types import Candidate, Pool, Problem, Prompt
 
 if TYPE_CHECKING:
@@ -296,6 +297,52 @@ class CountsTokens(Protocol):
 
 
 @runtime_checkable
+class HasModelShape(Protocol):
+    """A backbone or scorer that states its `ModelShape` (matmul parameters, head, layers,
+    attention width) for the FLOP ledger. A `TransformerBackbone` without it is read from its
+    transformer (`dllmbench.core.flops.shape_of`); any other model's FLOPs are unknown."""
+
+    model_shape: ModelShape
+
+
+@runtime_checkable
+class CountsStepWork(Protocol):
+    """A backbone that says what its denoising forward computes for each row of a batch
+    (query tokens, keys attended, head positions), given the rows before the step. Without
+    it a row's step is a bidirectional forward over its whole canvas with the head at every
+    position (`Work.full`)."""
+
+    def step_work(self, batch: StepBatch) -> list[Work]: ...
+
+
+@runtime_checkable
+class CountsScoreWork(Protocol):
+    """A scorer that says what its forward computes for each row (without it: `Work.full`
+    with the head read once per row)."""
+
+    def score_work(self, batch: ScoreBatch) -> list[Work]: ...
+
+
+@runtime_checkable
+class FinishesEarly(Protocol):
+    """A backbone whose sampler may fill a row's canvas before its T (confidence-threshold
+    decoding): `finishes_early(settings)` says whether a row under these settings (empty: the
+    backbone's own) ends once no generated position is masked. Such a row takes no further
+    forward and is charged only the steps it took; its method's cost is a cap."""
+
+    def finishes_early(self, settings: Mapping[str, Any]) -> bool: ...
+
+
+@runtime_checkable
+class Capped(Protocol):
+    """A strategy whose `cost(T)` is a cap, not an exact spend: it decides at run time how
+    much to spend (adaptive sampling, early-stopping rows) and may return a pool smaller than
+    `pool_size()` (at least one candidate). The ledger refuses any charge over the cap."""
+
+    capped: bool
+
+
+@runtime_checkable
 class CountsForwardMemory(Protocol):
     """A backbone whose denoising forward needs memory beyond the per-token activations that
     `sized_to_memory` counts (a packing backbone's document mask and FlexAttention's per-token
@@ -417,6 +464,26 @@ def missing_members(obj: object, protocol: type) -> list[str]:
 def passes_per_step(obj: object) -> int:
     """Forwards per row-step of a backbone or its Config (1 unless it is `MultiPass`)."""
     return int(obj.passes_per_step) if isinstance(obj, MultiPass) else 1
+
+
+def model_shape(obj: object) -> ModelShape | None:
+    """A backbone's or scorer's shape for the FLOP ledger (`HasModelShape`, else read from a
+    `TransformerBackbone`'s transformer), or None when it cannot be known."""
+    if isinstance(obj, HasModelShape):
+        return obj.model_shape
+    if isinstance(obj, TransformerBackbone):
+        return shape_of(obj.transformer)
+    return None
+
+
+def is_capped(strategy: object) -> bool:
+    """Whether a strategy's cost is a cap (`Capped`)."""
+    return bool(strategy.capped) if isinstance(strategy, Capped) else False
+
+
+def finishes_early(backbone: object, settings: Mapping[str, Any]) -> bool:
+    """Whether rows under `settings` may end before their T on this backbone."""
+    return bool(backbone.finishes_early(settings)) if isinstance(backbone, FinishesEarly) else False
 
 
 def row_settings(backbone: object) -> frozenset[str]:

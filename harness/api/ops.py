@@ -1,15 +1,17 @@
-"""`ops`: what a strategy may do to the rows of its problem. Every call is charged here.
+"""`ops`: what a strategy may do to the rows of its problem.
 
 `denoise` and `score` are awaitables: they post a request to the engine, which serves the
-requests of many problems and methods together in large batches. `start` may give rows
-their own sampler settings and T; `remask` edits canvases (free: the passes that decode the
-re-masked positions again are charged as denoising).
+requests of many problems and methods together in large batches and charges every forward to
+the ledger as it computes it (passes and FLOPs), so a row that ends early (a confidence
+threshold) is charged only the steps it took. `start` may give rows their own sampler
+settings and T; `remask` edits canvases (free: the passes that decode the re-masked positions
+again are charged as denoising); `answers` reads the rows' extracted answers (free).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +20,6 @@ import torch
 
 from dllmbench.core.errors import PluginError, UserError
 from dllmbench.core.keys import numpy_rng
-from dllmbench.core.ledger import Ledger
 from dllmbench.core.types import Edit, Owners, Pool, Problem, Rows, settings_of
 
 STEPS = "steps"  # the setting that gives a row its own T
@@ -81,26 +82,24 @@ class Ops:
         total_steps: int,
         canvas: torch.Tensor,
         prompt_len: int,
-        ledger: Ledger,
         scorers: dict[str, bool],
         owners: Callable[[int], list[Owners]],
-        passes_per_step: int = 1,
         row_settings: frozenset[str] = frozenset(),
         check_settings: Callable[[Mapping[str, Any], int], None] | None = None,
         confidences: bool = False,
+        answers: Callable[[Rows], list[Hashable | None]] | None = None,
     ):
         self.problem = problem
         self.seed = seed
         self.T = total_steps
         self._canvas = canvas
         self._prompt_len = prompt_len
-        self._ledger = ledger
         self._scorers = dict(scorers)  # name → reads partial states
         self._owners = owners
-        self._passes_per_step = passes_per_step
         self.row_settings = frozenset(row_settings) | {STEPS}
         self._check_settings = check_settings
         self._confidences = confidences
+        self._answers = answers
         self._issued: set[bytes] = set()  # every row state ops gave out: (step, T, tokens)
 
     # -- rows --------------------------------------------------------------------------------
@@ -192,7 +191,9 @@ class Ops:
     # -- passes ------------------------------------------------------------------------------
     async def denoise(self, rows: Rows, steps: int | None = None) -> Rows:
         """Advance every row by `steps` denoising steps, or each row to its own T when `steps`
-        is None (one pass per row per step)."""
+        is None (one pass per row per step, charged as the engine computes it). A row whose
+        sampler ended it early (nothing left masked) stands at its T and takes no more steps:
+        asking it for `steps` more advances only the others."""
         self._own(rows, "ops.denoise")
         if steps is None:
             asked = tuple(t - s for s, t in zip(rows.steps, rows.totals, strict=True))
@@ -201,18 +202,22 @@ class Ops:
         else:
             if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
                 raise ValueError(f"ops.denoise needs steps >= 1, got {steps!r}")
-            if any(s + steps > t for s, t in zip(rows.steps, rows.totals, strict=True)):
+            ended = self._ended(rows)
+            if any(
+                s + steps > t and not done
+                for s, t, done in zip(rows.steps, rows.totals, ended, strict=True)
+            ):
                 raise ValueError(
                     f"ops.denoise past T: rows at steps {sorted(set(rows.steps))} of "
                     f"{sorted(set(rows.totals))} asked for {steps} more"
                 )
-            asked = (steps,) * len(rows)
-        by_steps: dict[int, list[Owners]] = {}  # rows asking the same steps: one charge
-        for owners, n in zip(rows.owners, asked, strict=True):
-            by_steps.setdefault(n, []).append(owners)
-        for n, owners_of in by_steps.items():
-            self._ledger.charge(self.problem.id, owners_of, "denoise", n * self._passes_per_step)
+            asked = tuple(0 if done else steps for done in ended)
         return self._issue(await _Post(DenoiseRequest(rows, asked)))
+
+    def _ended(self, rows: Rows) -> list[bool]:
+        """Rows at their T with no generated position masked (ended early or on time)."""
+        masked = (rows.tokens[:, rows.prompt_len :] == self.mask_id).any(dim=1).tolist()
+        return [s >= t and not m for s, t, m in zip(rows.steps, rows.totals, masked, strict=True)]
 
     async def score(self, rows: Rows, scorer: str) -> np.ndarray:
         """One float per row from the named scorer (one pass per row)."""
@@ -227,8 +232,18 @@ class Ops:
             raise PluginError(
                 f"scorer {scorer!r} reads final states only, but was asked to score a partial one"
             )
-        self._ledger.charge(self.problem.id, rows.owners, f"score:{scorer}", 1)
         return await _Post(ScoreRequest(rows, scorer))
+
+    def answers(self, rows: Rows) -> list[Hashable | None]:
+        """Each final row's answer as the task keys it for voting (`task.answer_key` of the
+        extracted answer; None when none was extracted): free, no forward, and never the
+        grade. Adaptive sampling reads it to decide when to stop."""
+        self._own(rows, "ops.answers")
+        if not all(rows.finished):
+            raise ValueError("ops.answers reads final states only; some rows are not at their T")
+        if self._answers is None:
+            raise ValueError("ops.answers is not available outside the engine")
+        return self._answers(rows)
 
     # -- free operations ---------------------------------------------------------------------
     def remask(

@@ -29,6 +29,21 @@ class CostMismatch(RuntimeError):
         )
 
 
+class OverCap(CostMismatch):
+    """A method with a cap spent more than its cap on one problem: refused as it happens."""
+
+    def __init__(
+        self, method: str, plugin: str, problem: str, cap: dict[str, int], spent: dict[str, int]
+    ):
+        self.plugin = plugin
+        RuntimeError.__init__(
+            self,
+            f"method {method!r} (strategy {plugin!r}) spent {dict(sorted(spent.items()))} "
+            f"passes on problem {problem!r}, over its cap {dict(sorted(cap.items()))}",
+        )
+        self.method, self.problem, self.planned, self.spent = method, problem, cap, spent
+
+
 class PluginViolation(Exception):
     """A plugin broke its contract while running (a selector's index out of range, a strategy
     returning too few candidates): a bug in that plugin, not in the user's request. The command

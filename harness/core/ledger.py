@@ -1,8 +1,11 @@
 """The budget ledger: every forward pass of every model, charged to the method that owns it.
 
 A *pass* is one forward of a dLLM-scale model over one row. Passes are charged by
-(problem, method, kind) with kind `denoise` or `score:<scorer>`. Physical forwards (batched
-calls) and seconds are recorded per kind as well, so passes can be checked against time.
+(problem, method, kind) with kind `denoise` or `score:<scorer>`, each with the FLOPs that
+forward computed (`dllmbench.core.flops`; None where the model's shape is unknown). Physical
+forwards (batched calls), seconds and tokens are recorded per kind as well, so passes can be
+checked against time. A method may spend exactly what it declared (`check`) or at most its cap
+(`cap`): a charge over the cap is refused as it happens (`OverCap`).
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 
-from dllmbench.core.errors import CostMismatch
+from dllmbench.core.errors import CostMismatch, OverCap
 from dllmbench.core.schema import LedgerEntry
 from dllmbench.core.types import Owners
 
@@ -27,13 +30,49 @@ class Ledger:
         self.physical_tokens: Counter[str] = Counter()
         self.real_tokens: Counter[str] = Counter()
         self.charged: Counter[str] = Counter()  # passes charged to every method, by kind
+        self._flops: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
+        self._unknown: dict[tuple[str, str], set[str]] = defaultdict(set)  # kinds lacking FLOPs
+        self.charged_flops: Counter[str] = Counter()
+        self.physical_flops: Counter[str] = Counter()  # the rows' own work
+        self.padded_flops: Counter[str] = Counter()  # what the batches computed, padding too
+        self._caps: dict[str, tuple[dict[str, int], str]] = {}  # method → (cap by kind, plugin)
 
-    def charge(self, problem_id: str, owners: Iterable[Owners], kind: str, passes: int) -> None:
-        """Charge `passes` passes of `kind` per row to every owner of that row."""
+    def cap(self, method: str, cap: Mapping[str, int], plugin: str) -> None:
+        """`method` may spend at most `cap` passes of each kind per problem (a kind it does not
+        name: none); `plugin` is the strategy named when it spends more."""
+        self._caps[method] = ({k: int(v) for k, v in cap.items() if v}, plugin)
+
+    def capped(self, method: str) -> bool:
+        return method in self._caps
+
+    def charge(
+        self,
+        problem_id: str,
+        owners: Iterable[Owners],
+        kind: str,
+        passes: int,
+        flops: int | None = 0,
+    ) -> None:
+        """Charge `passes` passes of `kind` and `flops` FLOPs (None: unknown) per row to every
+        owner of that row. A capped owner going over its cap raises `OverCap`."""
         for row_owners in owners:
             for method in row_owners:
-                self._passes[problem_id, method][kind] += passes
+                key = (problem_id, method)
+                self._passes[key][kind] += passes
+                if flops is None:
+                    self._unknown[key].add(kind)
+                else:
+                    self._flops[key][kind] += flops
+                    self.charged_flops[kind] += flops
+                if method in self._caps:
+                    self._within_cap(problem_id, method, kind)
             self.charged[kind] += passes * len(row_owners)
+
+    def _within_cap(self, problem_id: str, method: str, kind: str) -> None:
+        cap, plugin = self._caps[method]
+        spent = self._passes[problem_id, method]
+        if spent[kind] > cap.get(kind, 0):
+            raise OverCap(method, plugin, problem_id, cap, {k: v for k, v in spent.items() if v})
 
     def record_forward(
         self,
@@ -41,9 +80,14 @@ class Ledger:
         rows: list[tuple[str, Owners]],
         seconds: float,
         tokens: tuple[int, int] = (0, 0),
+        flops: tuple[int, int] | None = None,
     ) -> None:
         """One batched physical forward over `rows` (problem id, owners) that took `seconds`;
-        `tokens`: the tokens it computed (rows × the widest row) and the rows' own."""
+        `tokens`: the tokens it computed (rows × the widest row) and the rows' own; `flops`:
+        what it computed, padding included, and the rows' own work (None: unknown)."""
+        if flops is not None:
+            self.padded_flops[kind] += flops[0]
+            self.physical_flops[kind] += flops[1]
         self.physical_forwards[kind] += 1
         self.physical_tokens[kind] += tokens[0]
         self.real_tokens[kind] += tokens[1]
@@ -61,27 +105,42 @@ class Ledger:
     def spent(self, problem_id: str, method: str) -> dict[str, int]:
         return dict(self._passes.get((problem_id, method), {}))
 
+    def spent_flops(self, problem_id: str, method: str) -> int | None:
+        """FLOPs `method` spent on the problem; None when a kind it spent has no known shape."""
+        key = (problem_id, method)
+        if self._unknown.get(key):
+            return None
+        return sum(self._flops.get(key, {}).values())
+
     def check(self, problem_id: str, method: str, planned: Mapping[str, int]) -> None:
-        """Raise CostMismatch unless what `method` spent on the problem equals its plan."""
+        """Raise CostMismatch unless what `method` spent on the problem equals its plan, or,
+        for a capped method, lies within its cap (each kind at most the cap's)."""
         spent = {k: v for k, v in self.spent(problem_id, method).items() if v}
         want = {k: v for k, v in planned.items() if v}
-        if spent != want:
+        if method in self._caps:
+            if any(v > want.get(k, 0) for k, v in spent.items()):
+                raise OverCap(method, self._caps[method][1], problem_id, want, spent)
+        elif spent != want:
             raise CostMismatch(method, problem_id, want, spent)
 
     def entry(self, problem_id: str, method: str) -> LedgerEntry:
         """The record of one (problem, method): passes by kind, forwards, seconds."""
         key = (problem_id, method)
         passes = dict(sorted(self._passes.get(key, {}).items()))
+        unknown = self._unknown.get(key, set())
+        flops = {k: v for k, v in sorted(self._flops.get(key, {}).items()) if k not in unknown}
         return LedgerEntry(
             passes=passes,
             total_passes=sum(passes.values()),
+            flops=flops,
+            total_flops=None if unknown else sum(flops.values()),
             forwards=dict(sorted(self._forwards.get(key, {}).items())),
             seconds={k: round(v, 6) for k, v in sorted(self._seconds.get(key, {}).items())},
         )
 
     def release(self, problem_id: str, method: str) -> None:
         """Forget a finished (problem, method) once its record is written."""
-        for table in (self._passes, self._forwards, self._seconds):
+        for table in (self._passes, self._forwards, self._seconds, self._flops, self._unknown):
             table.pop((problem_id, method), None)
 
     def physical(self) -> dict[str, dict[str, float]]:
@@ -98,8 +157,15 @@ class Ledger:
             }
             if self.real_tokens[kind]:
                 out[kind]["padding"] = round(self.physical_tokens[kind] / self.real_tokens[kind], 6)
+            if kind in self.padded_flops:
+                out[kind]["flops"] = self.physical_flops[kind]
+                out[kind]["padded_flops"] = self.padded_flops[kind]
         return out
 
     def passes(self) -> dict[str, int]:
         """Passes charged by kind, summed over every (problem, method) of the ledger's life."""
         return dict(sorted(self.charged.items()))
+
+    def flops(self) -> dict[str, int]:
+        """FLOPs charged by kind (known shapes only), over the ledger's life."""
+        return dict(sorted(self.charged_flops.items()))

@@ -33,6 +33,8 @@ class LedgerEntry(TypedDict):
 
     passes: dict[str, int]  # kind → passes charged
     total_passes: int
+    flops: NotRequired[dict[str, int]]  # kind → FLOPs charged (kinds of known shape)
+    total_flops: NotRequired[int | None]  # None when a kind's model shape is unknown
     forwards: dict[str, int]  # kind → physical calls holding a row of the method
     seconds: dict[str, float]  # kind → seconds attributed to the method
 

@@ -8,6 +8,10 @@ Coroutines resume as soon as their request is served, so new rows join the next 
 
 Methods whose strategy nests its pools (independent sampling) share one pool per problem,
 generated once at the largest size; each row is charged to every method whose prefix holds it.
+
+Every forward is charged where it is computed, row by row: its passes and the FLOPs of the
+work it did (`dllmbench.core.flops`), to every method owning the row. A row whose sampler
+fills its canvas before its T (`FinishesEarly`) takes no more steps and is charged none.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import json
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 import torch
@@ -25,6 +29,8 @@ import torch
 from dllmbench.api.interfaces import (
     Backbone,
     CountsForwardMemory,
+    CountsScoreWork,
+    CountsStepWork,
     CountsTokens,
     GradesMany,
     NotesGrades,
@@ -36,10 +42,14 @@ from dllmbench.api.interfaces import (
     Task,
     TransformerBackbone,
     VariesPerRow,
+    finishes_early,
+    is_capped,
+    model_shape,
     passes_per_step,
     row_settings,
 )
 from dllmbench.api.ops import Ops
+from dllmbench.core.flops import ModelShape, Work, flops
 from dllmbench.core.keys import numpy_rng
 from dllmbench.core.ledger import Ledger
 from dllmbench.core.schema import CandidateRecord, Record
@@ -183,6 +193,15 @@ class Engine:
         self._costs = {m.id: m.cost(sampling.total_steps, self.passes_per_step) for m in methods}
         if len(self._costs) != len(methods):
             raise ValueError("two methods of a run share one id; give each a distinct label")
+        # the FLOP ledger's shapes, by kind (None: unknown)
+        self.shapes: dict[str, ModelShape | None] = {"denoise": model_shape(backbone)}
+        for name, scorer in scorers.items():
+            self.shapes[f"score:{name}"] = model_shape(scorer)
+        # a method's cost is a cap when its strategy says so or rows may end early
+        self.capped = {m.id for m in methods if capped(m, backbone)}
+        for method in methods:
+            if method.id in self.capped:
+                self.ledger.cap(method.id, self._costs[method.id], method.spec.strategy)
 
     # -- running -------------------------------------------------------------------------
     def run(
@@ -201,7 +220,7 @@ class Engine:
         records: list[Record] = []
         pending = iter(problems)
         self._finished.keeping = keep_rows
-        queue = Scheduler(self.capacity, self._finished)
+        queue = Scheduler(self.capacity, self._finished, self._charge_reused)
         self._admit(queue, pending, skip)
         while queue.busy:
             for run, pool in queue.resume():
@@ -246,13 +265,12 @@ class Engine:
                 total_steps=self.sampling.total_steps,
                 canvas=canvas,
                 prompt_len=len(prompt_ids),
-                ledger=self.ledger,
                 scorers={n: bool(s.reads_partial) for n, s in self.scorers.items()},
-                passes_per_step=self.passes_per_step,
                 owners=unit.owners,
                 row_settings=row_settings(self.backbone),
                 check_settings=self._settings_check(),
                 confidences=isinstance(self.backbone, ReportsConfidence),
+                answers=lambda rows, problem=problem: self.judge(problem, rows, grade=False),
             )
             name = unit.strategy_name
             dist = self.origins.distribution("strategy", name)
@@ -283,8 +301,11 @@ class Engine:
         if not isinstance(pool, Pool):
             what = f"search() returned a {type(pool).__name__}, not a Pool"
             raise self.origins.violation("strategy", unit.strategy_name, what)
-        if len(pool) != unit.pool_size:
+        capped = all(m.id in self.capped for m, _ in unit.members)
+        if len(pool) != unit.pool_size and not (capped and 1 <= len(pool) < unit.pool_size):
             what = f"search() returned {len(pool)} candidates but declared {unit.pool_size}"
+            if capped:
+                what += " (a capped strategy may return fewer, at least one)"
             raise self.origins.violation("strategy", unit.strategy_name, what)
         return pool
 
@@ -302,21 +323,70 @@ class Engine:
         # a row that records confidences may stand behind a row of another request that does
         # not: ask the backbone for them when any request of the round records them
         confident = any(isinstance(w, DenoiseWait) and w.confidence is not None for w in waits)
+        shape = self.shapes.get(kind)
+        passes = self.passes_per_step if kind == "denoise" else 1
         for batch in self.capacity.batches(lengths):
             items = [flat[same[j][0]] for j in batch]
+            call = self._batch(waits[0], items)
+            works = self._works(call)
             start = time.perf_counter()
-            outputs = self._forward(waits[0], items, confident)
+            outputs = self._forward(waits[0], call, confident)
             seconds = time.perf_counter() - start
-            for j, output in zip(batch, outputs, strict=True):
-                for wait, i in (flat[n] for n in same[j]):
-                    wait.put(i, output)
             widths = [lengths[j] for j in batch]
+            row_flops = [None if shape is None else passes * flops(shape, w) for w in works]
+            for j, output, cost in zip(batch, outputs, row_flops, strict=True):
+                for n in same[j]:
+                    wait, i = flat[n]
+                    wait.put(i, output)
+                    if isinstance(wait, DenoiseWait):
+                        wait.spent(i, passes, cost)
+                        if self._ends_early(wait, i):
+                            wait.end(i)
+                    self.ledger.charge(owners[n][0], [owners[n][1]], kind, passes, cost)
+            computed = self._computed_tokens(kind, widths)
             self.ledger.record_forward(
                 kind,
                 [_charged(owners, same[j]) for j in batch],
                 seconds,
-                tokens=(self._computed_tokens(kind, widths), sum(widths)),
+                tokens=(computed, sum(widths)),
+                flops=None if shape is None else self._padded(shape, passes, works, widths),
             )
+
+    def _ends_early(self, wait: DenoiseWait, i: int) -> bool:
+        """Row i of the request may end before its T and has no generated position masked."""
+        if not finishes_early(self.backbone, wait.settings(i)):
+            return False
+        prompt_len = wait.rows.prompt_len
+        return not bool((wait.tokens[i, prompt_len:] == self.backbone.mask_id).any())
+
+    def _charge_reused(self, wait: DenoiseWait, i: int, passes: int, cost: int | None) -> None:
+        """Charge the owners of a row that an earlier run computed what it cost there."""
+        self.ledger.charge(wait.rows.problem.id, [wait.rows.owners[i]], "denoise", passes, cost)
+
+    def _works(self, call: StepBatch | ScoreBatch) -> list[Work]:
+        """What the forward computes for each row: the backbone's or scorer's own account
+        (`CountsStepWork`, `CountsScoreWork`), else a bidirectional forward over the row with
+        the head at every position (denoising) or once (scoring)."""
+        if isinstance(call, StepBatch):
+            if isinstance(self.backbone, CountsStepWork):
+                return list(self.backbone.step_work(call))
+            return [Work.full(len(t)) for t in call.tokens]
+        scorer = self.scorers[call.scorer] if isinstance(call, _Scoring) else None
+        if isinstance(scorer, CountsScoreWork):
+            return list(scorer.score_work(call.batch))
+        return [Work.full(len(t), head=1) for t in call.tokens]
+
+    def _padded(
+        self, shape: ModelShape, passes: int, works: list[Work], widths: list[int]
+    ) -> tuple[int, int]:
+        """(FLOPs the batch computed with its padding, the rows' own FLOPs)."""
+        own = passes * sum(flops(shape, w) for w in works)
+        width = max(widths)
+        padded = sum(
+            flops(shape, Work(w.queries - n + width, w.attended - n * n + width * width, w.head))
+            for w, n in zip(works, widths, strict=True)
+        )
+        return passes * padded, own
 
     def _computed_tokens(self, kind: str, widths: list[int]) -> int:
         """Tokens one forward over rows of these widths computed: the backbone's own count
@@ -325,11 +395,8 @@ class Engine:
             return self.backbone.computed_tokens(widths)
         return len(widths) * max(widths)
 
-    def _forward(
-        self, like: Wait, items: list[tuple[Any, int]], confident: bool = False
-    ) -> Sequence[Any]:
-        """One physical call over the rows `items` (wait, row): the backbone's denoising step
-        or the scorer's scores, one output per row."""
+    def _batch(self, like: Wait, items: list[tuple[Any, int]]) -> StepBatch | _Scoring:
+        """The rows `items` (wait, row) as one physical call's batch."""
         tokens = [wait.tokens[i] for wait, i in items]
         prompt_lens = [wait.rows.prompt_len for wait, _ in items]
         steps = [wait.steps[i] for wait, i in items]
@@ -339,7 +406,7 @@ class Engine:
         ]
         total_steps = self.sampling.total_steps
         if isinstance(like, DenoiseWait):
-            batch = StepBatch(
+            return StepBatch(
                 tokens,
                 prompt_lens,
                 steps,
@@ -349,21 +416,30 @@ class Engine:
                 settings=[wait.settings(i) for wait, i in items],
                 edited=[wait.edited(i) for wait, i in items],
             )
+        batch = ScoreBatch(tokens, prompt_lens, steps, total_steps, totals=totals)
+        return _Scoring(like.scorer, batch)
+
+    def _forward(
+        self, like: Wait, batch: StepBatch | _Scoring, confident: bool = False
+    ) -> Sequence[Any]:
+        """One physical call: the backbone's denoising step or the scorer's scores, one
+        output per row."""
+        size = len(batch.tokens)
+        if isinstance(batch, StepBatch):
             with self.origins.blame("backbone", self.origins.backbone):
                 if confident and isinstance(self.backbone, ReportsConfidence):
                     out: Sequence[Any] = self.backbone.denoise_step_with_confidence(batch)
                 else:
                     out = self.backbone.denoise_step(batch)
-            if len(out) != len(items):
-                what = f"denoise_step() returned {len(out)} rows for a batch of {len(items)}"
+            if len(out) != size:
+                what = f"denoise_step() returned {len(out)} rows for a batch of {size}"
                 raise self.origins.violation("backbone", self.origins.backbone, what)
             return out
-        batch = ScoreBatch(tokens, prompt_lens, steps, total_steps, totals=totals)
-        with self.origins.blame("scorer", self.origins.scorer(like.scorer)):
-            values = np.asarray(self.scorers[like.scorer].score(batch), dtype=np.float64)
-        if values.shape != (len(items),):
-            what = f"score() returned shape {values.shape} for a batch of {len(items)} rows"
-            raise self.origins.violation("scorer", self.origins.scorer(like.scorer), what)
+        with self.origins.blame("scorer", self.origins.scorer(batch.scorer)):
+            values = np.asarray(self.scorers[batch.scorer].score(batch.batch), dtype=np.float64)
+        if values.shape != (size,):
+            what = f"score() returned shape {values.shape} for a batch of {size} rows"
+            raise self.origins.violation("scorer", self.origins.scorer(batch.scorer), what)
         return values
 
     async def _selector_scores(self, unit: Unit, pool: Pool, ops: Ops) -> None:
@@ -372,7 +448,7 @@ class Engine:
         needed = sorted({s for m, _ in unit.members for s in m.selector_scoring()})
         for scorer in needed:
             needy = [(m, size) for m, size in unit.members if scorer in m.selector_scoring()]
-            upto = max(size for _, size in needy)
+            upto = min(len(pool), max(size for _, size in needy))
             owners = [tuple(m.id for m, size in needy if i < size) for i in range(upto)]
             values = await ops.score(pool.rows.take(range(upto)).owned_by(owners), scorer)
             full = np.full(len(pool), np.nan)
@@ -380,9 +456,15 @@ class Engine:
             pool.scores[scorer] = full
 
     # -- finishing -----------------------------------------------------------------------
-    def judge(self, problem: Problem, rows: Rows) -> Judged:
+    @overload
+    def judge(self, problem: Problem, rows: Rows) -> Judged: ...
+    @overload
+    def judge(self, problem: Problem, rows: Rows, grade: Literal[False]) -> list[Any]: ...
+
+    def judge(self, problem: Problem, rows: Rows, grade: bool = True) -> Judged | list[Any]:
         """Decode every row once, extract and key its answer, grade them all: a pool's
-        candidates, and rows a strategy kept beside its pool (the collector's rollouts)."""
+        candidates, and rows a strategy kept beside its pool (the collector's rollouts).
+        Without `grade`, only the answer keys (what `ops.answers` gives a strategy)."""
         with self.origins.blame("backbone", self.origins.backbone):
             texts = [
                 self.backbone.decode(rows.tokens[i], rows.prompt_len) for i in range(len(rows))
@@ -390,6 +472,8 @@ class Engine:
         with self.origins.blame("task", self.origins.task):
             answers = [self.task.extract(text) for text in texts]
             answer_keys = [None if a is None else self.task.answer_key(a) for a in answers]
+            if not grade:
+                return answer_keys
             labels = self._grade([(problem, a, t) for a, t in zip(answers, texts, strict=True)])
             notes: list[str | None] = [None] * len(answers)
             if isinstance(self.task, NotesGrades):
@@ -412,7 +496,8 @@ class Engine:
         problem = unit.problem
         judged = self.judge(problem, pool.rows)
         records = []
-        for method, size in unit.members:
+        for method, declared in unit.members:
+            size = min(declared, len(pool))  # a capped strategy may return fewer
             # a method sees only the scores it paid for, whatever else shares its pool
             paid = set(method.selector.needs) | method.strategy.pool_scores()
             candidates = [
@@ -487,6 +572,24 @@ class Engine:
             ledger=self.ledger.entry(problem.id, method.id),
             info=pool.info,
         )
+
+
+def capped(method: Method, backbone: Backbone) -> bool:
+    """Whether a method's cost is a cap: its strategy is `Capped`, or the backbone's own
+    settings let rows end early."""
+    return is_capped(method.strategy) or finishes_early(backbone, {})
+
+
+@dataclass(frozen=True)
+class _Scoring:
+    """One scoring forward: the scorer's run name and its batch."""
+
+    scorer: str
+    batch: ScoreBatch
+
+    @property
+    def tokens(self) -> Sequence[torch.Tensor]:
+        return self.batch.tokens
 
 
 def _candidate_record(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter, deque
-from collections.abc import Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -144,11 +144,16 @@ class DenoiseWait:
     rng_keys: tuple[int, ...] = field(init=False)
     confidence: torch.Tensor | None = field(init=False)
     reused: set[int] = field(init=False, default_factory=set)
+    # what each row's steps of this request cost: passes, and FLOPs (None: unknown)
+    passes: list[int] = field(init=False)
+    flops: list[int | None] = field(init=False)
 
     def __post_init__(self) -> None:
         self.tokens = self.rows.tokens.clone()
         self.steps = list(self.rows.steps)
         self.remaining = list(self.asked)
+        self.passes = [0] * len(self.asked)
+        self.flops = [0] * len(self.asked)
         self.rng_keys = self.rows.rng_keys
         conf = self.rows.confidence
         self.confidence = None if conf is None else conf.clone()
@@ -176,6 +181,17 @@ class DenoiseWait:
             rows.prompt_len,
             self.tokens[i],
         )
+
+    def spent(self, i: int, passes: int, flops: int | None) -> None:
+        """Row i's step cost `passes` passes and `flops` FLOPs."""
+        self.passes[i] += passes
+        previous = self.flops[i]
+        self.flops[i] = None if previous is None or flops is None else previous + flops
+
+    def end(self, i: int) -> None:
+        """Row i ended before its T (nothing left masked): it stands at its T, steps no more."""
+        self.steps[i] = self.rows.totals[i]
+        self.remaining[i] = 0
 
     def put(self, i: int, output: Any) -> None:
         tokens, confidence = output if isinstance(output, tuple) else (output, None)
@@ -244,7 +260,8 @@ class FinishedRows:
 
     def __init__(self) -> None:
         self.keeping = False
-        self._rows: dict[tuple[Any, ...], tuple[torch.Tensor, int, torch.Tensor | None]] = {}
+        # key → (tokens, step, confidence, passes, FLOPs) of the row after the request
+        self._rows: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -269,14 +286,18 @@ class FinishedRows:
             for i in rows
         }
 
-    def fill(self, wait: DenoiseWait) -> None:
-        """Give `wait` every row kept from an earlier run; those rows are not computed."""
+    def fill(self, wait: DenoiseWait, charge: Reuse | None = None) -> None:
+        """Give `wait` every row kept from an earlier run; those rows are not computed, and
+        `charge` charges each what it cost then (passes, FLOPs)."""
         if not self._rows:
             return
         for i, key in self._keys(wait, list(range(len(wait.rows)))).items():
             kept = self._rows.get(key)
             if kept is not None:
-                tokens, steps, confidence = kept
+                tokens, steps, confidence, passes, flops = kept
+                wait.passes[i], wait.flops[i] = passes, flops
+                if charge is not None:
+                    charge(wait, i, passes, flops)
                 wait.tokens[i] = tokens.to(wait.tokens.device)
                 wait.steps[i] = steps
                 if wait.confidence is not None and confidence is not None:
@@ -296,18 +317,28 @@ class FinishedRows:
         for i, key in self._keys(wait, computed).items():
             # the confidence of what the request committed (NaN where it committed nothing)
             new = None if conf is None else conf[i].masked_fill(final[i] == start[i], torch.nan)
-            self._rows[key] = (final[i], wait.steps[i], new)
+            self._rows[key] = (final[i], wait.steps[i], new, wait.passes[i], wait.flops[i])
 
     def clear(self) -> None:
         self._rows.clear()
 
 
+# charges a row kept from an earlier run: (request, row, passes, FLOPs)
+Reuse = Callable[[DenoiseWait, int, int, "int | None"], None]
+
+
 class Scheduler:
     """The queue state of one engine run."""
 
-    def __init__(self, capacity: Capacity, finished: FinishedRows | None = None):
+    def __init__(
+        self,
+        capacity: Capacity,
+        finished: FinishedRows | None = None,
+        charge_reused: Reuse | None = None,
+    ):
         self.capacity = capacity
         self.kept_rows = finished if finished is not None else FinishedRows()
+        self._charge_reused = charge_reused
         self.ready: deque[tuple[StrategyRun, Any]] = deque()
         self.waiting: list[Wait] = []
         self._units_left: Counter[str] = Counter()  # problem id → unfinished strategy runs
@@ -342,7 +373,7 @@ class Scheduler:
                 continue
             wait = self._wait(run, request)
             if isinstance(wait, DenoiseWait):
-                self.kept_rows.fill(wait)
+                self.kept_rows.fill(wait, self._charge_reused)
                 if not wait.computed():  # every row kept from an earlier run: answered now
                     self.ready.append((run, wait.answer()))
                     continue

@@ -59,6 +59,7 @@ class Invocation:
             "wall_seconds": round(elapsed - self._waited, 6),
             "waited_seconds": round(self._waited, 6),
             "passes": self.ledger.passes(),
+            "flops": self.ledger.flops(),
             "physical": self.ledger.physical(),
         }
 

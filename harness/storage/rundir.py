@@ -224,9 +224,11 @@ def compute_document(
     made records written twice (`duplicates`) and which made no record (`unrecorded`: work in
     flight when a process stopped), and each entry says what it recorded."""
     charged: Counter[str] = Counter()
+    charged_flops: Counter[str] = Counter()
     physical: dict[str, Counter[str]] = {}
     for entry in entries:
         charged.update(entry.get("passes", {}))
+        charged_flops.update(entry.get("flops", {}))
         for kind, numbers in entry.get("physical", {}).items():
             physical.setdefault(kind, Counter()).update(
                 {k: v for k, v in numbers.items() if k != "padding"}
@@ -237,6 +239,7 @@ def compute_document(
         "wall_seconds": round(sum(e.get("wall_seconds", 0.0) for e in entries), 6),
         "waited_seconds": round(sum(e.get("waited_seconds", 0.0) for e in entries), 6),
         "charged": _sorted(charged),
+        "charged_flops": _sorted(charged_flops),
         "physical": {kind: _physical(physical[kind]) for kind in sorted(physical)},
     }
     if accounts is not None:
@@ -250,6 +253,7 @@ def compute_document(
         total.update(
             records=accounts.records,
             passes=_sorted(accounts.passes),
+            flops=_sorted(accounts.flops),
             duplicates={
                 "records": accounts.duplicates,
                 "passes": _sorted(accounts.duplicate_passes),
@@ -272,6 +276,7 @@ class Accounts:
 
     records: int = 0
     passes: Counter[str] = field(default_factory=Counter)
+    flops: Counter[str] = field(default_factory=Counter)  # of the records kept
     duplicates: int = 0
     duplicate_passes: Counter[str] = field(default_factory=Counter)
     recorded: dict[int, dict[str, Any]] = field(default_factory=dict)
@@ -654,6 +659,7 @@ class RunDir:
                     seen.add(key)
                     out.records += 1
                     out.passes.update(passes)
+                    out.flops.update(record["ledger"].get("flops", {}))
                 owner = [i for offset, i in writers if offset <= start]
                 if owner:
                     mine = out.recorded.setdefault(owner[-1], {"records": 0, "passes": {}})

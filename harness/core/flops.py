@@ -1,0 +1,128 @@
+"""FLOPs: the one formula that turns what a forward computed into floating-point operations.
+
+A forward of one row charges
+
+    2·P·queries + 2·P_head·head + 4·layers·width·attended
+
+where P is the model's matmul parameters applied at every query token (attention and MLP
+projections, an adapter's low-rank matrices; no embedding lookup), P_head those of the output
+head (an LM head, a scorer's readout), applied only at the `head` positions that read it,
+`attended` the sum over query tokens of the keys each attends to (L² for a bidirectional
+forward over L tokens, L(L+1)/2 causal, queries × (cache + queries) for a cached block), and
+width the attention's query width (heads × head dim). The attention term counts QKᵀ and the
+weighted sum of V, two multiply-adds per (query, key, channel). Padding is not work: a row's
+`Work` holds its own tokens only.
+
+`ModelShape` holds (P, P_head, layers, width), read from a model (`shape_of`) or written by
+hand; `flops(shape, work)` is the formula, used by the ledger, the planner and
+`benchmarks/bench_gpu.py` alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the FLOP formula needs of a model."""
+
+    params: int  # matmul parameters applied at every query token (the output head apart)
+    head: int  # matmul parameters of the output head, applied where it is read
+    layers: int
+    width: int  # attention query width: heads × head dim
+
+    def __post_init__(self) -> None:
+        if min(self.params, self.head, self.layers, self.width) < 0:
+            raise ValueError(f"a model shape has no negative part: {self}")
+
+    def plus(self, params: int = 0, head: int = 0) -> ModelShape:
+        """This shape with more matmul parameters (an adapter) or another head (a readout)."""
+        return ModelShape(self.params + params, head, self.layers, self.width)
+
+
+@dataclass(frozen=True)
+class Work:
+    """What one forward of one row computed: its query tokens, the keys they attended
+    (summed over queries) and the positions the output head was applied to."""
+
+    queries: int
+    attended: int
+    head: int
+
+    @classmethod
+    def full(cls, length: int, head: int | None = None) -> Work:
+        """A bidirectional forward over `length` tokens, the head at `head` positions
+        (default: every position)."""
+        return cls(length, length * length, length if head is None else head)
+
+    @classmethod
+    def causal(cls, length: int, head: int | None = None) -> Work:
+        """A causal forward over `length` tokens: query i attends keys 0..i."""
+        return cls(length, length * (length + 1) // 2, length if head is None else head)
+
+
+def flops(shape: ModelShape, work: Work) -> int:
+    """FLOPs of one forward of one row (the module docstring's formula)."""
+    return (
+        2 * shape.params * work.queries
+        + 2 * shape.head * work.head
+        + 4 * shape.layers * shape.width * work.attended
+    )
+
+
+def total_flops(shape: ModelShape, works: Iterable[Work]) -> int:
+    return sum(flops(shape, w) for w in works)
+
+
+def _linear_params(module: Any, skip: set[int]) -> int:
+    """Weights of every linear map in `module` (torch.nn.Linear, transformers' Conv1D), not
+    counting the modules whose id is in `skip` nor anything below them."""
+    import torch
+
+    total = 0
+    stack = [module]
+    while stack:
+        m = stack.pop()
+        if id(m) in skip:
+            continue
+        if isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D":
+            total += int(m.weight.numel())
+            continue
+        stack.extend(m.children())
+    return total
+
+
+def shape_of(model: Any, head: Any = None, extra: Iterable[Any] = ()) -> ModelShape:
+    """The shape of a transformers model: every linear weight under `model` except the head's
+    is P (an injected adapter's included), `head` (default: `model.lm_head` when it has one)
+    is P_head, and `extra` modules (a scorer's readout) join the head. Layers and width come
+    from the config (`num_hidden_layers`, heads × `head_dim`, else `hidden_size`). Works on
+    a model on the meta device: no weights needed."""
+    if head is None:
+        head = getattr(model, "lm_head", None)
+    heads = [h for h in (head, *extra) if h is not None]
+    skip = {id(h) for h in heads}
+    config = model.config
+    hidden = int(config.hidden_size)
+    n_heads = getattr(config, "num_attention_heads", None)
+    head_dim = getattr(config, "head_dim", None)
+    width = int(n_heads) * int(head_dim) if n_heads and head_dim else hidden
+    return ModelShape(
+        params=_linear_params(model, skip),
+        head=sum(_linear_params(h, set()) for h in heads),
+        layers=int(config.num_hidden_layers),
+        width=width,
+    )
+
+
+def format_flops(value: float | None) -> str:
+    """A FLOP count for a person: 3.1e12 → "3.10 TFLOP"."""
+    if value is None:
+        return "–"
+    for unit, size in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= size:
+            return f"{value / size:.3g} {unit}FLOP"
+    return f"{value:.3g} FLOP"
