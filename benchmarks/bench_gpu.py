@@ -14,15 +14,17 @@ and times, for a batch of `--rows` rows:
 - `engine`: an end-to-end engine run on GSM8K (the packaged test split), Majority@copies.
 
 Per measurement it reports seconds, TFLOP/s, MFU and rows per second, and per model the peak
-memory. FLOPs of one forward over rows of real lengths s_i (padding not counted):
+memory. FLOPs are the ledger's own (`dllmbench.core.flops`, one formula): a forward over a row
+of s real tokens (padding not counted) with the LM head applied at h positions is
 
-    FLOPs = 2 · P · Σ s_i  +  4 · layers · hidden · Σ s_i²
+    FLOPs = 2 · P · s  +  2 · P_head · h  +  4 · layers · width · s²
 
-P is the parameter count without the input embedding (a lookup): every weight a token is
-multiplied by, the LM head included. The second term is attention (QKᵀ and AV). `denoise_step`
-and the engine are counted with the same formula (their LM head runs only on masked positions,
-so this slightly overstates their work). MFU is TFLOP/s over `--peak-tflops` (default by device:
-H100 and H200 989, bf16 dense); without a known peak (a CPU) it is null.
+P is every matmul weight a token is multiplied by but the LM head's (P_head); the embedding is
+a lookup; the last term is attention (QKᵀ and AV; width is heads × head dim). The raw and
+padded forwards apply the head everywhere (h = s); `denoise_step` and the engine are counted by
+the backbone's `step_work` (the head only at the masked positions the sampler reads), the
+engine from its own ledger. MFU is TFLOP/s over `--peak-tflops` (default by device: H100 and
+H200 989, bf16 dense); without a known peak (a CPU) it is null.
 
     python benchmarks/bench_gpu.py [--models dream,llada] [--json]
     python benchmarks/bench_gpu.py --tiny --json     # a tiny shape on a CPU, in seconds
@@ -42,7 +44,8 @@ from typing import Any
 import torch
 from transformers import LlamaForCausalLM, Qwen2ForCausalLM
 
-from dllmbench.api.interfaces import StepBatch
+from dllmbench.api.interfaces import StepBatch, model_shape
+from dllmbench.core.flops import ModelShape, Work, flops
 from dllmbench.execution.engine import Capacity, Engine, Sampling
 from dllmbench.execution.method import Method, MethodSpec
 from dllmbench.loading.registry import registry
@@ -139,16 +142,9 @@ def build(arch: str, raw: dict[str, Any], device: torch.device, dtype: torch.dty
     )
 
 
-def matmul_params(net: torch.nn.Module) -> int:
-    embed = net.get_input_embeddings().weight.numel()
-    return sum(p.numel() for p in net.parameters()) - embed
-
-
-def flops(net: torch.nn.Module, params: int, lengths: list[int]) -> float:
-    """2·P·Σ s_i + 4·layers·hidden·Σ s_i² (see the module docstring)."""
-    c = net.config
-    attention = 4 * c.num_hidden_layers * c.hidden_size * sum(s * s for s in lengths)
-    return 2.0 * params * sum(lengths) + attention
+def full_forwards(shape: ModelShape, lengths: list[int]) -> int:
+    """FLOPs of full forwards over rows of these lengths, the LM head at every position."""
+    return sum(flops(shape, Work.full(s)) for s in lengths)
 
 
 def sync(device: torch.device) -> None:
@@ -190,7 +186,7 @@ def peak_memory_gib(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
-def forwards(bb, params: int, s: Setup, peak: float | None) -> dict[str, Any]:
+def forwards(bb, shape: ModelShape, s: Setup, peak: float | None) -> dict[str, Any]:
     """The raw forward, the padded forward and `denoise_step` on one batch of rows."""
     net, device = bb.transformer, bb.device
     gen = torch.Generator().manual_seed(0)
@@ -223,36 +219,29 @@ def forwards(bb, params: int, s: Setup, peak: float | None) -> dict[str, Any]:
     t_raw = timed(raw, device, s.repeats)
     t_padded = timed(padded, device, s.repeats)
     t_step = timed(lambda: bb.denoise_step(batch), device, s.repeats)
-    mixed = flops(net, params, lengths)
+    mixed = full_forwards(shape, lengths)
+    stepped = sum(flops(shape, w) for w in bb.step_work(batch))
     return {
-        "forward": rate(flops(net, params, [s.length] * s.rows), t_raw, s.rows, peak),
+        "forward": rate(full_forwards(shape, [s.length] * s.rows), t_raw, s.rows, peak),
         "forward_padded": {
             **rate(mixed, t_padded, s.rows, peak),
             # compute.json's ratio: tokens computed / real tokens (1.0 is no padding)
             "padding": sig(bb.computed_tokens(lengths) / sum(lengths)),
         },
         "denoise_step": {
-            **rate(mixed, t_step, s.rows, peak),
+            **rate(stepped, t_step, s.rows, peak),
             "vs_padded_forward": sig(t_step / t_padded),
         },
     }
 
 
-def engine_run(bb, params: int, s: Setup, peak: float | None) -> dict[str, Any]:
-    """Majority@copies on the first problems of GSM8K's test split, end to end."""
+def engine_run(bb, s: Setup, peak: float | None) -> dict[str, Any]:
+    """Majority@copies on the first problems of GSM8K's test split, end to end: its FLOPs are
+    what the engine's ledger charged."""
     reg = registry()
     task = reg.task("gsm8k")
     problems = task.problems("test")[: s.engine_problems]
     method = Method.build(reg, MethodSpec.parse(f"independent:n={s.engine_copies}+majority"))
-    work = 0.0
-    step = bb.denoise_step_with_confidence  # what the engine calls (rows carry confidences)
-
-    def counted(batch: StepBatch) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        nonlocal work
-        work += flops(bb.transformer, params, [len(t) for t in batch.tokens])
-        return step(batch)
-
-    bb.denoise_step_with_confidence = counted
     engine = Engine(
         backbone=bb,
         scorers={},
@@ -266,11 +255,11 @@ def engine_run(bb, params: int, s: Setup, peak: float | None) -> dict[str, Any]:
     records = engine.run(problems)
     sync(bb.device)
     seconds = time.perf_counter() - start
-    del bb.denoise_step_with_confidence
-    row_passes = engine.ledger.physical()["denoise"]["rows"]
+    physical = engine.ledger.physical()["denoise"]
+    row_passes = physical["rows"]
     assert len(records) == len(problems)
     assert row_passes == len(problems) * s.engine_copies * s.engine_steps
-    out = rate(work, seconds, row_passes, peak)
+    out = rate(physical["flops"], seconds, row_passes, peak)
     out["row_passes_per_s"] = out.pop("rows_per_s")
     return {
         "problems": len(problems),
@@ -288,7 +277,8 @@ def bench(
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     bb = build(arch, raw, device, dtype, attention)
-    params = matmul_params(bb.transformer)
+    shape = model_shape(bb)
+    assert shape is not None
     c = bb.transformer.config
     out = {
         "shape": {
@@ -299,11 +289,12 @@ def bench(
             "kv_heads": c.num_key_value_heads,
             "vocab": c.vocab_size,
         },
-        "matmul_params": params,
+        "matmul_params": shape.params + shape.head,
+        "head_params": shape.head,
         "rows": s.rows,
         "length": s.length,
-        **forwards(bb, params, s, peak),
-        "engine": engine_run(bb, params, s, peak),
+        **forwards(bb, shape, s, peak),
+        "engine": engine_run(bb, s, peak),
         "peak_memory_gib": sig(peak_memory_gib(device)),
     }
     del bb

@@ -41,6 +41,7 @@ STABLE_PATHS = {
     "dllmbench.types": "dllmbench.core.types",
     "dllmbench.keys": "dllmbench.core.keys",
     "dllmbench.errors": "dllmbench.core.errors",
+    "dllmbench.flops": "dllmbench.core.flops",
 }
 
 

@@ -1,5 +1,6 @@
 """The built-in method families: the paper's methods and the published dLLM test-time methods
-(HEX, ReMDM, Prism-style search, sampler ensembles), each a spec with a free size and a label.
+(HEX, ReMDM, Prism-style search, sampler ensembles, Adaptive-Consistency, confidence-threshold
+decoding), each a spec with a free size and a label.
 
 They register through the same hook as a third-party package's families.
 """
@@ -40,6 +41,8 @@ FAMILIES = (
     ("remdm", "ReMDM-cap@{n}", "remdm:n=*,schedule=cap+majority"),
     ("remdm_orm", "ReMDM-cap@{n} + ORM Rerank", "remdm:n=*,schedule=cap+argmax:scorer=orm"),
     ("prism", "Prism N={n} K={final}", "prism:n=*,final=4,survivors=2,scorer=self+majority"),
+    ("adaptive_consistency", "Adaptive-Consistency ≤{n}", "adaptive:n=*+majority"),
+    ("threshold", "Threshold τ={threshold} Majority@{n}", "threshold:n=*,threshold=0.9+majority"),
     ("oracle", "Oracle@{n}", "independent:n=*+oracle"),
     (
         "hybrid_oracle",

@@ -242,7 +242,10 @@ def test_a_factory_error_with_several_lines_is_one_line_blaming_the_plugin():
     "spec,needle",
     [
         ("independent:n=*+majorty", "unknown selector 'majorty'; known: argmax"),
-        ("indep:n=*+majority", "unknown strategy 'indep'; known: ensemble, hex, independent,"),
+        (
+            "indep:n=*+majority",
+            "unknown strategy 'indep'; known: adaptive, ensemble, hex, independent,",
+        ),
         ("independent:m=*+majority", "strategy 'independent' has no option 'm'; options: n"),
         ("independent:n=*+majority:x=1", "selector 'majority' has no option 'x'"),
         ("prm_guided:k=*,every=abc+first", "option every wants an int, got 'abc'"),

@@ -223,7 +223,7 @@ def _inside(fig, ax, legend) -> bool:
 
 def test_pareto_has_a_panel_per_selector_family_and_per_budget_with_short_legends():
     fig = figures.pareto(report())
-    top, bottom = fig.subfigs
+    top, _, bottom = fig.subfigs  # pooled curves, methods at their spend, methods by budget
     assert [ax.get_title() for ax in top.axes] == [
         "Oracle@k (ceiling)",
         "Majority@k",
@@ -261,7 +261,7 @@ def test_pareto_marks_monte_carlo_points_hollow_and_plots_the_dicts_values():
     np.testing.assert_allclose(hollow[0].get_ydata(), [55, 60])  # 100 × value
     np.testing.assert_allclose(filled[0].get_xdata(), [4, 16])
     # the methods: one row per family shared by the budgets, x = 100 × accuracy
-    left, right = fig.subfigs[1].axes
+    left, right = fig.subfigs[-1].axes
     rows = [t.get_text() for t in left.get_yticklabels()]
     assert rows == ["Vanilla", "Majority", "PRM Guided", "Oracle"]  # ceilings last
     for ax, budget in ((left, 40), (right, 80)):
@@ -436,7 +436,7 @@ def test_pareto_gives_two_methods_of_one_family_at_one_budget_a_row_each():
     data["methods"].append(
         _method("Majority@4", "majority", "independent:n=4+majority", 40, 0.58, 16)
     )
-    left, right = figures.pareto(data).subfigs[1].axes
+    left, right = figures.pareto(data).subfigs[-1].axes
     rows = [t.get_text() for t in left.get_yticklabels()]
     assert rows == [
         "Vanilla",
@@ -448,3 +448,97 @@ def test_pareto_gives_two_methods_of_one_family_at_one_budget_a_row_each():
     got = sorted((line.get_ydata()[0], line.get_xdata()[0]) for line in _marker_lines(left))
     np.testing.assert_allclose(got, [(0, 50), (1, 60), (2, 55), (3, 58), (4, 80)])
     assert len(_marker_lines(right)) == 4
+
+
+def _spent(m: dict, passes: tuple[float, float, float], flops: float | None) -> None:
+    """Give a method entry a measured spend: passes (mean, low, high), and FLOPs per pass."""
+    mean, low, high = passes
+    m["passes_per_problem"] = mean
+    m["flops_per_problem"] = None if flops is None else mean * flops
+    interval = {"value": mean, "low": low, "high": high}
+    m["spend"] = {
+        "passes": interval,
+        "flops": None if flops is None else {k: v * flops for k, v in interval.items()},
+    }
+
+
+def _error_bars(ax) -> list[tuple[float, float, float]]:
+    """(y, x0, x1) of every horizontal error bar of a panel, sorted."""
+    found = []
+    for collection in ax.collections:
+        for (x0, y0), (x1, y1) in collection.get_segments():
+            if y0 == y1 and x0 != x1:
+                found.append((y0, x0, x1))
+    return sorted(found)
+
+
+def test_pareto_places_each_method_at_its_measured_spend_with_both_intervals():
+    data = report()
+    for m in data["methods"]:
+        planned = m["passes_per_problem"]
+        capped = m["family"] == "prm_guided"  # a cap it stays under, by a varying amount
+        m["capped"] = capped
+        spent = (0.75 * planned, 0.6 * planned, 0.9 * planned) if capped else (planned,) * 3
+        _spent(m, spent, 2e12)
+    fig = figures.pareto(data)
+    passes_ax, flops_ax = fig.subfigs[1].axes
+    assert "passes per problem" in passes_ax.get_xlabel()
+    assert "FLOPs per problem" in flops_ax.get_xlabel()
+    # one point per method: Vanilla, planned alike at both budgets, is one
+    points = {m["id"]: m for m in data["methods"]}
+    assert len(points) == 7
+    for ax, unit in ((passes_ax, "passes"), (flops_ax, "flops")):
+        lines = _marker_lines(ax)
+        got = sorted((line.get_xdata()[0], line.get_ydata()[0]) for line in lines)
+        want = sorted(
+            (m["spend"][unit]["value"], 100 * m["accuracy"]["value"]) for m in points.values()
+        )
+        np.testing.assert_allclose(got, want)
+        # the spend's interval horizontally, where it is one (the capped methods)
+        bars = [
+            (100 * m["accuracy"]["value"], m["spend"][unit]["low"], m["spend"][unit]["high"])
+            for m in points.values()
+            if m["capped"]
+        ]
+        np.testing.assert_allclose(_error_bars(ax), sorted(bars))
+        diamonds = [line for line in lines if line.get_marker() == figures.CAPPED_MARKER]
+        assert sorted(line.get_xdata()[0] for line in diamonds) == pytest.approx(
+            sorted(m["spend"][unit]["value"] for m in points.values() if m["capped"])
+        )
+    (keys,) = [[t.get_text() for t in g.get_texts()] for g in fig.subfigs[1].legends]
+    assert keys[-1].startswith("capped")
+
+
+def test_pareto_draws_flops_only_when_every_method_has_them():
+    data = report()
+    for m in data["methods"]:
+        _spent(m, (m["passes_per_problem"],) * 3, 1e12)
+    data["methods"][2]["spend"]["flops"] = data["methods"][2]["flops_per_problem"] = None
+    (passes_ax,) = figures.pareto(data).subfigs[1].axes
+    assert "passes per problem" in passes_ax.get_xlabel()
+    # a report of runs written before spend was measured: the passes means, no interval
+    (old,) = figures.pareto(report()).subfigs[1].axes
+    got = sorted((line.get_xdata()[0], line.get_ydata()[0]) for line in _marker_lines(old))
+    want = sorted({(m["passes_per_problem"], 100 * m["accuracy"]["value"]) for m in METHODS})
+    np.testing.assert_allclose(got, want)
+    assert not _error_bars(old)
+
+
+def test_budgets_in_flops_are_marked_on_the_flops_axis_only():
+    data = report()
+    data["budget_unit"] = "flops"
+    data["budgets"] = [40 * 10**12, 80 * 10**12]
+    for m in data["methods"]:
+        m["budget"] *= 10**12
+        _spent(m, (m["passes_per_problem"],) * 3, 1e12)
+    fig = figures.pareto(data)
+    pooled, spend, forest = fig.subfigs
+
+    def dashed(ax) -> list[float]:
+        return [line.get_xdata()[0] for line in ax.get_lines() if line.get_linestyle() == "--"]
+
+    assert not any(dashed(ax) for ax in pooled.axes)
+    passes_ax, flops_ax = spend.axes
+    assert not dashed(passes_ax) and "dashed" not in passes_ax.get_xlabel()
+    assert dashed(flops_ax) == data["budgets"] and "dashed" in flops_ax.get_xlabel()
+    assert forest.axes[0].get_title(loc="left").startswith("budget 40 TFLOP")

@@ -261,7 +261,9 @@ def test_a_broken_module_is_reported_and_named_by_a_command_needing_it(
     with pytest.raises(PluginError) as err:
         reg.strategy("beam")
     message = str(err.value)
-    assert message.startswith("unknown strategy 'beam'; known: ensemble, hex, independent")
+    assert message.startswith(
+        "unknown strategy 'beam'; known: adaptive, ensemble, hex, independent"
+    )
     assert "broken: plugin 'bad_plugin' from module:bad_plugin is broken: " in message
     assert reason in message and "\n" not in message
 

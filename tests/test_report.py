@@ -99,6 +99,9 @@ def test_report_numbers_at_each_budget_equal_results_json(two_budgets, reported)
             "accuracy",
             "delta_vs_reference",
             "passes_per_problem",
+            "flops_per_problem",
+            "spend",
+            "capped",
             "problems",
             "share_of_budget",
             "pool",
@@ -189,6 +192,18 @@ def test_runs_of_one_protocol_combine_and_a_mismatch_is_refused(two_budgets, tmp
     before = snapshot(tmp_path)
     result = cli("report", two_budgets, seed, "--out", tmp_path / "refused")
     assert_user_error(result, "cannot combine", "sampling.seed: 0 → 1")
+    assert snapshot(tmp_path) == before
+
+
+def test_runs_with_budgets_in_different_units_are_not_combined(two_budgets, tmp_path, cli):
+    flops = tmp_path / "flops"
+    shutil.copytree(two_budgets, flops)
+    results = json.loads((flops / "results.json").read_text())
+    results["budget_unit"] = "flops"
+    (flops / "results.json").write_text(json.dumps(results))
+    before = snapshot(tmp_path)
+    result = cli("report", two_budgets, flops, "--out", tmp_path / "refused")
+    assert_user_error(result, "cannot combine", "budgets in passes → in flops")
     assert snapshot(tmp_path) == before
 
 

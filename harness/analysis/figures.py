@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -23,9 +24,10 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure, FigureBase
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, ScalarFormatter
 
 from dllmbench.analysis.pooled import MAJORITY_INVALID_VOTE
+from dllmbench.core.flops import format_flops
 from dllmbench.core.schema import Report
 from dllmbench.execution.method import parse_part
 
@@ -68,6 +70,17 @@ def _caption(fig: FigureBase, text: str) -> None:
 
 def _level(report: Report) -> str:
     return f"{round(100 * report.get('level', 0.95)):g}%"
+
+
+def _budgets_in(report: Report, unit: str) -> list[int]:
+    """The report's budgets when they are in `unit` (passes, flops), else none: an axis in
+    one unit marks only budgets in it."""
+    return list(report["budgets"]) if report.get("budget_unit", "passes") == unit else []
+
+
+def _budget_label(report: Report, budget: int) -> str:
+    """A budget as a panel names it: `1040` (passes), `2.1 PFLOP`."""
+    return format_flops(budget) if report.get("budget_unit") == "flops" else f"{budget}"
 
 
 def _errors(value: float, low: float, high: float) -> list[list[float]]:
@@ -170,7 +183,7 @@ def _pooled_panels(sub: FigureBase, report: Report) -> None:
                 if pts:
                     px, py = zip(*pts, strict=True)
                     ax.plot(px, py, ls="none", marker="o", ms=3.2, mew=0.8, color=color, mfc=face)
-        for budget in report["budgets"]:
+        for budget in _budgets_in(report, "passes"):
             ax.axvline(budget, color=REFERENCE, lw=0.8, ls="--", zorder=0)
         ax.set_title(POOLED_TITLES.get(group, selector_label(group)), fontsize=9)
         ax.set_xscale("log", base=2)
@@ -179,7 +192,7 @@ def _pooled_panels(sub: FigureBase, report: Report) -> None:
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
-    for budget in report["budgets"]:
+    for budget in _budgets_in(report, "passes"):
         axes[0].annotate(
             f"{budget}",
             xy=(budget, 1.0),
@@ -192,7 +205,7 @@ def _pooled_panels(sub: FigureBase, report: Report) -> None:
             color="0.3",
         )
     axes[0].set_ylabel("accuracy %", fontsize=8)
-    sub.supxlabel("passes per problem (log scale; dashed: the run's budgets)", fontsize=8)
+    sub.supxlabel(_spend_label(report, "passes"), fontsize=8)
     keys = [Line2D([], [], color=NO_SCORER, label="no scorer")] if NO_SCORER in used else []
     keys += [Line2D([], [], color=c, label=s.upper()) for s, c in colors.items() if c in used]
     keys += [
@@ -299,7 +312,9 @@ def _method_panels(sub: FigureBase, report: Report, methods: Sequence[Any]) -> N
             )
         problems = sorted({m["problems"] for m in at})
         n = "/".join(str(p) for p in problems)
-        ax.set_title(f"budget {budget} (n = {n} problems)", fontsize=9, loc="left")
+        ax.set_title(
+            f"budget {_budget_label(report, budget)} (n = {n} problems)", fontsize=9, loc="left"
+        )
         if ceilings and len(ceilings) < len(families):
             ax.axhline(len(families) - len(ceilings) - 0.5, color=REFERENCE, lw=0.6)
         ax.grid(axis="x", alpha=0.3)
@@ -335,22 +350,141 @@ def _method_panels(sub: FigureBase, report: Report, methods: Sequence[Any]) -> N
     sub.suptitle("Methods at matched compute, one panel per budget", fontsize=9)
 
 
+SPEND_UNITS = {"passes": "passes per problem", "flops": "FLOPs per problem"}
+CAPPED_MARKER = "D"  # a capped method: its declared cost is a cap it may spend less than
+
+
+def measured(method: Mapping[str, Any], unit: str) -> tuple[float, float, float] | None:
+    """(mean, low, high) of what a method spent per problem in `unit` (passes, flops): its
+    `spend` interval; for a results.json written before spend had intervals, its mean alone;
+    None when unknown."""
+    spend = (method.get("spend") or {}).get(unit)
+    if spend is not None:
+        return spend["value"], spend["low"], spend["high"]
+    mean = method.get(f"{unit}_per_problem")
+    return None if mean is None else (mean, mean, mean)
+
+
+def _spend_label(report: Report, unit: str) -> str:
+    """An x axis in `unit`: log scale, and the run's budgets dashed where they are in it."""
+    dashed = "; dashed: the run's budgets" if _budgets_in(report, unit) else ""
+    return f"{SPEND_UNITS[unit]} (log scale{dashed})"
+
+
+def _spend_units(methods: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Passes, and FLOPs when every method has them."""
+    return [u for u in SPEND_UNITS if all(measured(m, u) is not None for m in methods)]
+
+
+def _spend_panels(sub: FigureBase, report: Report, methods: Sequence[Any]) -> None:
+    """Each method at what it spent, measured (x: the mean per problem with its interval),
+    against its accuracy (y, with its interval): one panel per unit, passes and, when every
+    method has them, FLOPs. A method planned at several budgets is one point (its records are
+    the same); ceilings hollow, capped methods diamonds."""
+    points = list({(m["run"], m["id"]): m for m in methods}.values())
+    units = _spend_units(points)
+    kinds = _method_kinds(report)
+    axes = sub.subplots(1, len(units), sharey=True, squeeze=False)[0]
+    # the labels of methods of one accuracy (common on few problems) stacked, not overlaid
+    lift: dict[int, int] = {}
+    ties: Counter[float] = Counter()
+    for m in points:
+        lift[id(m)] = ties[m["accuracy"]["value"]]
+        ties[m["accuracy"]["value"]] += 1
+    for ax, unit in zip(axes, units, strict=True):
+        for m in points:
+            spent = measured(m, unit)
+            assert spent is not None  # `_spend_units` keeps the units every method has
+            x, low, high = spent
+            acc = m["accuracy"]
+            y = 100 * acc["value"]
+            color = KIND_COLORS.get(kinds[m["id"]], NO_SCORER)
+            ax.errorbar(
+                [x],
+                [y],
+                xerr=_errors(x, low, high),
+                yerr=_errors(y, 100 * acc["low"], 100 * acc["high"]),
+                fmt=CAPPED_MARKER if m.get("capped") else "o",
+                color=color,
+                mfc="white" if m["ceiling"] else color,
+                ms=4.5,
+                capsize=2,
+                lw=1,
+            )
+            ax.annotate(
+                m["id"],
+                xy=(x, y),
+                xytext=(4, 3 + 8 * lift[id(m)]),
+                textcoords="offset points",
+                fontsize=NOTE,
+                color="0.3",
+            )
+        for budget in _budgets_in(report, unit):
+            ax.axvline(budget, color=REFERENCE, lw=0.8, ls="--", zorder=0)
+        if unit == "passes":
+            ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_locator(LogLocator(base=2))
+            ax.xaxis.set_major_formatter(ScalarFormatter())
+        else:
+            ax.set_xscale("log")
+            ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: format_flops(v)))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel(_spend_label(report, unit), fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("accuracy %", fontsize=8)
+    used = [k for k in KIND_COLORS if k in {kinds[m["id"]] for m in points}]
+    keys = [
+        Line2D([], [], ls="none", marker="o", color=KIND_COLORS[k], label=KIND_LABELS[k])
+        for k in used
+    ]
+    if any(m["ceiling"] for m in points):
+        keys.append(
+            Line2D(
+                [], [], ls="none", marker="o", color="0.3", mfc="white", label="ceiling (oracle)"
+            )
+        )
+    if any(m.get("capped") for m in points):
+        keys.append(
+            Line2D(
+                [],
+                [],
+                ls="none",
+                marker=CAPPED_MARKER,
+                color="0.3",
+                label="capped: spent at most\nits declared cost",
+            )
+        )
+    sub.legend(handles=keys, loc="outside right upper", fontsize=7)
+    problems = "/".join(str(p) for p in sorted({m["problems"] for m in points}))
+    sub.suptitle(
+        f"Methods at what they spent, measured: means over n = {problems} problems\n"
+        f"bars: {_level(report)} bootstrap CIs over problems, of the spend and of the accuracy",
+        fontsize=9,
+    )
+
+
 def pareto(report: Report) -> Figure | None:
     """Accuracy against compute: the pooled independent curves against passes per problem,
-    one panel per selector family (Monte-Carlo points hollow), over the methods at each
-    budget, one row per method family with its interval (ceilings hollow)."""
+    one panel per selector family (Monte-Carlo points hollow); the methods at what they
+    spent, measured, in passes and in FLOPs (when every method has them), each with the
+    intervals of its spend and of its accuracy; and the methods at each budget, one row per
+    method family with its interval (ceilings hollow)."""
     methods = [m for m in report["methods"] if m["accuracy"] and m["passes_per_problem"]]
     pooled = report["pooled"]
     has_pooled = bool(pooled and pooled["curves"])
     if not methods and not has_pooled:
         return None
     families = len(set(_row_keys(methods).values()))
-    heights = ([3.6] if has_pooled else []) + ([1.4 + 0.24 * families] if methods else [])
+    heights = [3.6] if has_pooled else []
+    heights += [3.6, 1.4 + 0.24 * families] if methods else []
     fig = _figure(12, sum(heights))
     subs = fig.subfigures(len(heights), 1, height_ratios=heights, squeeze=False)[:, 0]
     if has_pooled:
         _pooled_panels(subs[0], report)
     if methods:
+        _spend_panels(subs[-2], report, methods)
         _method_panels(subs[-1], report, methods)
     return fig
 

@@ -1,5 +1,6 @@
-"""The leaderboard: contenders ranked by accuracy, ceilings shown apart; a run at several
-budgets has one such table per budget."""
+"""The leaderboard: contenders ranked by accuracy, ceilings shown apart, each with what it
+spent per problem (measured means, in passes and in FLOPs); a run at several budgets has one
+such table per budget."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.segment import Segment
 from rich.table import Table
 
+from dllmbench.core.flops import format_flops
 from dllmbench.core.schema import MethodResult, Results
 
 COLUMNS = (
     "method",
     "configuration",
     "passes",
+    "FLOPs",
     "share",
     "acc %",
     "{level}% CI",
@@ -26,8 +29,32 @@ COLUMNS = (
 )
 
 
+# under a table that holds a capped method: what its passes cell says
+CAPPED_NOTE = (
+    "(≤C): capped, its declared cost of C passes a cap it may spend less than; "
+    "passes and FLOPs are measured means per problem."
+)
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:.2f}"
+
+
+def passes_cell(m: MethodResult) -> str:
+    """The passes a method spent per problem, a measured mean: whole when it is (an exact
+    method spends its planned passes on every problem), else to one decimal; a capped method's
+    cap follows, `(≤C)`."""
+    mean = m["passes_per_problem"]
+    if mean is None:
+        return "–"
+    text = f"{mean:.0f}" if mean == round(mean) else f"{mean:.1f}"
+    return f"{text} (≤{m['planned_passes']})" if m.get("capped") else text
+
+
+def flops_cell(m: MethodResult) -> str:
+    """The FLOPs a method spent per problem, a measured mean; – when unknown (a model of
+    unknown shape) or not recorded (a run made before FLOPs were)."""
+    return format_flops(m.get("flops_per_problem"))
 
 
 def budgets(results: Results) -> list[int]:
@@ -35,10 +62,20 @@ def budgets(results: Results) -> list[int]:
     return list(results["budgets"])
 
 
+def _at(results: Results, budget: int | None) -> list[MethodResult]:
+    """The method entries at `budget` (None: every entry)."""
+    return [m for m in results["methods"] if budget is None or m.get("budget") == budget]
+
+
+def capped_note(results: Results, budget: int | None = None) -> str | None:
+    """`CAPPED_NOTE` when a method at `budget` is capped, else None."""
+    return CAPPED_NOTE if any(m.get("capped") for m in _at(results, budget)) else None
+
+
 def rows(results: Results, budget: int | None = None) -> list[tuple[bool, list[str]]]:
     """(is_ceiling, cells) per method (at `budget`; None: every entry): contenders by
     accuracy, then ceilings."""
-    methods = [m for m in results["methods"] if budget is None or m.get("budget") == budget]
+    methods = _at(results, budget)
     ranked = sorted(
         (m for m in methods if not m["ceiling"]),
         key=lambda m: -(m["accuracy"]["value"] if m["accuracy"] else -1),
@@ -55,7 +92,8 @@ def _cells(m: MethodResult) -> list[str]:
     return [
         m["id"],
         m["spec"],
-        f"{m['passes_per_problem']:.0f}" if m["passes_per_problem"] is not None else "–",
+        passes_cell(m),
+        flops_cell(m),
         f"{100 * m['share_of_budget']:.1f}%",
         _pct(acc["value"]) if acc and m["problems"] else "–",
         f"[{_pct(acc['low'])}, {_pct(acc['high'])}]" if acc and m["problems"] else "–",
@@ -76,9 +114,10 @@ def headers(results: Results) -> list[str]:
     return [c.format(ref=ref, level=level) for c in COLUMNS]
 
 
-# Columns a narrow terminal keeps, most wanted first; method, accuracy and Δ always stay.
-PRIORITY = (4, 6, 2, 7, 5, 8, 3, 9, 1)
-ESSENTIAL = (0, 4, 6)
+# Columns a narrow terminal keeps, most wanted first (FLOPs the first to go, then the
+# configuration); method, accuracy and Δ always stay.
+PRIORITY = (5, 7, 2, 8, 6, 9, 4, 10, 1, 3)
+ESSENTIAL = (0, 5, 7)
 NARROWEST = 40  # below this many columns, the vertical layout: one column per line
 CONFIG_LEAST = 16  # the configuration column is shown at least this wide, or not at all
 CEILINGS = "ceilings (not ranked):"
@@ -141,7 +180,7 @@ def _widths(results: Results, width: int | None, budget: int | None) -> dict[int
     room = width - 1 - sum(w + 3 for w in shown.values())
     if room < 0:
         return None
-    for i in (0, 6, 4):  # the method label whole first, then Δ, then accuracy
+    for i in (0, 7, 5):  # the method label whole first, then Δ, then accuracy
         grow = min(max(snug[i] - shown[i], 0), room)
         shown[i] += grow
         room -= grow
@@ -168,12 +207,12 @@ def rich_table(
     labels and headers wrap at their spaces and a configuration between its options, never
     inside a word; method, accuracy and Δ stay at any width from 40 columns. Narrower than
     that, each method is a block with one column per line. Ceilings sit below a line, in a
-    section of their own.
+    section of their own; a note under the table says what a capped method's passes cell means.
     """
     shown = _widths(results, width, budget)
     if shown is None:
         return _Vertical(_vertical(results, title, width or NARROWEST, budget))
-    table = Table(title=title or None)
+    table = Table(title=title or None, caption=capped_note(results, budget))
     names = headers(results)
     for i, w in shown.items():
         table.add_column(
@@ -213,7 +252,8 @@ def _vertical(results: Results, title: str, width: int, budget: int | None) -> l
                 lines += ["  " + x for x in _wrap(names[i] + ":", width - 2)]
                 lines += ["    " + x for x in _wrap(cells[i], width - 4, i)]
         lines.append("")
-    return lines[:-1]
+    note = capped_note(results, budget)
+    return [*lines, *_wrap(note, width)] if note else lines[:-1]
 
 
 class _Vertical:
@@ -255,4 +295,5 @@ def _markdown_table(results: Results, budget: int | None) -> list[str]:
             ]
             ceilings_started = True
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    return lines
+    note = capped_note(results, budget)
+    return [*lines, "", note] if note else lines

@@ -25,6 +25,7 @@ from dllmbench.analysis import evidence
 from dllmbench.analysis.report_markdown import markdown
 from dllmbench.analysis.report_sections import (
     Options,
+    budget_unit,
     budgets_of,
     diagnostics_section,
     methods_table,
@@ -96,6 +97,8 @@ def load_runs(paths: Sequence[str | Path]) -> list[evidence.RunData]:
         _check_complete(run)
         if runs:
             diff = protocol_mismatch(runs[0].manifest, run.manifest)
+            if diff is None and budget_unit(run) != budget_unit(runs[0]):
+                diff = f"budgets in {budget_unit(runs[0])} → in {budget_unit(run)}"
             if diff is not None:
                 raise UserError(
                     f"cannot combine {runs[0].path} and {path}: their protocols differ "
@@ -179,6 +182,7 @@ def build_report(
         reference=first.results.get("reference"),
         runs=[{"path": str(r.path), "budgets": budgets_of([r])} for r in runs],
         budgets=budgets_of(runs),
+        budget_unit=budget_unit(first),
         methods=methods_table(runs),
         pooled=pooled_section(runs, seed, resamples, level, options),
         diagnostics=diagnostics_section(runs, seed, resamples, level),

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dllmbench.analysis.report_sections import selector_scorers
+from dllmbench.analysis.leaderboard import CAPPED_NOTE, flops_cell, passes_cell
+from dllmbench.analysis.report_sections import budget_text, selector_scorers
+from dllmbench.core.flops import format_flops
 from dllmbench.core.schema import (
     IntervalEntry,
     Report,
@@ -58,6 +60,7 @@ def md_methods(report: Report) -> list[str]:
         "method",
         "configuration",
         "passes",
+        "FLOPs",
         "acc % [95% CI]",
         f"Δ vs {ref} (pp)",
         "McNemar p",
@@ -70,7 +73,9 @@ def md_methods(report: Report) -> list[str]:
         "Intervals are 95% percentile bootstrap intervals over problems, computed exactly "
         "from the bootstrap law of 0/1 outcomes (binomial for an accuracy, trinomial for a "
         f"paired difference). McNemar p: the exact two-sided test of Δ vs {ref} on the "
-        f"problems the two disagree on (+ solved by the method only, − by {ref} only).",
+        f"problems the two disagree on (+ solved by the method only, − by {ref} only). "
+        "passes and FLOPs: what the method spent per problem, measured means over problems "
+        "(their intervals are `spend` in report.json; the pareto figure draws them).",
         "",
     ]
     for budget in report["budgets"]:
@@ -78,12 +83,12 @@ def md_methods(report: Report) -> list[str]:
         for m in (m for m in report["methods"] if m["budget"] == budget):
             pool = m.get("pool")
             name = f"{m['id']} (ceiling)" if m["ceiling"] else m["id"]
-            passes = m["passes_per_problem"]
             rows.append(
                 (
                     name,
                     f"`{m['spec']}`",
-                    "–" if passes is None else f"{passes:.0f}",
+                    passes_cell(m),
+                    flops_cell(m),
                     ci_cell(m["accuracy"]),
                     delta_cell(m.get("delta_vs_reference")),
                     p_value(m.get("delta_vs_reference")),
@@ -91,7 +96,10 @@ def md_methods(report: Report) -> list[str]:
                     f"{pool['unique_answers']:.2f}" if pool else "–",
                 )
             )
-        lines += [f"### Budget {budget} passes per problem", "", *md_table(headers, rows)]
+        at = budget_text(budget, report.get("budget_unit", "passes"))
+        lines += [f"### Budget {at} per problem", "", *md_table(headers, rows)]
+    if any(m.get("capped") for m in report["methods"]):
+        lines += [CAPPED_NOTE, ""]
     return lines
 
 
@@ -340,11 +348,15 @@ def markdown(report: Report) -> str:
     """report.md: every table of the report, and the figures it links."""
     task = report["task"]
     runs = ", ".join(f"`{r['path']}`" for r in report["runs"])
+    if report.get("budget_unit", "passes") == "flops":
+        budgets = f"{', '.join(map(format_flops, report['budgets']))} per problem"
+    else:
+        budgets = f"{', '.join(map(str, report['budgets']))} passes per problem"
     lines = [
         f"# {task['name']} ({task['split']}, {task['problems']} problems) · "
         f"{report['backbone']} · T = {report['steps']} · seed {report['seed']}",
         "",
-        f"Runs: {runs}. Budgets: {', '.join(map(str, report['budgets']))} passes per problem. "
+        f"Runs: {runs}. Budgets: {budgets}. "
         f"Intervals: {round(100 * report['level'])}% percentile bootstrap over problems, exact "
         "for 0/1 outcomes (the binomial law of an accuracy, the trinomial law of a paired "
         f"difference), else from {report['resamples']} resamples (the Monte-Carlo error of "

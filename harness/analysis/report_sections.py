@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from dllmbench.analysis import diagnostics, evidence, pooled
+from dllmbench.core.flops import format_flops
 from dllmbench.core.schema import (
     BucketEntry,
     DiagnosticsSection,
@@ -72,6 +73,17 @@ def methods_table(runs: Sequence[evidence.RunData]) -> list[ReportMethod]:
             seen.add((entry["id"], budget))
             out.append(ReportMethod(**{**entry, "budget": budget, "run": index}))
     return out
+
+
+def budget_unit(run: evidence.RunData) -> str:
+    """The unit of a run's budgets, `passes` or `flops` (results.json written before budgets
+    in FLOPs: passes)."""
+    return str(run.results.get("budget_unit", "passes"))
+
+
+def budget_text(budget: int, unit: str) -> str:
+    """A budget with its unit: `1040 passes`, `2.1 PFLOP`."""
+    return format_flops(budget) if unit == "flops" else f"{budget} passes"
 
 
 def budgets_of(runs: Sequence[evidence.RunData]) -> list[int]:

@@ -1,15 +1,18 @@
-"""From records to results: accuracy with CIs, paired differences, pool diagnostics."""
+"""From records to results: accuracy with CIs, paired differences, pool diagnostics, and what
+each method spent (passes and FLOPs per problem, measured, with intervals)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from dllmbench.analysis.stats import (
     CONFIDENCE,
     RESAMPLES,
+    Interval,
     bootstrap_ci,
     entropy_bits,
     paired_difference,
@@ -25,6 +28,7 @@ from dllmbench.core.schema import (
     PoolEntry,
     Record,
     Results,
+    SpendEntry,
 )
 
 __all__ = ["SCHEMA_VERSION", "summarize"]
@@ -43,6 +47,14 @@ class _Bootstrap:
             values, resamples=self.resamples, level=self.level, seed=self.seed
         ).as_dict()
 
+    def mean(self, values: Sequence[float]) -> IntervalEntry:
+        """The mean of `values` with its interval; values all equal (an exact method's
+        spend) have a point interval, exactly: the bootstrap law of a constant."""
+        x = np.asarray(values, dtype=np.float64)
+        if x.min() == x.max():
+            return Interval(float(x[0]), float(x[0]), float(x[0]), exact=True).as_dict()
+        return self.interval(x)
+
     def difference(self, a: Sequence[float], b: Sequence[float]) -> IntervalEntry:
         return paired_difference(
             a, b, resamples=self.resamples, level=self.level, seed=self.seed
@@ -60,13 +72,16 @@ def summarize(
     resamples: int = RESAMPLES,
     level: float = CONFIDENCE,
     seed: int = 0,
+    unit: str = "passes",
 ) -> Results:
     """The content of results.json. Deterministic: no timings, records in problem order.
 
     `methods` are the method entries of the manifest (id, family, spec, ceiling, cost,
-    budgets). `budgets` are the run's budgets (default `[budget]`); a method planned at several
-    appears once per budget, budget by budget, with the same numbers but its share of that
-    budget. A method entry without `budgets` is planned at `budget`.
+    budgets, and `capped` and `flops` where the manifest has them). `budgets` are the run's
+    budgets (default `[budget]`); a method planned at several appears once per budget, budget
+    by budget, with the same numbers but its share of that budget. A method entry without
+    `budgets` is planned at `budget`. `unit`: the budgets' (the manifest's `budget_unit`),
+    `passes` or `flops`; a share of a budget is of what the method plans in it.
     """
     order = {pid: i for i, pid in enumerate(problem_ids)}
     by_method: dict[str, dict[str, Record]] = {m["id"]: {} for m in methods}
@@ -82,7 +97,7 @@ def summarize(
     entries: dict[str, MethodResult] = {}
     for m in methods:
         recs = sorted(by_method[m["id"]].values(), key=lambda r: order[r["problem"]])
-        entry = _method_result(m, recs, min(planned_at[m["id"]]), boot)
+        entry = _method_result(m, recs, min(planned_at[m["id"]]), boot, unit)
         pools = [r["candidates"] for r in recs]
         if pools and max(len(p) for p in pools) > 1:
             entry["pool"] = _pool_entry(pools, boot)
@@ -93,7 +108,7 @@ def summarize(
         entries[m["id"]] = entry
     run_budgets = sorted(budgets or [budget])
     out = [
-        _at_budget(entries[m["id"]], b)
+        _at_budget(entries[m["id"]], b, unit)
         for b in run_budgets
         for m in methods
         if b in planned_at[m["id"]]
@@ -102,6 +117,7 @@ def summarize(
         schema_version=SCHEMA_VERSION,
         budget=budget,
         budgets=run_budgets,
+        budget_unit=unit,
         reference=reference,
         resamples=resamples,
         level=level,
@@ -110,12 +126,15 @@ def summarize(
 
 
 def _method_result(
-    m: MethodEntry, recs: list[Record], budget: int, boot: _Bootstrap
+    m: MethodEntry, recs: list[Record], budget: int, boot: _Bootstrap, unit: str
 ) -> MethodResult:
     """A method's accuracy and costs (no pool measures, no difference yet)."""
     correct = [float(r["correct"]) for r in recs]
+    declared: Mapping[str, Any] = m  # `capped` and `flops`: absent from older manifests
     passes = [r["ledger"]["total_passes"] for r in recs]
+    flops = [r["ledger"].get("total_flops") for r in recs]  # None: unknown, or not recorded
     planned = sum(m["cost"].values())
+    flops_planned = declared.get("flops")  # per problem, priced when the run was planned
     return MethodResult(
         id=m["id"],
         family=m.get("family"),
@@ -125,16 +144,41 @@ def _method_result(
         problems=len(recs),
         accuracy=boot.interval(correct) if recs else None,
         passes_per_problem=float(np.mean(passes)) if recs else None,
+        flops_per_problem=(
+            float(np.mean(np.asarray(flops, np.float64))) if recs and None not in flops else None
+        ),
+        spend=_spend(passes, flops, boot) if recs else None,
         planned_passes=planned,
-        share_of_budget=round(planned / budget, 6),
+        planned_flops=flops_planned,
+        share_of_budget=_share(planned, flops_planned, budget, unit),
+        capped=bool(declared.get("capped", False)),
     )
 
 
-def _at_budget(entry: MethodResult, budget: int) -> MethodResult:
+def _spend(passes: list[int], flops: list[int | None], boot: _Bootstrap) -> SpendEntry:
+    """Passes and FLOPs per problem, measured: the means of the records' ledgers with their
+    intervals over problems; FLOPs None when a record's are unknown."""
+    known = [f for f in flops if f is not None]
+    return SpendEntry(
+        passes=boot.mean(passes),
+        flops=boot.mean(known) if len(known) == len(flops) else None,
+    )
+
+
+def _share(passes: int, flops: int | None, budget: int, unit: str) -> float:
+    """The share of `budget` a method plans to spend, in the budget's `unit` (unknown FLOPs:
+    none)."""
+    planned = passes if unit == "passes" else flops or 0
+    return round(planned / budget, 6)
+
+
+def _at_budget(entry: MethodResult, budget: int, unit: str) -> MethodResult:
     """A method's entry at one of its budgets: the same numbers, its share of that budget."""
     out = MethodResult(**entry)  # a copy, keys in the same order
     out["budget"] = budget
-    out["share_of_budget"] = round(entry["planned_passes"] / budget, 6)
+    out["share_of_budget"] = _share(
+        entry["planned_passes"], entry.get("planned_flops"), budget, unit
+    )
     return out
 
 

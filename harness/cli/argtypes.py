@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from dllmbench.core.flops import Flops
 from dllmbench.core.numbers import INT_MAX, ascii_float, ascii_int
 
 
@@ -82,12 +83,31 @@ def scorer_entry(text: str) -> str:
 MAX_BUDGET = 10_000_000
 
 
+def flop_budget(text: str) -> Flops:
+    """FLOPs per problem: a positive number followed by `flops`, e.g. 2.1e15flops."""
+    value = ascii_float(text.strip()[: -len("flops")])
+    if value is None or not 1 <= value < 1e30:
+        raise argparse.ArgumentTypeError(
+            f"a FLOP budget is a number >= 1 then 'flops', e.g. 2.1e15flops; got {text.strip()!r}"
+        )
+    return Flops(round(value))
+
+
 def budgets(text: str) -> int | list[int]:
     """One budget (`1040`, an int) or several (`1040,4160`, a list, ascending): positive
-    integers up to `MAX_BUDGET`, each given once."""
+    integers of passes up to `MAX_BUDGET`, or FLOPs (`2.1e15flops`, `Flops`), one unit for
+    all, each given once."""
     parts = text.split(",")
+    in_flops = [p.strip().lower().endswith("flops") for p in parts]
+    if any(in_flops) and not all(in_flops):
+        raise argparse.ArgumentTypeError(
+            f"mixes passes and FLOPs in {text!r}; give every budget in one unit"
+        )
     try:
-        items = [positive_int(item.strip(), MAX_BUDGET) for item in parts]
+        if all(in_flops):
+            items: list[int] = [flop_budget(item) for item in parts]
+        else:
+            items = [positive_int(item.strip(), MAX_BUDGET) for item in parts]
     except argparse.ArgumentTypeError as exc:
         if len(parts) == 1:
             raise

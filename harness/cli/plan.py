@@ -1,5 +1,7 @@
 """`dllmbench plan`: the configuration each method family takes at a budget; with --task,
---backbone or --preset, a dry run of `run` (every option checked, nothing built)."""
+--backbone or --preset, a dry run of `run` (every option checked, nothing built). A budget in
+FLOPs needs --task and --backbone: their models are built (no forward runs) to price a pass
+at the run's reference row (`dllmbench.execution.rates`)."""
 
 from __future__ import annotations
 
@@ -9,13 +11,14 @@ from typing import Any
 
 from rich.console import Console
 
-from dllmbench.api.interfaces import passes_per_step
+from dllmbench.api.interfaces import passes_per_step, shipped_scorers
 from dllmbench.cli.argtypes import budgets
 from dllmbench.cli.common import (
     GENERAL,
     Reply,
     Settings,
     add_json,
+    add_limit,
     add_methods,
     add_preset,
     add_sampling,
@@ -26,8 +29,10 @@ from dllmbench.cli.common import (
     table,
 )
 from dllmbench.core.errors import UserError
+from dllmbench.core.flops import format_flops, unit_of
 from dllmbench.execution.engine import Sampling
 from dllmbench.execution.planner import Plan, default_budget, plan, scorer_users
+from dllmbench.execution.rates import reference
 from dllmbench.loading.registry import Registry, registry
 
 
@@ -36,11 +41,16 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--budget",
         type=budgets,
-        help="passes per problem, or several: 1040,4160 (required without --preset)",
+        help="passes per problem, or several: 1040,4160; or FLOPs: 2.1e15flops "
+        "(required without --preset)",
     )
     p.add_argument("--task", help="with --backbone or --preset: the task's resolved options")
     p.add_argument("--backbone", help="the backbone's resolved options; no weights are loaded")
     add_sampling(p, seed=False)
+    p.add_argument(
+        "--split", default="test", help="with a FLOP budget: the split whose prompts price a pass"
+    )
+    add_limit(p)
     add_preset(p)
     add_methods(p)
     add_scorers(p, "NAME", "scorer names the run will have; families needing others are left out")
@@ -65,7 +75,10 @@ def execute(args: argparse.Namespace) -> Reply:
     check_canvas(s.backbone, backbone_config, args.gen_length)
     passes = passes_per_step(backbone_config)
     scorers = None if s.scorers is None or args.scorer_assumed else set(s.scorers)
-    result = plan(reg, args.budget, args.steps, methods_arg(args), scorers, passes)
+    rates = None
+    if unit_of([args.budget] if isinstance(args.budget, int) else args.budget) == "flops":
+        rates, passes, scorers = _rates(reg, args, s)
+    result = plan(reg, args.budget, args.steps, methods_arg(args), scorers, passes, rates)
     resolved = dry_run(reg, args, s, backbone_config) if dry else None
 
     def show(console: Console) -> None:
@@ -74,6 +87,34 @@ def execute(args: argparse.Namespace) -> Reply:
         _print_plan(console, result, args.steps)
 
     return Reply({**(resolved or {}), **result.as_dict()}, show)
+
+
+def _rates(
+    reg: Registry, args: argparse.Namespace, s: Settings
+) -> tuple[dict[str, int], int, set[str]]:
+    """FLOPs per pass by kind at the reference row of the task's problems, with the passes
+    per step and the scorers of the built models (a FLOP budget's price)."""
+    if not (s.task and s.backbone):
+        raise UserError(
+            "a FLOP budget needs --task and --backbone (a pass's FLOPs depend on the model and "
+            "the prompts), e.g. --task arith --backbone tiny"
+        )
+    backbone = reg.backbone(s.backbone, **s.backbone_config)
+    specs = s.scorers if s.scorers is not None else {}
+    if args.scorer_assumed or s.scorers is None:
+        specs = shipped_scorers(reg.check("backbone", s.backbone, **s.backbone_config))
+    scorers = {
+        name: reg.scorer(plugin, shared={"backbone": backbone}, **config)
+        for name, (plugin, config) in specs.items()
+    }
+    task = reg.task(s.task, **s.task_config)
+    problems = task.problems(args.split)[: args.limit]
+    row = reference(backbone, scorers, task, problems, args.prompt, args.gen_length, args.steps)
+    if "denoise" not in row.rates:
+        raise UserError(
+            f"backbone {s.backbone!r} does not say its model's shape; give the budget in passes"
+        )
+    return row.rates, passes_per_step(backbone), set(scorers)
 
 
 def _config(checked: Any, given: dict[str, Any]) -> dict[str, Any]:
@@ -147,19 +188,43 @@ def _print_dry_run(console: Console, dry: dict[str, Any]) -> None:
 
 
 def _print_plan(console: Console, result: Plan, steps: int) -> None:
-    """A table per budget, then what was left out."""
+    """A table per budget (with FLOPs and what each plan leaves unused when the budget is in
+    FLOPs), then what was left out. A capped method's passes are its cap (≤)."""
+    in_flops = result.unit == "flops"
     for budget in result.budgets:
-        rows = [
-            (
-                p.method.id,
-                p.method.spec.text(),
-                str(p.passes),
-                f"{100 * p.passes / budget:.1f}%",
-                "ceiling" if p.method.ceiling else "",
-            )
-            for p in result.at(budget)
-        ]
-        title = f"Plan for a budget of {budget} passes per problem (T={steps})"
-        console.print(table(title, ("method", "configuration", "passes", "share", ""), rows))
+        rows = []
+        for p in result.at(budget):
+            cap = "≤ " if p.capped else ""
+            spend = result.spend(p) or 0
+            note = "ceiling" if p.method.ceiling else ""
+            if in_flops:
+                rows.append(
+                    (
+                        p.method.id,
+                        p.method.spec.text(),
+                        f"{cap}{p.passes}",
+                        f"{cap}{format_flops(p.flops)}",
+                        f"{100 * spend / budget:.1f}%",
+                        format_flops(budget - spend),
+                        note,
+                    )
+                )
+            else:
+                rows.append(
+                    (
+                        p.method.id,
+                        p.method.spec.text(),
+                        f"{cap}{p.passes}",
+                        f"{100 * spend / budget:.1f}%",
+                        note,
+                    )
+                )
+        if in_flops:
+            title = f"Plan for a budget of {format_flops(budget)} per problem (T={steps})"
+            head = ("method", "configuration", "passes", "FLOPs", "share", "unused", "")
+        else:
+            title = f"Plan for a budget of {budget} passes per problem (T={steps})"
+            head = ("method", "configuration", "passes", "share", "")
+        console.print(table(title, head, rows))
     for x in result.left_out:
         console.print(f"left out: {x.family} — {x.reason}")

@@ -30,6 +30,7 @@ from dllmbench.cli.common import (
 )
 from dllmbench.cli.progress import Progress
 from dllmbench.core.errors import Terminated, UserError
+from dllmbench.core.flops import Flops, format_flops
 from dllmbench.demo import DEMO_TASK
 from dllmbench.execution.engine import Capacity, Sampling
 from dllmbench.execution.planner import check_scorers, scorer_users
@@ -67,7 +68,8 @@ def add_parser(sub: Any) -> None:
     run.add_argument(
         "--budget",
         type=budgets,
-        help="passes per problem each method may spend; several, e.g. 1040,4160, plan every "
+        help="passes per problem each method may spend, or FLOPs (e.g. 2.1e15flops); several, "
+        "e.g. 1040,4160, plan every "
         "family at each in one run",
     )
     add_methods(run)
@@ -237,8 +239,9 @@ def execute(args: argparse.Namespace) -> Reply:
 
 
 def _table(cfg: Any, results: dict[str, Any], budget: int, several: bool, width: int) -> Any:
+    per = format_flops(budget) if isinstance(budget, Flops) else f"{budget} passes"
     title = (
-        f"{cfg.task} · {cfg.backbone} · budget {budget} passes/problem · "
+        f"{cfg.task} · {cfg.backbone} · budget {per}/problem · "
         f"{results['task']['problems']} problems"
     )
     return rich_table(results, title, width=width, budget=budget if several else None)

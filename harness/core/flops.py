@@ -79,7 +79,9 @@ def total_flops(shape: ModelShape, works: Iterable[Work]) -> int:
 
 def _linear_params(module: Any, skip: set[int]) -> int:
     """Weights of every linear map in `module` (torch.nn.Linear, transformers' Conv1D), not
-    counting the modules whose id is in `skip` nor anything below them."""
+    counting the modules whose id is in `skip` nor anything below them, nor injected LoRA
+    adapters (children named `lora_*`, peft's convention): an adapter computes only while
+    its scorer scores, and that scorer adds its own (`ModelShape.plus`)."""
     import torch
 
     total = 0
@@ -91,13 +93,13 @@ def _linear_params(module: Any, skip: set[int]) -> int:
         if isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D":
             total += int(m.weight.numel())
             continue
-        stack.extend(m.children())
+        stack.extend(c for name, c in m.named_children() if not name.startswith("lora_"))
     return total
 
 
 def shape_of(model: Any, head: Any = None, extra: Iterable[Any] = ()) -> ModelShape:
     """The shape of a transformers model: every linear weight under `model` except the head's
-    is P (an injected adapter's included), `head` (default: `model.lm_head` when it has one)
+    (and any injected adapter's) is P, `head` (default: `model.lm_head` when it has one)
     is P_head, and `extra` modules (a scorer's readout) join the head. Layers and width come
     from the config (`num_hidden_layers`, heads × `head_dim`, else `hidden_size`). Works on
     a model on the meta device: no weights needed."""
@@ -126,3 +128,22 @@ def format_flops(value: float | None) -> str:
         if abs(value) >= size:
             return f"{value / size:.3g} {unit}FLOP"
     return f"{value:.3g} FLOP"
+
+
+class Flops(int):
+    """A budget in FLOPs per problem (`--budget 2.1e15flops`), told apart from a budget in
+    passes (a plain int) by its type."""
+
+    def __repr__(self) -> str:
+        return f"Flops({int(self)})"
+
+
+UNITS = ("passes", "flops")
+
+
+def unit_of(budgets: Iterable[int]) -> str:
+    """ "flops" when the budgets are `Flops`, else "passes"; a mix is a ValueError."""
+    kinds = {isinstance(b, Flops) for b in budgets}
+    if len(kinds) > 1:
+        raise ValueError("budgets mix passes and FLOPs; give every budget in one unit")
+    return "flops" if kinds == {True} else "passes"

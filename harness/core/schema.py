@@ -165,8 +165,19 @@ class PoolEntry(TypedDict):
     entropy_bits: float
 
 
+class SpendEntry(TypedDict):
+    """What a method spent per problem, measured: the mean over problems of its records'
+    ledgers with a bootstrap interval, in passes and in FLOPs (None when a record's FLOPs are
+    unknown)."""
+
+    passes: IntervalEntry
+    flops: IntervalEntry | None
+
+
 class MethodResult(TypedDict):
-    """One entry of `results.json`'s `methods`."""
+    """One entry of `results.json`'s `methods`. The spend keys (`flops_per_problem`, `spend`,
+    `planned_flops`, `capped`) are absent from a results.json written before they were
+    measured; the summary always writes them."""
 
     id: str
     family: str | None
@@ -175,9 +186,13 @@ class MethodResult(TypedDict):
     budget: int  # the budget this entry ranks the method at (one entry per budget)
     problems: int
     accuracy: IntervalEntry | None
-    passes_per_problem: float | None
+    passes_per_problem: float | None  # measured: the mean of the records' total_passes
+    flops_per_problem: NotRequired[float | None]  # of their total_flops; None: one unknown
+    spend: NotRequired[SpendEntry | None]  # both means with their intervals; None: no records
     planned_passes: int
+    planned_flops: NotRequired[int | None]  # the manifest's `flops`; None when it has none
     share_of_budget: float
+    capped: NotRequired[bool]  # its declared cost is a cap: it may spend less
     pool: NotRequired[PoolEntry]
     delta_vs_reference: NotRequired[DeltaEntry]
 
@@ -194,6 +209,7 @@ class Results(TypedDict):
     schema_version: int
     budget: int  # the largest budget
     budgets: list[int]  # every budget of the run, ascending
+    budget_unit: NotRequired[str]  # of the budgets: "passes" or "flops" (absent: passes)
     reference: str | None
     resamples: int
     level: float
@@ -381,6 +397,7 @@ class Report(TypedDict):
     reference: str | None
     runs: list[RunEntry]
     budgets: list[int]
+    budget_unit: str  # of the budgets: "passes" or "flops"
     methods: list[ReportMethod]
     pooled: PooledSection | None
     diagnostics: DiagnosticsSection

@@ -9,9 +9,12 @@ planned identically at two budgets is one method carrying both (`Method.budgets`
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from dllmbench.api.interfaces import is_capped
 from dllmbench.core.errors import PluginError, UserError
+from dllmbench.core.flops import Flops, unit_of
 from dllmbench.execution.method import Method, MethodSpec
 from dllmbench.loading.manager import MethodFamily
 from dllmbench.loading.provenance import config_data
@@ -28,14 +31,25 @@ def default_budget(total_steps: int) -> int:
     return 8 * total_steps + 8 * math.ceil(total_steps / half_steps(total_steps))
 
 
+def planned_flops(cost: Mapping[str, int], rates: Mapping[str, int]) -> int:
+    """FLOPs per problem of a cost in passes by kind, at `rates` (FLOPs per pass by kind)."""
+    return sum(n * rates[kind] for kind, n in cost.items())
+
+
 @dataclass
 class Planned:
     method: Method
     cost: dict[str, int]
+    flops: int | None = None  # per problem at the run's reference row (`rates`), when known
 
     @property
     def passes(self) -> int:
         return sum(self.cost.values())
+
+    @property
+    def capped(self) -> bool:
+        """Whether the cost is a cap the method may stay under."""
+        return is_capped(self.method.strategy)
 
     @property
     def budgets(self) -> list[int]:
@@ -59,9 +73,15 @@ class Plan:
     methods: list[Planned] = field(default_factory=list)
     left_out: list[LeftOut] = field(default_factory=list)
     budgets: list[int] = field(default_factory=list)  # ascending; [budget] for one budget
+    unit: str = "passes"  # of the budgets: "passes" or "flops"
+    rates: dict[str, int] | None = None  # FLOPs per pass by kind at the reference row
 
     def __post_init__(self) -> None:
         self.budgets = self.budgets or [self.budget]
+
+    def spend(self, planned: Planned) -> int | None:
+        """What a planned method spends per problem in the budgets' unit."""
+        return planned.flops if self.unit == "flops" else planned.passes
 
     def at(self, budget: int) -> list[Planned]:
         """The methods planned at `budget`, in plan order."""
@@ -71,7 +91,9 @@ class Plan:
         return {
             "budget": self.budget,
             "budgets": self.budgets,
+            "unit": self.unit,
             "steps": self.total_steps,
+            "rates": self.rates,
             "methods": [
                 {
                     "id": p.method.id,
@@ -79,9 +101,13 @@ class Plan:
                     "spec": p.method.spec.text(),
                     "budgets": p.budgets,
                     "passes": p.passes,
-                    # of the smallest budget the method is planned at
-                    "share": round(p.passes / p.budgets[0], 4),
+                    "flops": p.flops,
+                    # of the smallest budget the method is planned at, in its unit
+                    "share": round((self.spend(p) or 0) / p.budgets[0], 4),
+                    # of that budget, what the plan leaves unspent
+                    "unused": p.budgets[0] - (self.spend(p) or 0),
                     "cost": p.cost,
+                    "capped": p.capped,
                     "ceiling": p.method.ceiling,
                 }
                 for p in self.methods
@@ -113,6 +139,9 @@ def _try_build(
     return method
 
 
+Measure = Callable[[Method], int]  # what a method spends per problem, in the budget's unit
+
+
 def fit(
     registry: Registry,
     spec: MethodSpec,
@@ -121,21 +150,30 @@ def fit(
     budget: int,
     total_steps: int,
     passes_per_step: int = 1,
+    measure: Measure | None = None,
+    passes: int | None = None,
 ) -> tuple[Method | None, int | None]:
-    """The largest configuration of `spec` costing at most `budget`, and the smallest cost.
+    """The largest configuration of `spec` costing at most `budget`, and the smallest cost,
+    each by `measure` (default: passes per problem); `passes`: the most passes the budget
+    can buy (default: the budget itself, a budget of passes).
 
     Costs grow with the size, so the size is found by doubling then halving: about
     2·log2(budget) configurations are built, not one per size. A size the strategy's
     constraints rule out (k not divisible by keep) stands for the nearest allowed size below
     it. A free size that no size from 1 to budget + 1 (at most 4096) accepts is the plugin's error.
     """
+    if measure is None:
+
+        def measure(method: Method) -> int:
+            return method.total_cost(total_steps, passes_per_step)
+
     free = spec.free_field()
     if free is None:
         method = Method.build(registry, spec, family=family)
         method.id = _label(label, method)
-        cost = method.total_cost(total_steps, passes_per_step)
+        cost = measure(method)
         return (method if cost <= budget else None), cost
-    top = budget + 1  # the largest size tried: a size costs at least one pass
+    top = (budget if passes is None else passes) + 1  # a size costs at least one pass
     built: dict[int, Method | PluginError] = {}
 
     def at(size: int) -> Method | PluginError:
@@ -158,7 +196,7 @@ def fit(
         return None, None
     first = at(smallest_size)
     assert isinstance(first, Method)
-    smallest = first.total_cost(total_steps, passes_per_step)
+    smallest = measure(first)
     if smallest > budget:
         return None, smallest
 
@@ -171,7 +209,7 @@ def fit(
         return first
 
     def fits(size: int) -> bool:
-        return allowed_below(size).total_cost(total_steps, passes_per_step) <= budget
+        return measure(allowed_below(size)) <= budget
 
     low, high = smallest_size, smallest_size  # fits(low); then the first size that does not
     while fits(high):
@@ -330,7 +368,12 @@ def check_scorers(users: dict[str, list[Use]], scorers: set[str], requested: boo
 
 
 def check_budgets(budgets: list[int]) -> list[int]:
-    """Budgets ascending; a budget below 1 or given twice is an error."""
+    """Budgets ascending, in one unit (passes, or `Flops`); a budget below 1, given twice or
+    a mix of units is an error."""
+    try:
+        unit_of(budgets)
+    except ValueError as exc:
+        raise UserError(f"--budget {exc}") from None
     for budget in budgets:
         if budget < 1:
             raise UserError(f"--budget must be a positive number of passes, got {budget}")
@@ -352,8 +395,10 @@ def _place(
     total_steps: int,
     scorers: set[str] | None,
     passes_per_step: int,
+    rates: Mapping[str, int] | None = None,
 ) -> Method | LeftOut:
-    """The method `entry` takes at `budget`, or why it is left out."""
+    """The method `entry` takes at `budget` (FLOPs at `rates` for a `Flops` budget), or why
+    it is left out."""
     missing = left_out_reason(registry, entry, total_steps)
     if missing is not None:
         if named:
@@ -362,10 +407,24 @@ def _place(
         return LeftOut(entry, missing)
     spec, family = _spec(registry, entry, total_steps)
     label, name = (family.label, family.name) if family else (None, None)
-    method, smallest = fit(registry, spec, label, name, budget, total_steps, passes_per_step)
+    measure, most, unit = None, None, "passes"
+    if isinstance(budget, Flops):
+        if not rates:
+            raise UserError("a FLOP budget needs the model's FLOPs per pass; give a backbone")
+        known = dict(rates)
+
+        def measure(method: Method) -> int:
+            cost = method.cost(total_steps, passes_per_step)
+            return sum(n * known.get(kind, 0) for kind, n in cost.items())
+
+        most, unit = budget // max(1, min(known.values())), "FLOPs"
+    method, smallest = fit(
+        registry, spec, label, name, budget, total_steps, passes_per_step, measure, most
+    )
     if method is None:
         at_least = f"; needs a budget of at least {smallest}" if smallest else ""
-        return LeftOut(entry, f"does not fit {budget} passes{at_least}", smallest, budget=budget)
+        reason = f"does not fit {budget} {unit}{at_least}"
+        return LeftOut(entry, reason, smallest, budget=budget)
     missing = tuple(sorted(method.scorers() - scorers)) if scorers is not None else ()
     if missing:
         reason = f"needs scorer {', '.join(missing)}"
@@ -396,21 +455,32 @@ def plan(
     entries: list[str] | None = None,
     scorers: set[str] | None = None,
     passes_per_step: int = 1,
+    rates: Mapping[str, int] | None = None,
 ) -> Plan:
     """Choose every method for `budget`, or for each of several budgets. `entries` are family
-    names, `all` or method specs.
+    names, `all` or method specs. Budgets are passes per problem, or FLOPs per problem
+    (`Flops`), which `rates` (FLOPs per pass by kind, at the run's reference row) convert;
+    with `rates` every planned method also carries its FLOPs.
 
     With `scorers` given, families that need a scorer outside it are left out. Methods are in
     entry order (an entry's sizes by budget); each carries the budgets it is planned at.
     """
     budgets = check_budgets([budget] if isinstance(budget, int) else list(budget))
-    result = Plan(budgets[-1], total_steps, budgets=budgets)
+    unit = unit_of(budgets)
+    result = Plan(budgets[-1], total_steps, budgets=budgets, unit=unit)
+    result.rates = dict(rates) if rates else None
     for entry, named in expand(registry, entries, total_steps).items():
         for at in budgets:
-            placed = _place(registry, entry, named, at, total_steps, scorers, passes_per_step)
+            placed = _place(
+                registry, entry, named, at, total_steps, scorers, passes_per_step, rates
+            )
             if isinstance(placed, LeftOut):
                 if placed not in result.left_out:
                     result.left_out.append(placed)
                 continue
             _add(result, placed, at, placed.cost(total_steps, passes_per_step))
+    if rates:
+        for planned in result.methods:
+            if all(kind in rates for kind in planned.cost):
+                planned.flops = planned_flops(planned.cost, rates)
     return result

@@ -45,6 +45,8 @@ BUILTIN_MODULES = (
     "dllmbench.plugins.strategies.remdm",
     "dllmbench.plugins.strategies.prism",
     "dllmbench.plugins.strategies.ensemble",
+    "dllmbench.plugins.strategies.adaptive",
+    "dllmbench.plugins.strategies.threshold",
     "dllmbench.plugins.selectors.basic",
     "dllmbench.plugins.selectors.voting",
     "dllmbench.plugins.selectors.oracle",

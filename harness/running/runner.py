@@ -19,7 +19,6 @@ from typing import Any
 from dllmbench import __version__
 from dllmbench.analysis.stats import CONFIDENCE, RESAMPLES
 from dllmbench.api.interfaces import (
-    MultiPass,
     is_deterministic,
     is_trained,
     passes_per_step,
@@ -28,10 +27,12 @@ from dllmbench.api.interfaces import (
 )
 from dllmbench.core.checksums import sha256
 from dllmbench.core.errors import Terminated, UserError
+from dllmbench.core.flops import Flops, unit_of
 from dllmbench.core.schema import Results
-from dllmbench.execution.engine import Capacity, Engine, Sampling, sized_to_memory
+from dllmbench.execution.engine import Capacity, Engine, Sampling, capped, sized_to_memory
 from dllmbench.execution.method import Method
 from dllmbench.execution.planner import Plan, Planned, check_budgets, default_budget, plan
+from dllmbench.execution.rates import Reference, reference
 from dllmbench.loading.provenance import Origins, config_data
 from dllmbench.loading.registry import Registry, registry
 from dllmbench.running.allocator import keep_freed_memory
@@ -113,6 +114,7 @@ class Prepared:
     scorer_specs: ScorerSpecs  # the run's scorers: asked for, else the backbone's shipped ones
     scorers: dict[str, Any]  # the scorers built, by run name
     plan: Plan
+    reference: Reference | None = None  # the row the plan priced passes in FLOPs at
 
     @property
     def budget(self) -> int:
@@ -193,6 +195,10 @@ def build_manifest(cfg: RunConfig, prepared: Prepared) -> dict[str, Any]:
         m: Method = planned.method
         entry = m.manifest_entry()
         entry["cost"] = planned.cost
+        if capped(m, prepared.backbone):
+            entry["capped"] = True  # the cost is a cap: the method may spend less
+        if planned.flops is not None:
+            entry["flops"] = planned.flops  # per problem, priced at the reference row
         entry["budgets"] = planned.budgets
         entry["strategy"].update(
             distribution=reg.info("strategy", m.spec.strategy).distribution,
@@ -225,6 +231,8 @@ def build_manifest(cfg: RunConfig, prepared: Prepared) -> dict[str, Any]:
         },
         "budget": prepared.budget,
         "budgets": chosen.budgets,
+        "budget_unit": chosen.unit,
+        "reference_row": None if prepared.reference is None else prepared.reference.as_dict(),
         "methods": methods,
         "reference": cfg.reference,
         "statistics": {"resamples": cfg.resamples, "level": CONFIDENCE},
@@ -264,14 +272,13 @@ def prepare(
         _need_trained(name, reg.check("scorer", plugin, **config))
     passes = passes_per_step(backbone_config)
     budgets = cfg.budgets()
-    chosen = _choose(cfg, reg, budgets, passes, set(specs))
-    _refuse_budgets(cfg, chosen, resumed)
-    if is_deterministic(backbone_config) and not cfg.allow_deterministic:
-        _refuse_deterministic(cfg, backbone_config, chosen, passes)
+    in_flops = unit_of(budgets) == "flops"
+    if not in_flops:  # a plan in FLOPs needs the models' shapes: it waits for them
+        chosen = _choose(cfg, reg, budgets, passes, set(specs))
+        _refuse_budgets(cfg, chosen, resumed)
+        if is_deterministic(backbone_config) and not cfg.allow_deterministic:
+            _refuse_deterministic(cfg, backbone_config, chosen, passes)
     backbone = reg.backbone(cfg.backbone, **cfg.backbone_config)
-    if isinstance(backbone, MultiPass) and backbone.passes_per_step != passes:
-        # not known from the configuration alone
-        chosen = _choose(cfg, reg, budgets, passes_per_step(backbone), set(specs))
     # a scorer that asks for `backbone` shares the frozen weights instead of loading twice
     scorers = {
         name: reg.scorer(plugin, shared={"backbone": backbone}, **config)
@@ -279,7 +286,20 @@ def prepare(
     }
     for name, scorer in scorers.items():
         _need_trained(name, scorer)  # a scorer whose options alone cannot tell
-    return Prepared(reg, task, problems, backbone, dict(specs), scorers, chosen)
+    s = cfg.sampling
+    row = reference(backbone, scorers, task, problems, s.prompt_style, s.gen_length, s.total_steps)
+    if in_flops and "denoise" not in row.rates:
+        raise UserError(
+            f"backbone {cfg.backbone!r} does not say its model's shape, so a FLOP budget cannot "
+            "be priced; give the budget in passes, e.g. --budget 1040"
+        )
+    # passes per step may be known only once the backbone is built
+    chosen = _choose(cfg, reg, budgets, passes_per_step(backbone), set(specs), row.rates)
+    if in_flops:
+        _refuse_budgets(cfg, chosen, resumed)
+        if is_deterministic(backbone_config) and not cfg.allow_deterministic:
+            _refuse_deterministic(cfg, backbone_config, chosen, passes_per_step(backbone))
+    return Prepared(reg, task, problems, backbone, dict(specs), scorers, chosen, row)
 
 
 def _need_trained(name: str, scorer_or_config: Any) -> None:
@@ -328,7 +348,12 @@ def _refuse_deterministic(cfg: RunConfig, backbone_config: Any, chosen: Plan, pa
 
 
 def _choose(
-    cfg: RunConfig, reg: Registry, budgets: list[int], passes_per_step: int, scorers: set[str]
+    cfg: RunConfig,
+    reg: Registry,
+    budgets: list[int],
+    passes_per_step: int,
+    scorers: set[str],
+    rates: dict[str, int] | None = None,
 ) -> Plan:
     """The plan; a requested method left out for a missing scorer, a budget no method fits or
     an unknown `--reference` is an error."""
@@ -339,6 +364,7 @@ def _choose(
         cfg.methods,
         scorers,
         passes_per_step=passes_per_step,
+        rates=rates,
     )
     for x in chosen.left_out if cfg.methods else ():
         if x.missing:
@@ -390,20 +416,28 @@ def _resumed_budgets(cfg: RunConfig, rundir: RunDir) -> list[int] | None:
     resumes at them (`prepare` refuses other budgets)."""
     if not rundir.manifest_path.exists():
         return None
-    ran = rundir.read_manifest().get("budgets")
+    manifest = rundir.read_manifest()
+    ran = manifest.get("budgets")
     if not (isinstance(ran, list) and ran and all(isinstance(b, int) for b in ran)):
         return None  # not a manifest of budgets: the manifest comparison names what differs
+    if manifest.get("budget_unit") == "flops":
+        return sorted(Flops(b) for b in ran)
     return sorted(ran)
 
 
 def _refuse_budgets(cfg: RunConfig, chosen: Plan, resumed: list[int] | None) -> None:
     """A run directory keeps its budgets: another list is an error naming both."""
-    if resumed is not None and chosen.budgets != resumed:
-        given, there = ",".join(map(str, chosen.budgets)), ",".join(map(str, resumed))
+    if resumed is not None and (chosen.budgets != resumed or chosen.unit != unit_of(resumed)):
+        given, there = _budget_text(chosen.budgets), _budget_text(resumed)
         raise UserError(
             f"{cfg.run_dir()} was run at --budget {there}, not --budget {given}; resume it "
             f"with --budget {there} (or no --budget), or choose another --out"
         )
+
+
+def _budget_text(budgets: list[int]) -> str:
+    """Budgets as --budget takes them: `1040,4160` or `2.1e+15flops`."""
+    return ",".join(f"{b:.6g}flops" if isinstance(b, Flops) else str(b) for b in budgets)
 
 
 SAVE_EVERY = 5.0  # seconds between saves of this invocation's compute.json entry

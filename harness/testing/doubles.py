@@ -23,6 +23,7 @@ import torch
 from dllmbench.api.hookspecs import hookimpl
 from dllmbench.api.interfaces import ScoreBatch, StepBatch
 from dllmbench.core.errors import UserError
+from dllmbench.core.flops import ModelShape
 from dllmbench.core.keys import torch_generator
 from dllmbench.core.types import Problem, Prompt
 
@@ -63,6 +64,16 @@ class ToyBackboneConfig:
     # blocks left to right (the last may be shorter), T spread evenly over them
     temperature: float = 1.0
     block_length: int | None = None
+    # confidence-threshold decoding: beyond its quota a step also commits each other masked
+    # position of the block whose keyed confidence is at least this (rightly); a row whose
+    # canvas fills ends before its T
+    threshold: float | None = None
+    factor: float | None = None  # the toy reads it as the threshold 1 − factor/2
+
+
+# a nominal shape, so that the FLOP ledger runs on the toys as on a transformer: a forward
+# of a row of L tokens costs 2·1000·L + 4·2·16·L² (+ 2·100 per head position)
+TOY_SHAPE = ModelShape(params=1000, head=100, layers=2, width=16)
 
 
 class ToyBackbone:
@@ -71,7 +82,8 @@ class ToyBackbone:
 
     Config = ToyBackboneConfig
     mask_id = MASK
-    row_settings = frozenset({"temperature", "block_length", "steps"})
+    model_shape = TOY_SHAPE
+    row_settings = frozenset({"temperature", "block_length", "threshold", "factor", "steps"})
 
     def __init__(self, **config):
         self.config = ToyBackboneConfig(**config)
@@ -92,6 +104,10 @@ class ToyBackbone:
             dataclasses.replace(self.config, **settings)
         except TypeError as exc:
             raise UserError(f"toy: {exc}") from None
+
+    def finishes_early(self, settings) -> bool:
+        c = dataclasses.replace(self.config, **settings)
+        return c.threshold is not None or c.factor is not None
 
     def denoise_step(self, batch: StepBatch) -> list[torch.Tensor]:
         return [tokens for tokens, _ in self.denoise_step_with_confidence(batch)]
@@ -131,6 +147,13 @@ class ToyBackbone:
             ):
                 tokens[pos] = target[pos - plen] if ok else alt
                 confidence[pos] = (1 + u) / 2 if ok else u / 2
+            bar = c.threshold if c.factor is None else 1 - c.factor / 2
+            if bar is not None:  # drawn after the rest: the quota's draws stay as they were
+                rest = masked[~torch.isin(masked, chosen)]
+                sure = torch.rand(len(rest), generator=gen)
+                for pos, u in zip(rest.tolist(), sure.tolist(), strict=True):
+                    if u >= bar:
+                        tokens[pos], confidence[pos] = target[pos - plen], u
             out.append((tokens, confidence))
         return out
 
@@ -154,6 +177,7 @@ class ToyScorer:
     """Logit ≈ 6·(share of committed characters that are right − ½) + keyed noise."""
 
     Config = ToyScorerConfig
+    model_shape = TOY_SHAPE
 
     def __init__(self, backbone: ToyBackbone | None = None, **config):
         self.backbone = backbone  # shared with the generator when the run provides it

@@ -15,6 +15,7 @@ milliseconds and needs no model.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -150,7 +151,17 @@ def run_methods(
         sampling=Sampling(steps, gen_length, "fewshot", seed),
         capacity=Capacity(batch_rows=batch_rows, problems=3),
     )
-    return engine.run(task.problems("test"))
+    records = engine.run(task.problems("test"))
+    recorded, recorded_flops = Counter[str](), Counter[str]()
+    for record in records:
+        recorded.update(record["ledger"]["passes"])
+        recorded_flops.update(record["ledger"].get("flops", {}))
+    if dict(recorded) != engine.ledger.passes() or dict(recorded_flops) != engine.ledger.flops():
+        raise AssertionError(
+            f"the records hold {dict(recorded)} passes and {dict(recorded_flops)} FLOPs, but "
+            f"the ledger charged {engine.ledger.passes()} and {engine.ledger.flops()}"
+        )
+    return records
 
 
 def run_strategy(

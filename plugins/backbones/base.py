@@ -24,6 +24,7 @@ import torch
 
 from dllmbench.api.interfaces import StepBatch
 from dllmbench.core.errors import UserError
+from dllmbench.core.flops import Work
 from dllmbench.core.keys import torch_generator
 from dllmbench.core.types import Prompt
 from dllmbench.plugins.backbones.loading import (
@@ -128,6 +129,47 @@ def top_ranked(score: torch.Tensor, k: torch.Tensor, ties: torch.Tensor) -> torc
     return rank < k[:, None]
 
 
+def check_parallel(threshold: float | None, factor: float | None) -> None:
+    """Refuse Fast-dLLM settings that cannot be: both rules at once, or a value out of range."""
+    if threshold is not None and factor is not None:
+        raise ValueError("set threshold or factor, not both")
+    if threshold is not None and not 0 < threshold <= 1:
+        raise ValueError(f"threshold must be in (0, 1], got {threshold!r}")
+    if factor is not None and not factor > 0:
+        raise ValueError(f"factor must be > 0, got {factor!r}")
+
+
+def factor_count(confidence: torch.Tensor, factor: float) -> int:
+    """How many of these confidences [n] Fast-dLLM's factor rule commits (the reference's
+    `get_transfer_index_dynamic`): ranked in descending order, the first rank i >= 1 whose
+    confidence is below 1 − factor / (i + 2), in float64; all n when no rank from 1 to n − 2
+    is (a miss at the last rank counts as none, as in the reference); 0 when n is 0."""
+    n = confidence.numel()
+    ranked = confidence.double().sort(descending=True).values
+    ranks = torch.arange(n, dtype=torch.float64, device=ranked.device)
+    below = ranked < 1 - factor / (ranks + 2)
+    misses = below[1 : n - 1].nonzero()
+    return 1 + int(misses[0]) if len(misses) else n
+
+
+def parallel_commits(
+    confidence: torch.Tensor,
+    eligible: torch.Tensor,
+    ties: torch.Tensor,
+    threshold: float | None,
+    factor: float | None,
+) -> torch.Tensor:
+    """[L] the eligible positions of one row that Fast-dLLM's rule commits at this step,
+    from their confidences [L]: those at or above `threshold`, or the `factor` rule's most
+    confident (`factor_count`; equal confidences ordered by `ties`, as `top_ranked`)."""
+    if threshold is not None:
+        return eligible & (confidence >= threshold)
+    if factor is None:
+        return torch.zeros_like(eligible)
+    k = torch.tensor([factor_count(confidence[eligible], factor)], device=confidence.device)
+    return eligible & top_ranked(confidence[None], k, ties[None])[0]
+
+
 class DiffusionBackbone(abc.ABC):
     """A masked-diffusion LM on a native transformers class. Subclasses supply `commit`.
 
@@ -207,6 +249,12 @@ class DiffusionBackbone(abc.ABC):
         """Refuse a row's settings the sampler cannot take. A row's own block length need not
         divide the canvas (`block_step`)."""
         self.row_config(settings)
+
+    def finishes_early(self, settings: Mapping[str, Any]) -> bool:
+        """Whether a row under these settings may fill its canvas before its T: Fast-dLLM's
+        `threshold` or `factor` is set (`FinishesEarly`)."""
+        c = self.row_config(settings)
+        return c.threshold is not None or c.factor is not None
 
     def weight_files(self) -> dict[str, list[Path]]:
         """Config field → the checkpoint files it located (the manifest records their hashes)."""
@@ -307,6 +355,32 @@ class DiffusionBackbone(abc.ABC):
             gen = purpose_generator(key, step, purpose)
             out[i, off:] = torch.rand(width - off, generator=gen, dtype=torch.float64)
         return out
+
+    def eligible(
+        self, ids: torch.Tensor, offsets: Sequence[int], batch: StepBatch
+    ) -> tuple[torch.Tensor, list[BlockStep]]:
+        """[B, L] mask of the positions each padded row may commit at its step (masked, and not
+        right of its current block), and where each row's block schedule stands."""
+        width = ids.shape[1]
+        masked = ids == self.mask_id
+        positions = torch.arange(width, device=ids.device)
+        eligible = torch.zeros_like(masked)
+        at = []
+        for i, (off, plen, step) in enumerate(
+            zip(offsets, batch.prompt_lens, batch.steps, strict=True)
+        ):
+            block = self.row_config(batch.setting(i)).block_length
+            at.append(block_step(width - off - plen, block, batch.total(i), step))
+            eligible[i] = masked[i] & (positions < off + plen + at[-1].end)
+        return eligible, at
+
+    def step_work(self, batch: StepBatch) -> list[Work]:
+        """What each row's denoising forward computes (`CountsStepWork`): bidirectional
+        attention over the row's own tokens, padded or packed, and the LM head at the positions
+        it may commit. Guidance's second pass is the caller's to count (`passes_per_step`)."""
+        ids, _, offsets = self.pad(batch.tokens)
+        heads = self.eligible(ids, offsets, batch)[0].sum(-1).tolist()
+        return [Work.full(len(t), head=h) for t, h in zip(batch.tokens, heads, strict=True)]
 
     def denoise_step(self, batch: StepBatch) -> list[torch.Tensor]:
         return [tokens for tokens, _ in self.denoise_step_with_confidence(batch)]

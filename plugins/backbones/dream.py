@@ -9,7 +9,8 @@ logits whatever the model dtype, so a bf16 model samples from its own distributi
 `alg_temp` > 0 the positions are drawn without replacement with probability
 softmax(confidence / alg_temp) (as Gumbel-top-k), else the top-k most confident, equal
 confidences ordered by a keyed uniform. The mask token can be committed, as in the reference;
-set suppress_mask=true to forbid it.
+set suppress_mask=true to forbid it. With Fast-dLLM's `threshold` or `factor` (maskgit_plus
+only) a step also commits the eligible positions its rule accepts, beyond the quota.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from dllmbench.plugins.backbones.base import (
     ATTENTIONS,
     Attention,
     DiffusionBackbone,
-    block_step,
+    check_parallel,
+    parallel_commits,
     top_ranked,
 )
 from dllmbench.plugins.backbones.loading import DType, device_problem, positions_of
@@ -51,6 +53,10 @@ class DreamConfig:
     # evenly over them, each block on Dream's schedule (None: one block, the reference)
     block_length: int | None = None
     suppress_mask: bool = False  # never sample the mask token (the reference can)
+    # Fast-dLLM's parallel decoding on top of the schedule (docs/backbones.md): also commit
+    # the eligible positions whose token probability is >= threshold, or the factor rule's
+    threshold: float | None = None
+    factor: float | None = None
     # "sdpa": rows left-padded to the widest; "packed": rows end to end, no padding
     # (FlexAttention document mask, packing.py)
     attention: Attention = "sdpa"
@@ -69,6 +75,13 @@ class DreamConfig:
             raise ValueError("block_length must be >= 1")
         if self.top_k is not None and self.top_k < 1:
             raise ValueError("top_k must be >= 1")
+        check_parallel(self.threshold, self.factor)
+        parallel = self.threshold is not None or self.factor is not None
+        if parallel and self.alg != "maskgit_plus":
+            raise ValueError(
+                "threshold and factor compare the drawn token's probability, which only "
+                f"alg=maskgit_plus commits by; got alg={self.alg}"
+            )
 
     @property
     def positions(self) -> int | None:
@@ -153,12 +166,23 @@ class Dream(DiffusionBackbone):
     shift = True
     mask_names = ("<|mask|>",)
     row_settings = frozenset(
-        {"temperature", "top_p", "top_k", "alg", "alg_temp", "block_length", "steps"}
+        {
+            "temperature",
+            "top_p",
+            "top_k",
+            "alg",
+            "alg_temp",
+            "block_length",
+            "threshold",
+            "factor",
+            "steps",
+        }
     )
     contract_configs: ClassVar[list[dict]] = [
         {"model": "random"},
         {"model": "random", "alg": "entropy", "alg_temp": 0.0, "temperature": 0.0},
         {"model": "random", "alg": "origin", "top_p": 0.9},
+        {"model": "random", "factor": 1.0},
     ]
 
     def propose(
@@ -187,8 +211,6 @@ class Dream(DiffusionBackbone):
         device = hidden.device
         n, width = ids.shape
         ids = ids.to(device)
-        masked = ids == self.mask_id
-        positions = torch.arange(width, device=device)
         configs = [self.row_config(batch.setting(i)) for i in range(n)]
 
         drawn: dict[str, torch.Tensor] = {}
@@ -199,14 +221,8 @@ class Dream(DiffusionBackbone):
             return drawn[purpose]
 
         # each row's current block: masked positions right of it wait for a later step
-        eligible = torch.zeros_like(masked)
-        in_block: list[tuple[int, int]] = []  # (step within the block, steps per block)
-        for i, (off, plen, step) in enumerate(
-            zip(offsets, batch.prompt_lens, batch.steps, strict=True)
-        ):
-            at = block_step(width - off - plen, configs[i].block_length, batch.total(i), step)
-            eligible[i] = masked[i] & (positions < off + plen + at.end)
-            in_block.append((at.j, at.per))
+        eligible, at = self.eligible(ids, offsets, batch)
+        in_block = [(a.j, a.per) for a in at]  # (step within the block, steps per block)
 
         # one draw per eligible position, under its row's sampler settings
         token_u = noise("token")
@@ -220,7 +236,7 @@ class Dream(DiffusionBackbone):
             confidence[where] = conf
 
         # which positions commit: rows with one sampler and block schedule at a time
-        chosen = torch.zeros_like(masked)
+        chosen = torch.zeros_like(eligible)
         groups: dict[tuple[DreamConfig, int], list[int]] = {}
         for i, c in enumerate(configs):
             groups.setdefault((c, in_block[i][1]), []).append(i)
@@ -239,6 +255,13 @@ class Dream(DiffusionBackbone):
                 score = score / c.alg_temp - torch.log(-torch.log(u.clamp(1e-300, 1 - 1e-16)))
             k = quota(eligible[idx].sum(-1).cpu(), j, per, c.eps).to(device)
             chosen[idx] = eligible[idx] & top_ranked(score, k, noise("tie")[idx])
+        # Fast-dLLM: beyond the quota, the proposals its rule accepts
+        for i, c in enumerate(configs):
+            if c.threshold is not None or c.factor is not None:
+                ties = noise("tie")[i]
+                chosen[i] |= parallel_commits(
+                    confidence[i], eligible[i], ties, c.threshold, c.factor
+                )
         new = torch.where(chosen, proposal, ids)
         committed = torch.where(chosen, confidence, torch.full_like(confidence, torch.nan))
         return new, committed

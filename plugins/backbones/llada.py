@@ -10,7 +10,9 @@ uniform. With cfg_scale > 0 each step also runs the prompt-masked canvas and use
 un + (cfg + 1)·(cond − un): two passes per row-step. The Instruct model's pure-diffusion
 options: `logits_eos_inf` (EOS is never sampled) and `confidence_eos_eot_inf` (EOS and EoT get
 confidence 0 under low_confidence, so they commit last). The mask token can be committed, as
-in the reference; set suppress_mask=true to forbid it.
+in the reference; set suppress_mask=true to forbid it. With Fast-dLLM's `threshold` or `factor`
+(low_confidence only) a step also commits the eligible positions its rule accepts, beyond the
+quota.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from dllmbench.plugins.backbones.base import (
     Attention,
     DiffusionBackbone,
     block_schedule,
-    block_step,
+    check_parallel,
+    parallel_commits,
     purpose_generator,
     top_ranked,
 )
@@ -50,6 +53,10 @@ class LLaDAConfig:
     logits_eos_inf: bool = False  # EOS logit −inf before sampling: EOS is never drawn
     confidence_eos_eot_inf: bool = False  # EOS and EoT confidence 0: committed last
     suppress_mask: bool = False  # never sample the mask token (the reference can)
+    # Fast-dLLM's parallel decoding on top of the schedule (docs/backbones.md): also commit
+    # the eligible positions whose token probability is >= threshold, or the factor rule's
+    threshold: float | None = None
+    factor: float | None = None
     # "sdpa": rows left-padded to the widest; "packed": rows end to end, no padding
     # (FlexAttention document mask, packing.py)
     attention: Attention = "sdpa"
@@ -66,6 +73,13 @@ class LLaDAConfig:
             raise ValueError("temperature and cfg_scale must be >= 0")
         if self.block_length is not None and self.block_length < 1:
             raise ValueError("block_length must be >= 1")
+        check_parallel(self.threshold, self.factor)
+        parallel = self.threshold is not None or self.factor is not None
+        if parallel and self.remasking != "low_confidence":
+            raise ValueError(
+                "threshold and factor compare the drawn token's probability, which only "
+                f"remasking=low_confidence commits by; got remasking={self.remasking}"
+            )
 
     @property
     def positions(self) -> int | None:
@@ -117,13 +131,16 @@ class LLaDA(DiffusionBackbone):
     arch = "llada"
     shift = False
     mask_names = ("<|mdm_mask|>", "<|mask|>")
-    row_settings = frozenset({"temperature", "remasking", "block_length", "steps"})
+    row_settings = frozenset(
+        {"temperature", "remasking", "block_length", "threshold", "factor", "steps"}
+    )
     contract_configs: ClassVar[list[dict]] = [
         {"model": "random"},
         {"model": "random", "temperature": 0.7, "remasking": "random"},
         {"model": "random", "cfg_scale": 1.0, "block_length": 5},
         {"model": "random", "temperature": 0.0, "logits_eos_inf": True},
         {"model": "random", "confidence_eos_eot_inf": True},
+        {"model": "random", "factor": 1.0},
     ]
 
     @property
@@ -151,19 +168,13 @@ class LLaDA(DiffusionBackbone):
         device = self.device
         ids, attn = ids.to(device), attn.to(device)
         n, width = ids.shape
-        masked = ids == self.mask_id
-        positions = torch.arange(width, device=device)
         configs = [self.row_config(batch.setting(i)) for i in range(n)]
-        eligible = torch.zeros_like(masked)  # masked and not right of the row's current block
+        eligible, blocks = self.eligible(ids, offsets, batch)  # masked, not right of the block
         quotas = torch.zeros(n, dtype=torch.long, device=device)
-        for i, (off, plen, step) in enumerate(
-            zip(offsets, batch.prompt_lens, batch.steps, strict=True)
-        ):
+        for i, (off, plen, at) in enumerate(zip(offsets, batch.prompt_lens, blocks, strict=True)):
             gen_length, total = width - off - plen, batch.total(i)
             if "block_length" not in batch.setting(i):
                 self.schedule(gen_length, total)  # the configured blocks: as the reference
-            at = block_step(gen_length, configs[i].block_length, total, step)
-            eligible[i] = masked[i] & (positions < off + plen + at.end)
             if at.even:
                 quotas[i] = block_quota(gen_length * at.per // total, at.per, torch.tensor(at.j))
             else:  # a row's own blocks that do not divide: even over the steps left
@@ -212,6 +223,12 @@ class LLaDA(DiffusionBackbone):
         proposal[eligible] = x0
         ties = self.noise(batch, offsets, width, "tie").to(device)
         chosen = eligible & top_ranked(confidence, quotas, ties)
+        # Fast-dLLM: beyond the quota, the proposals its rule accepts (low_confidence only)
+        for i, c in enumerate(configs):
+            if c.threshold is not None or c.factor is not None:
+                chosen[i] |= parallel_commits(
+                    confidence[i], eligible[i], ties[i], c.threshold, c.factor
+                )
         committed = torch.full(ids.shape, torch.nan, dtype=torch.float64, device=device)
         committed[eligible] = probability
         committed = torch.where(chosen, committed, torch.full_like(committed, torch.nan))

@@ -28,8 +28,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from dllmbench.api.hookspecs import hookimpl
-from dllmbench.api.interfaces import ScoreBatch, TransformerBackbone
+from dllmbench.api.interfaces import ScoreBatch, TransformerBackbone, model_shape
 from dllmbench.core.errors import PluginError, UserError
+from dllmbench.core.flops import ModelShape, Work
 from dllmbench.core.jsonfile import read_object
 from dllmbench.plugins.scorers.adapters import (
     active,
@@ -351,6 +352,24 @@ class RewardScorer:
             eos = self.backbone.eos_id
             return set() if eos is None else {eos}
         return set(self.backbone.stop_ids)
+
+    @property
+    def model_shape(self) -> ModelShape:
+        """The backbone's transformer without its LM head, plus this scorer's adapter (applied
+        at every token) and its head (applied once per row, to the pooled state)."""
+        body = model_shape(self.backbone)
+        assert body is not None  # a TransformerBackbone's is read from its transformer
+        adapter = sum(p.numel() for p in adapter_parameters(self.net, self.adapter).values())
+        head = sum(m.weight.numel() for m in self.head.modules() if isinstance(m, torch.nn.Linear))
+        return body.plus(params=int(adapter), head=int(head))
+
+    def score_work(self, batch: ScoreBatch) -> list[Work]:
+        """Each row's forward over its own tokens, bidirectional or causal, the head once."""
+        causal = self.settings["attention"] == "causal"
+        return [
+            Work.causal(len(t), head=1) if causal else Work.full(len(t), head=1)
+            for t in batch.tokens
+        ]
 
     def score(self, batch: ScoreBatch) -> np.ndarray:
         """One logit per row, each row at its own width (`batching`): a row's score does not

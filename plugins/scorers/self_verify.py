@@ -17,8 +17,9 @@ import numpy as np
 import torch
 
 from dllmbench.api.hookspecs import hookimpl
-from dllmbench.api.interfaces import ScoreBatch, TransformerBackbone
+from dllmbench.api.interfaces import ScoreBatch, TransformerBackbone, model_shape
 from dllmbench.core.errors import PluginError
+from dllmbench.core.flops import ModelShape, Work
 from dllmbench.core.types import Prompt
 from dllmbench.plugins.scorers.batching import by_width, pad_id_of, pad_to
 
@@ -63,10 +64,8 @@ class SelfVerify:
             raise PluginError(f"scorer 'self': {word!r} encodes to no token")
         return ids[0]
 
-    @torch.no_grad()
-    def score(self, batch: ScoreBatch) -> np.ndarray:
-        """Each row asked at its own width (`batching`): its score never depends on the rows
-        beside it."""
+    def _asked(self, batch: ScoreBatch) -> list[torch.Tensor]:
+        """Each row as the question asks it: prompt, answer text, question, one mask."""
         bb = self.backbone
         rows = []
         for tokens, plen in zip(batch.tokens, batch.prompt_lens, strict=True):
@@ -74,6 +73,24 @@ class SelfVerify:
             asked = self._text_ids(text + self.config.question)
             prompt = tokens[:plen].cpu()
             rows.append(torch.cat([prompt, torch.tensor([*asked, bb.mask_id], dtype=torch.long)]))
+        return rows
+
+    @property
+    def model_shape(self) -> ModelShape | None:
+        """The backbone's own model, its LM head included."""
+        return model_shape(self.backbone)
+
+    def score_work(self, batch: ScoreBatch) -> list[Work]:
+        """A bidirectional forward over each asked row, the LM head at every position (the
+        backbone's `logits`, of which the last position is read)."""
+        return [Work.full(len(row)) for row in self._asked(batch)]
+
+    @torch.no_grad()
+    def score(self, batch: ScoreBatch) -> np.ndarray:
+        """Each row asked at its own width (`batching`): its score never depends on the rows
+        beside it."""
+        bb = self.backbone
+        rows = self._asked(batch)
         out = np.empty(len(rows))
         for width, members in by_width(rows):
             ids, attn, _ = pad_to(bb, [rows[i] for i in members], width, self._pad_id)

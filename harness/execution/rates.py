@@ -1,0 +1,84 @@
+"""FLOPs per pass at a run's reference row: what the planner converts passes into FLOPs with.
+
+A FLOP budget is per problem, and what one pass costs depends on the row: its prompt's
+length, the canvas, the model. The planner prices every kind of pass at the *reference row*:
+the mean prompt length of the run's problems (as the backbone encodes them) followed by the
+fully masked canvas. A denoising pass is priced as the backbone's first step on that row (its
+`step_work`, else a bidirectional forward with the head at every position): every generated
+position is masked there, so the price is an upper bound of a later step's. A scoring pass is
+priced as the scorer's forward over the same row. The ledger charges each forward's own FLOPs
+as it happens; the plan's FLOPs are a price, not a charge.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from dllmbench.api.interfaces import (
+    Backbone,
+    CountsScoreWork,
+    CountsStepWork,
+    ScoreBatch,
+    Scorer,
+    StepBatch,
+    Task,
+    model_shape,
+    passes_per_step,
+)
+from dllmbench.core.flops import Work, flops
+from dllmbench.core.types import Problem
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The row a plan prices passes at: its prompt and canvas lengths, and the FLOPs of one
+    pass by kind (absent: a model whose shape is unknown)."""
+
+    prompt_tokens: int
+    gen_length: int
+    rates: dict[str, int]
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "gen_length": self.gen_length,
+            "rates": dict(self.rates),
+        }
+
+
+def reference(
+    backbone: Backbone,
+    scorers: Mapping[str, Scorer],
+    task: Task,
+    problems: Sequence[Problem],
+    prompt_style: str,
+    gen_length: int,
+    total_steps: int,
+) -> Reference:
+    """The reference row of a run's problems, and the FLOPs of one pass of each kind there."""
+    lengths = [len(backbone.encode(task.prompt(p, prompt_style))) for p in problems]
+    prompt = round(sum(lengths) / len(lengths)) if lengths else 0
+    canvas = backbone.canvas([0] * prompt, gen_length)
+    rates: dict[str, int] = {}
+    shape = model_shape(backbone)
+    if shape is not None:
+        if isinstance(backbone, CountsStepWork):
+            step = StepBatch([canvas], [prompt], [0], [0], total_steps)
+            work = backbone.step_work(step)[0]
+        else:
+            work = Work.full(len(canvas))
+        rates["denoise"] = passes_per_step(backbone) * flops(shape, work)
+    finished = canvas.clone()
+    finished[prompt:] = 0  # a final state: nothing masked
+    for name, scorer in scorers.items():
+        shape = model_shape(scorer)
+        if shape is None:
+            continue
+        if isinstance(scorer, CountsScoreWork):
+            batch = ScoreBatch([finished], [prompt], [total_steps], total_steps)
+            work = scorer.score_work(batch)[0]
+        else:
+            work = Work.full(len(finished), head=1)
+        rates[f"score:{name}"] = flops(shape, work)
+    return Reference(prompt, gen_length, rates)

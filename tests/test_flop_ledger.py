@@ -1,0 +1,228 @@
+"""The FLOP ledger: one formula, charged where forwards happen, checked against hand counts;
+caps refused as they are spent; the families that came before decide and spend as before."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers.models.qwen2 import modeling_qwen2
+
+from dllmbench.cli import main
+from dllmbench.cli.argtypes import budgets
+from dllmbench.core.errors import OverCap
+from dllmbench.core.flops import Flops, ModelShape, Work, flops, format_flops, shape_of
+from dllmbench.core.ledger import Ledger
+from dllmbench.demo import TINY_DIR
+from dllmbench.execution import engine
+from dllmbench.plugins.backbones.base import DiffusionBackbone
+from dllmbench.plugins.methods import FAMILIES
+from dllmbench.plugins.scorers.reward import RewardScorer
+
+FIXTURE = Path(__file__).parent / "fixtures" / "demo30_decisions.json.gz"
+
+
+# -- the formula --------------------------------------------------------------------------------
+
+
+def test_the_formula_on_a_row_worked_by_hand():
+    shape = ModelShape(params=1_000, head=50, layers=3, width=8)
+    # 10 query tokens, each attending 10 keys, the head read at 4 positions
+    assert flops(shape, Work.full(10, head=4)) == 2 * 1_000 * 10 + 2 * 50 * 4 + 4 * 3 * 8 * 100
+    # causal: query i attends keys 0..i, 1 + 2 + ... + 10 = 55
+    assert Work.causal(10).attended == 55
+    # a cached block: 4 queries over 20 cached keys and themselves
+    assert flops(shape, Work(4, 4 * 24, 0)) == 2 * 1_000 * 4 + 4 * 3 * 8 * 96
+    assert format_flops(2.1e15) == "2.1 PFLOP" and format_flops(None) == "–"
+
+
+def test_shape_of_counts_every_matmul_weight_but_the_embedding_and_adapters():
+    config = Qwen2Config(
+        vocab_size=50,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+    )
+    with torch.device("meta"):
+        model = Qwen2ForCausalLM(config)
+    kv = 2 * (32 // 4)  # two kv heads of dimension 8
+    layer = 32 * 32 + 2 * 32 * kv + 32 * 32 + 3 * 32 * 48  # q, k and v, o, MLP
+    shape = shape_of(model)
+    assert shape == ModelShape(params=2 * layer, head=50 * 32, layers=2, width=32)
+
+
+def test_a_flop_budget_is_spelt_with_its_unit_and_never_mixed():
+    assert budgets("2.1e15flops") == Flops(2_100_000_000_000_000)
+    assert isinstance(budgets("1e9FLOPS,2e9flops")[1], Flops)
+    assert budgets("1040") == 1040 and not isinstance(budgets("1040"), Flops)
+    with pytest.raises(Exception, match="one unit"):
+        budgets("1040,2e9flops")
+    with pytest.raises(Exception, match=r"e\.g\. 2\.1e15flops"):
+        budgets("manyflops")
+
+
+# -- the ledger ---------------------------------------------------------------------------------
+
+
+def test_a_capped_method_is_refused_the_charge_that_passes_its_cap():
+    ledger = Ledger()
+    ledger.cap("adaptive", {"denoise": 10}, "adaptive")
+    ledger.charge("p", [("adaptive", "exact")], "denoise", 6, 600)
+    ledger.check("p", "adaptive", {"denoise": 10})  # under its cap: fine
+    with pytest.raises(OverCap, match=r"strategy 'adaptive'.*over its cap \{'denoise': 10\}"):
+        ledger.charge("p", [("adaptive", "exact")], "denoise", 5, 500)
+    entry = ledger.entry("p", "exact")
+    assert entry["passes"] == {"denoise": 6} and entry["flops"] == {"denoise": 600}
+
+
+def test_flops_of_a_model_without_a_shape_are_unknown_not_zero():
+    ledger = Ledger()
+    ledger.charge("p", [("m",)], "denoise", 1, 100)
+    ledger.charge("p", [("m",)], "score:x", 1, None)
+    entry = ledger.entry("p", "m")
+    assert entry["total_flops"] is None and entry["flops"] == {"denoise": 100}
+
+
+# -- the demo, counted by hand ------------------------------------------------------------------
+
+DEMO_FLOPS = "1.5e10flops"
+
+
+def _tiny() -> dict:
+    return json.loads((TINY_DIR / "config.json").read_text())
+
+
+def _lora(kind: str, hidden: int, width: int, layers: int) -> int:
+    """A scorer's LoRA parameters by hand: r × (in + out) of each adapted projection."""
+    saved = json.loads((TINY_DIR / kind / "config.json").read_text())
+    sizes = {
+        "q_proj": (hidden, hidden),
+        "k_proj": (hidden, hidden),
+        "v_proj": (hidden, hidden),
+        "o_proj": (hidden, hidden),
+        "gate_proj": (hidden, width),
+        "up_proj": (hidden, width),
+        "down_proj": (width, hidden),
+    }
+    modules = saved["target_modules"].split(",")
+    return layers * sum(saved["lora_r"] * sum(sizes[m]) for m in modules)
+
+
+def _readout(kind: str, hidden: int) -> int:
+    """A scorer's head weights by hand (PRMHead, ORMHead)."""
+    saved = json.loads((TINY_DIR / kind / "config.json").read_text())
+    if kind == "orm":
+        return hidden
+    width, step = saved["head_width"], 256 if saved["step_embedding"] else 0
+    return (256 * 256 if step else 0) + (hidden + step) * width + width
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", [name for name, _, _ in FAMILIES])
+def test_recorded_flops_equal_a_hand_count_of_what_the_model_computed(
+    family, tmp_path, monkeypatch
+):
+    """Each family alone on the demo's first problem at a FLOP budget: every forward of the
+    transformer (its rows' real lengths), every application of the LM head (its positions)
+    and of a scorer's readout is observed, and the FLOPs are worked out by hand from the
+    tiny model's config.json (2·P·tokens + 2·P_head·head positions + 4·layers·width·Σ keys).
+    The record's FLOPs must agree within 0.1%. Rows that are one computation are computed
+    once each here (the engine otherwise computes them once and charges every row)."""
+    c = _tiny()
+    hidden, width, layers = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
+    body = layers * (4 * hidden * hidden + 3 * hidden * width)  # q, k, v, o and the MLP
+    lm_head = c["vocab_size"] * hidden
+    scoring: list[str | None] = [None]  # the reward scorer whose adapter is on, if any
+    counted = Counter[str]()
+    last_mask: list[torch.Tensor] = []  # the attention mask of the latest forward
+
+    forward = modeling_qwen2.Qwen2Model.forward
+
+    def observed_forward(self, *args, **kwargs):
+        lengths = kwargs["attention_mask"].sum(-1).tolist()
+        adapter = _lora(scoring[0], hidden, width, layers) if scoring[0] else 0
+        causal = kwargs.get("is_causal") is True
+        keys = sum(n * (n + 1) // 2 if causal else n * n for n in lengths)
+        counted["flops"] += 2 * (body + adapter) * sum(lengths) + 4 * layers * hidden * keys
+        last_mask[:] = [kwargs["attention_mask"]]
+        return forward(self, *args, **kwargs)
+
+    head = DiffusionBackbone.head
+
+    def observed_head(self, states):
+        # [B, L, H]: the head over whole padded rows (pads not counted); [M, H]: the
+        # positions the sampler reads
+        positions = int(last_mask[0].sum()) if states.dim() == 3 else states.shape[0]
+        counted["flops"] += 2 * lm_head * positions
+        return head(self, states)
+
+    logits = RewardScorer.logits
+
+    def observed_logits(self, tokens, prompt_lens, width=None):
+        scoring[0] = self.kind
+        try:
+            out = logits(self, tokens, prompt_lens, width)
+        finally:
+            scoring[0] = None
+        counted["flops"] += 2 * _readout(self.kind, hidden) * len(tokens)
+        return out
+
+    # rows that are one computation (equal final states scored, equal steps) are computed once
+    # but charged to each row as if alone: computing each makes what runs what is charged
+    monkeypatch.setattr(engine, "_identical", lambda rows: [[n] for n, _ in enumerate(rows)])
+    monkeypatch.setattr(modeling_qwen2.Qwen2Model, "forward", observed_forward)
+    monkeypatch.setattr(DiffusionBackbone, "head", observed_head)
+    monkeypatch.setattr(RewardScorer, "logits", observed_logits)
+    out = tmp_path / "run"
+    argv = ["run", "--limit", "1", "--budget", DEMO_FLOPS, "--methods", family, "--out", out]
+    assert main([*map(str, argv), "--json"]) == 0
+    (record,) = [json.loads(line) for line in (out / "samples.jsonl").open()]
+    recorded = record["ledger"]["total_flops"]
+    assert recorded == pytest.approx(counted["flops"], rel=1e-3), (family, record["ledger"])
+
+
+# -- what came before ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_families_of_before_decide_and_spend_as_they_did(tmp_path):
+    """The demo's first 30 problems at both budgets, every family that existed before the FLOP
+    ledger: each (problem, method) selects the same candidate, answers and grades the same,
+    spends the same passes by kind and holds the same candidates (texts, answers, lineage,
+    settings, edits) as the run recorded in tests/fixtures before the change."""
+    import hashlib
+
+    recorded = json.loads(gzip.decompress(FIXTURE.read_bytes()))["records"]
+    families = [
+        name for name, _, _ in FAMILIES if name not in ("adaptive_consistency", "threshold")
+    ]
+    out = tmp_path / "run"
+    argv = ["run", "--limit", "30", "--methods", ",".join(families), "--out", str(out)]
+    assert main([*argv, "--json"]) == 0
+    seen = 0
+    for line in (out / "samples.jsonl").open():
+        r = json.loads(line)
+        want = recorded[r["method"]][r["problem"]]
+        candidates = [
+            [c["text"], c["key"], c["lineage"], c.get("settings"), c.get("edits")]
+            for c in r["candidates"]
+        ]
+        digest = hashlib.blake2b(json.dumps(candidates).encode(), digest_size=12).hexdigest()
+        got = {
+            "selected": r["selected"],
+            "answer": r["answer"],
+            "correct": r["correct"],
+            "passes": r["ledger"]["passes"],
+            "candidates": digest,
+        }
+        assert got == want, (r["method"], r["problem"])
+        seen += 1
+    assert seen == sum(len(v) for v in recorded.values()) == 1050

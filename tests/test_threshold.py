@@ -1,0 +1,352 @@
+"""Fast-dLLM's parallel decoding as sampler settings (`threshold`, `factor`) of Dream and LLaDA:
+today's sampler as the floor, the reference's rules beyond it worked by hand, rows that end
+early through the engine, and what a denoising forward computes (`step_work`)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import ClassVar
+
+import pytest
+import torch
+from test_samplers import Positional
+
+from dllmbench.api.interfaces import FinishesEarly, StepBatch, model_shape, passes_per_step
+from dllmbench.core.errors import UserError
+from dllmbench.core.flops import Work, flops
+from dllmbench.core.types import Prompt
+from dllmbench.execution.engine import Engine, Sampling
+from dllmbench.execution.method import Method, MethodSpec
+from dllmbench.loading.registry import registry
+from dllmbench.plugins.backbones.base import factor_count
+from dllmbench.plugins.backbones.dream import Dream, quota
+from dllmbench.plugins.backbones.llada import LLaDA
+from dllmbench.plugins.backbones.loading import char_tokenizer
+from dllmbench.plugins.backbones.tiny import Tiny
+from dllmbench.tasks.arith import Arith
+
+
+# -- settings -----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "cls,config,needle",
+    [
+        (Dream, {"threshold": 0.9, "factor": 1.0}, "not both"),
+        (LLaDA, {"threshold": 0.0}, r"threshold must be in \(0, 1\]"),
+        (LLaDA, {"threshold": 1.5}, r"threshold must be in \(0, 1\]"),
+        (Dream, {"factor": 0.0}, "factor must be > 0"),
+        (Dream, {"threshold": 0.9, "alg": "origin"}, "alg=maskgit_plus"),
+        (Dream, {"factor": 1.0, "alg": "entropy"}, "alg=maskgit_plus"),
+        (LLaDA, {"threshold": 0.9, "remasking": "random"}, "remasking=low_confidence"),
+    ],
+)
+def test_settings_that_make_no_sense_are_refused_in_one_line(cls, config, needle):
+    with pytest.raises(ValueError, match=needle):
+        cls.Config(model="random", **config)
+    bb = cls(model="random")
+    with pytest.raises(UserError, match=needle):
+        bb.check_row_settings(config, 8, 4)
+
+
+@pytest.mark.parametrize("cls", [Dream, LLaDA, Tiny])
+def test_rows_with_a_threshold_or_factor_finish_early(cls):
+    bb = cls(model="random")
+    assert isinstance(bb, FinishesEarly)
+    assert {"threshold", "factor"} <= bb.row_settings
+    assert not bb.finishes_early({}) and not bb.finishes_early({"temperature": 0.0})
+    assert bb.finishes_early({"threshold": 0.9}) and bb.finishes_early({"factor": 1.0})
+    assert cls(model="random", threshold=0.8).finishes_early({})
+
+
+# -- (a) threshold 1.0 is today's sampler ----------------------------------------------------
+@pytest.mark.parametrize("cls", [Dream, LLaDA])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_threshold_one_gives_todays_tokens_over_a_whole_t(cls, dtype):
+    """Rows at threshold 1.0 beside rows without it, in one batch, one and several blocks:
+    every state and every committed confidence is the same, step by step."""
+    T, gen = 6, 12
+    bb = cls(model="random", dtype=dtype)
+    prompts = [bb.encode(Prompt(text=p)) for p in ("12+30=", "7*8=")]
+    plain = [{}, {"block_length": 4}]
+    settings = [s for s in plain for s in (s, {**s, "threshold": 1.0})]
+    rows = [(p, s, key) for p in prompts for s in settings for key in (3, 11)]
+    tokens = [bb.canvas(p, gen) for p, _, _ in rows]
+    for t in range(T):
+        batch = StepBatch(
+            tokens,
+            [len(p) for p, _, _ in rows],
+            [t] * len(rows),
+            [key for _, _, key in rows],
+            T,
+            settings=[s for _, s, _ in rows],
+        )
+        out = bb.denoise_step_with_confidence(batch)
+        tokens = [new for new, _ in out]
+        for i in range(0, len(rows), 4):  # (plain, threshold) pairs of one key
+            for j in (i, i + 1):
+                assert torch.equal(out[j][0], out[j + 2][0])
+                torch.testing.assert_close(out[j][1], out[j + 2][1], rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("cls", [Dream, LLaDA])
+def test_extra_commits_are_the_proposals_already_drawn(cls):
+    """At a threshold every confidence passes, the first step fills the canvas, with the
+    tokens the plain step committed where it committed it."""
+    bb = cls(model="random", temperature=1.0)
+    prompt = bb.encode(Prompt(text="12+30="))
+    canvas, plen = bb.canvas(prompt, 8), len(prompt)
+
+    def step(settings):
+        return bb.denoise_step(StepBatch([canvas], [plen], [0], [5], 4, settings=[settings]))[0]
+
+    plain, everything = step({}), step({"threshold": 1e-12})
+    committed = plain != bb.mask_id
+    assert 0 < int(committed[plen:].sum()) < 8
+    assert (everything[plen:] != bb.mask_id).all()
+    assert torch.equal(everything[committed], plain[committed])
+
+
+# -- (b) the rules worked by hand ---------------------------------------------------------------
+@pytest.mark.parametrize(
+    "confidence,factor,expected",
+    [
+        ([], 1.0, 0),
+        ([0.01], 1.0, 1),  # a lone position always commits
+        ([0.1, 0.05], 1.0, 2),  # two: the miss at the last rank is ignored
+        ([0.9, 0.5, 0.4, 0.3], 1.0, 1),  # rank 1: 0.5 < 1 − 1/3
+        ([0.5, 0.9, 0.7, 0.1], 1.0, 2),  # ranked 0.9, 0.7 ≥ 2/3, 0.5 < 3/4
+        ([0.9, 0.8, 0.1], 1.0, 3),  # the miss is at the last rank: all three
+        ([0.99, 0.95, 0.92, 0.7, 0.3, 0.1], 2.0, 4),  # 1 − 2/(i+2): 1/3, 1/2, 3/5, 2/3
+        ([0.99, 0.95, 0.92, 0.7, 0.3, 0.1], 1.0, 3),  # 0.7 < 4/5
+        ([0.75, 0.75, 0.75], 1.0, 3),
+        ([0.8, 0.75, 0.75, 0.1], 1.0, 4),  # 0.75 at rank 2 is 1 − 1/4: passes; 0.1 is last
+        ([0.8, 0.75, 0.75, 0.1, 0.05], 1.0, 3),  # ... and 0.1 at rank 3 of 5 misses
+    ],
+)
+def test_factor_count_worked_by_hand(confidence, factor, expected):
+    assert factor_count(torch.tensor(confidence, dtype=torch.float64), factor) == expected
+
+
+def reference_factor_count(confidence: list[float], factor: float) -> int:
+    """Fast-dLLM's get_transfer_index_dynamic count, written as the reference's loop."""
+    n = len(confidence)
+    thresholds = [1 - factor / (m + 1) for m in range(1, n + 1)]
+    thresholds[0] = -1
+    ranked = sorted(confidence, reverse=True)
+    top = 0
+    for top in range(n):
+        if ranked[top] < thresholds[top]:
+            break
+    if top == 0 or top == n - 1:
+        top += 1
+    return top
+
+
+def test_factor_count_is_the_references_loop():
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(400):
+        n = 1 + trial % 13
+        confidence = (1 - torch.rand(n, generator=gen, dtype=torch.float64) ** 3).tolist()
+        for factor in (0.25, 1.0, 2.0, 5.0):
+            expected = reference_factor_count(confidence, factor)
+            assert factor_count(torch.tensor(confidence, dtype=torch.float64), factor) == expected
+
+
+PROBABILITIES = (0.99, 0.95, 0.92, 0.7, 0.3, 0.1)  # of the answer positions' token 'a'
+
+
+def confident_backbone(cls, **config):
+    """A backbone whose answer position j draws 'a' with probability PROBABILITIES[j] (argmax,
+    float64 softmax), whatever the canvas; the prompt is "1+1=" (4 tokens)."""
+    tok = char_tokenizer()
+    a, size = tok.get_vocab()["a"], len(tok)
+    table = torch.zeros(12, size)
+    first = 4 - 1 if cls is Dream else 4  # Dream reads position i's logits at i − 1
+    for j, p in enumerate(PROBABILITIES):
+        table[first + j, a] = math.log(p * (size - 1) / (1 - p))
+    net = Positional(table)
+    bb = cls(transformer=net, tokenizer=tok, temperature=0.0, **config)
+    exact = torch.softmax(net.lm_head.weight.T.double(), dim=-1)[first : first + 6, a]
+    return bb, exact
+
+
+def commits_by_step(bb, total, settings):
+    """The answer positions (0-based) each step commits, stepping until nothing is masked."""
+    canvas = bb.canvas(bb.tokenizer("1+1=")["input_ids"], 6)
+    newly = []
+    for t in range(total):
+        batch = StepBatch([canvas], [4], [t], [9], total, settings=[settings])
+        after = bb.denoise_step(batch)[0]
+        newly.append(sorted(((after != canvas).nonzero().flatten() - 4).tolist()))
+        canvas = after
+        if not (canvas[4:] == bb.mask_id).any():
+            break
+    return newly
+
+
+def test_llada_threshold_one_token_per_step_is_the_references_rule():
+    """T = 6 over 6 positions: the quota is the most confident one, as the reference's
+    "at least one"; beyond it every position at or above the threshold (the boundary
+    included: the reference drops only those below)."""
+    bb, exact = confident_backbone(LLaDA)
+    tau = float(exact[2])  # exactly position 2's probability
+    assert commits_by_step(bb, 6, {}) == [[0], [1], [2], [3], [4], [5]]
+    assert commits_by_step(bb, 6, {"threshold": tau}) == [[0, 1, 2], [3], [4], [5]]
+    assert commits_by_step(bb, 6, {"threshold": math.nextafter(tau, 1)}) == [
+        [0, 1],
+        [2],
+        [3],
+        [4],
+        [5],
+    ]
+
+
+def test_llada_factor_rule_and_its_two_position_edge():
+    """Factor 2: ranks 1..4 need 1/3, 1/2, 3/5, 2/3; 0.3 misses at rank 4 → the top four.
+    Then two positions are left, and the reference commits both whatever they are. Factor 1:
+    0.7 misses 4/5 at rank 3 → three; of 0.7, 0.3, 0.1, 0.3 misses 2/3 at rank 1 → one (the
+    quota's); then the last two."""
+    bb, _ = confident_backbone(LLaDA)
+    assert commits_by_step(bb, 6, {"factor": 2.0}) == [[0, 1, 2, 3], [4, 5]]
+    assert commits_by_step(bb, 6, {"factor": 1.0}) == [[0, 1, 2], [3], [4, 5]]
+
+
+def test_dream_threshold_adds_to_a_quota_that_may_be_zero():
+    """Dream's schedule at T = 6 over 6 positions commits none at step 0 (int(6 · 0.999)), so
+    there a threshold row commits exactly the positions at or above it: no "at least one"."""
+    assert quota(torch.tensor([6]), torch.tensor([0]), 6, 1e-3).item() == 0
+    bb, exact = confident_backbone(Dream, alg="maskgit_plus", alg_temp=0.0)
+    assert commits_by_step(bb, 6, {})[0] == []
+    assert commits_by_step(bb, 6, {"threshold": float(exact[2])})[0] == [0, 1, 2]
+    assert commits_by_step(bb, 6, {"threshold": 0.999})[0] == []
+    assert commits_by_step(bb, 6, {"factor": 2.0})[0] == [0, 1, 2, 3]
+
+
+def test_llada_extra_commits_stay_in_the_current_block():
+    bb, _ = confident_backbone(LLaDA)
+    settings = {"threshold": 0.5, "block_length": 3}
+    # T = 6 over two blocks of 3: the first block fills at step 0, then idles until step 3
+    assert commits_by_step(bb, 6, settings) == [[0, 1, 2], [], [], [3], [4], [5]]
+
+
+# -- (c) through the engine: rows end early, charged what they computed ----------------------
+class EarlyRows:
+    """n rows at the given sampler settings, each to its own end; the cost n·T is a cap."""
+
+    prefix_field: ClassVar[str | None] = None
+    scorers = ()
+    config = None
+    capped = True
+
+    def __init__(self, n: int, settings: dict):
+        self.n, self.settings = n, settings
+
+    def cost(self, total_steps):
+        return {"denoise": self.n * total_steps}
+
+    def pool_size(self):
+        return self.n
+
+    def pool_scores(self):
+        return frozenset()
+
+    async def search(self, problem, ops):
+        rows = ops.start(problem, copies=self.n, settings=self.settings)
+        return ops.pool(await ops.denoise(rows))
+
+
+def test_tiny_rows_with_a_threshold_end_early_and_the_ledger_charges_what_was_computed(
+    monkeypatch,
+):
+    T, gen, n = 24, 32, 4  # the demo's protocol
+    bb = Tiny()
+    computed, works = [], []
+    step, count = bb.denoise_step_with_confidence, bb.step_work
+
+    def counted_step(batch):
+        computed.append(len(batch.tokens))
+        return step(batch)
+
+    def counted_work(batch):
+        works.extend(count(batch))
+        return works[-len(batch.tokens) :]
+
+    monkeypatch.setattr(bb, "denoise_step_with_confidence", counted_step)
+    monkeypatch.setattr(bb, "step_work", counted_work)
+    task = Arith(test_size=6)
+    early = Method("early", MethodSpec("early"), EarlyRows(n, {"threshold": 0.9}), first())
+    engine = Engine(
+        backbone=bb, scorers={}, task=task, methods=[early], sampling=Sampling(T, gen, "fewshot")
+    )
+    records = engine.run(task.problems("test"))
+    rows = len(records) * n
+    passes = sum(r["ledger"]["passes"]["denoise"] for r in records)
+    assert passes == sum(computed) == len(works)
+    assert sum(computed) / rows < T / 2  # far fewer steps than T on average (about 5 of 24)
+    charged = sum(r["ledger"]["flops"]["denoise"] for r in records)
+    assert charged == sum(flops(model_shape(bb), w) for w in works)
+    assert all(c["text"] and "<|mask|>" not in c["text"] for r in records for c in r["candidates"])
+
+
+def first():
+    return registry().selector("first")
+
+
+# -- (d) what a step computes -----------------------------------------------------------------
+@pytest.mark.parametrize(
+    "cls,config", [(Dream, {}), (LLaDA, {}), (LLaDA, {"cfg_scale": 1.0})], ids=str
+)
+def test_step_work_counts_the_rows_own_tokens_and_the_heads_positions(cls, config, monkeypatch):
+    """Row 0: 3 prompt tokens and 6 generated, 2 of them committed (one block): 9 queries,
+    81 attended, the head at the 4 masked. Row 1: 5 prompt tokens, 6 masked, its own blocks
+    of 3 at step 0: 11 queries, 121 attended, the head at the first block's 3."""
+    bb = cls(model="random", **config)
+    first_row = bb.canvas([20, 21, 22], 6)
+    first_row[4], first_row[7] = 30, 31
+    batch = StepBatch(
+        [first_row, bb.canvas([20, 21, 22, 23, 24], 6)],
+        [3, 5],
+        [2, 0],
+        [1, 2],
+        6,
+        settings=[{}, {"block_length": 3}],
+    )
+    assert bb.step_work(batch) == [Work(9, 81, 4), Work(11, 121, 3)]
+    heads = []
+    head = bb.head
+    monkeypatch.setattr(bb, "head", lambda hidden: heads.append(hidden.shape[0]) or head(hidden))
+    bb.denoise_step(batch)
+    assert sum(heads) == passes_per_step(bb) * (4 + 3)  # the head ran where step_work says
+
+
+def test_step_work_of_a_finished_row_reads_no_head():
+    bb = Dream(model="random")
+    done = bb.canvas([20, 21], 4)
+    done[2:] = 7
+    batch = StepBatch([done], [2], [3], [0], 4)
+    assert bb.step_work(batch) == [Work(6, 36, 0)]
+
+
+def test_packed_attention_counts_the_same_work():
+    padded, packed = (Dream(model="random", attention=a) for a in ("sdpa", "packed"))
+    rows = [padded.canvas([20] * n, 5) for n in (2, 7)]
+    batch = StepBatch(rows, [2, 7], [0, 0], [0, 1], 5)
+    assert padded.step_work(batch) == packed.step_work(batch) == [Work(7, 49, 5), Work(12, 144, 5)]
+
+
+def test_lower_thresholds_commit_more_on_the_same_floor():
+    """From one state and key, a row at any threshold commits what the plain row commits, with
+    the same tokens, and more the lower the threshold."""
+    bb = Dream(model="random", temperature=1.0)
+    prompt = bb.encode(Prompt(text="3+4="))
+    canvas = bb.canvas(prompt, 10)
+    settings = [{}, {"threshold": 1.0}, {"threshold": 0.05}, {"threshold": 0.01}]
+    n = len(settings)
+    for t in range(3):
+        batch = StepBatch([canvas] * n, [len(prompt)] * n, [t] * n, [4] * n, 5, settings=settings)
+        rows = bb.denoise_step(batch)
+        committed = [row != bb.mask_id for row in rows]
+        for before, after in itertools.pairwise(committed):
+            assert (before <= after).all()
+        assert committed[-1].sum() > committed[0].sum()
+        assert torch.equal(rows[-1][committed[0]], rows[0][committed[0]])
