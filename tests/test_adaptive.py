@@ -92,8 +92,9 @@ def test_adaptive_options_are_checked():
 
 
 def test_adaptive_draws_rounds_until_settled_and_records_them():
-    """A round of 2 can never settle (2 to 0 is 7/8): the first check comes at 2 rows; the
-    pool holds every row drawn, in order, and `info` the rows and probability per round."""
+    """Rounds of 2: the rule is checked at 2, 4 and 6 rows, and stops only when settled or at
+    n; the pool holds every row drawn, in order (lineage (i,)), each charged its T, and
+    `info` the rows drawn and the probability after each round."""
     for record in run_strategy("adaptive:n=6,round=2+majority", steps=6):
         info, drawn = record["info"], len(record["candidates"])
         assert info["drawn"] == list(range(2, drawn + 1, 2))

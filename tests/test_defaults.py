@@ -21,6 +21,7 @@ from dllmbench.scoring.training import TrainConfig
 # (command, option dest) → (dataclass, field) holding the same setting
 SOURCES = {
     ("run", "split"): (RunConfig, "split"),
+    ("plan", "split"): (RunConfig, "split"),
     ("run", "batch_rows"): (Capacity, "batch_rows"),
     ("run", "max_problems"): (Capacity, "problems"),
     ("run", "resamples"): (RunConfig, "resamples"),

@@ -263,7 +263,8 @@ def test_pareto_marks_monte_carlo_points_hollow_and_plots_the_dicts_values():
     # the methods: one row per family shared by the budgets, x = 100 × accuracy
     left, right = fig.subfigs[-1].axes
     rows = [t.get_text() for t in left.get_yticklabels()]
-    assert rows == ["Vanilla", "Majority", "PRM Guided", "Oracle"]  # ceilings last
+    assert rows == ["Vanilla [1]", "Majority [2]", "PRM Guided [3]", "Oracle [4]"]  # ceilings last
+    rows = [row.rsplit(" [", 1)[0] for row in rows]
     for ax, budget in ((left, 40), (right, 80)):
         assert ax.get_title(loc="left").startswith(f"budget {budget}")
         got = {(line.get_ydata()[0], line.get_xdata()[0]) for line in _marker_lines(ax)}
@@ -439,11 +440,11 @@ def test_pareto_gives_two_methods_of_one_family_at_one_budget_a_row_each():
     left, right = figures.pareto(data).subfigs[-1].axes
     rows = [t.get_text() for t in left.get_yticklabels()]
     assert rows == [
-        "Vanilla",
-        "Majority (Majority@8)",
-        "PRM Guided",
-        "Majority (Majority@4)",
-        "Oracle",
+        "Vanilla [1]",
+        "Majority (Majority@8) [2]",
+        "PRM Guided [3]",
+        "Majority (Majority@4) [4]",
+        "Oracle [5]",
     ]
     got = sorted((line.get_ydata()[0], line.get_xdata()[0]) for line in _marker_lines(left))
     np.testing.assert_allclose(got, [(0, 50), (1, 60), (2, 55), (3, 58), (4, 80)])
@@ -507,6 +508,17 @@ def test_pareto_places_each_method_at_its_measured_spend_with_both_intervals():
         )
     (keys,) = [[t.get_text() for t in g.get_texts()] for g in fig.subfigs[1].legends]
     assert keys[-1].startswith("capped")
+    # each point numbered with its row below; Vanilla, one method at both budgets, once
+    rows = [t.get_text() for t in fig.subfigs[-1].axes[0].get_yticklabels()]
+    numbers = {row.rsplit(" [", 1)[0]: row.rsplit(" [", 1)[1].rstrip("]") for row in rows}
+    labels = {(t.xy, t.get_text()) for t in passes_ax.texts}
+    assert labels == {
+        (
+            (m["passes_per_problem"], 100 * m["accuracy"]["value"]),
+            numbers[figures.method_label(mid)[0]],
+        )
+        for mid, m in points.items()
+    }
 
 
 def test_pareto_draws_flops_only_when_every_method_has_them():
@@ -542,3 +554,13 @@ def test_budgets_in_flops_are_marked_on_the_flops_axis_only():
     assert not dashed(passes_ax) and "dashed" not in passes_ax.get_xlabel()
     assert dashed(flops_ax) == data["budgets"] and "dashed" in flops_ax.get_xlabel()
     assert forest.axes[0].get_title(loc="left").startswith("budget 40 TFLOP")
+
+
+def test_methods_at_one_spot_share_one_label_of_their_rows():
+    data = report()
+    majority, guided = data["methods"][1], data["methods"][2]  # rows 2 and 3, budget 40
+    majority["passes_per_problem"] = guided["passes_per_problem"]
+    majority["accuracy"] = dict(guided["accuracy"])
+    (passes_ax,) = figures.pareto(data).subfigs[1].axes
+    spot = (guided["passes_per_problem"], 100 * guided["accuracy"]["value"])
+    assert [t.get_text() for t in passes_ax.texts if t.xy == spot] == ["2,3"]

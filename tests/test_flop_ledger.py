@@ -59,6 +59,28 @@ def test_shape_of_counts_every_matmul_weight_but_the_embedding_and_adapters():
     assert shape == ModelShape(params=2 * layer, head=50 * 32, layers=2, width=32)
 
 
+def test_the_formula_equals_pytorchs_own_count_of_a_forward():
+    """torch.utils.flop_counter counts every matmul of a forward (eager attention, so that QKᵀ
+    and AV are matmuls it sees): a batch of rows costs what the formula says."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    config = Qwen2Config(
+        vocab_size=50,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+    )
+    config._attn_implementation = "eager"
+    model = Qwen2ForCausalLM(config).eval()
+    ids = torch.randint(0, 50, (3, 20), generator=torch.Generator().manual_seed(0))
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(input_ids=ids)
+    assert counter.get_total_flops() == 3 * flops(shape_of(model), Work.full(20))
+
+
 def test_a_flop_budget_is_spelt_with_its_unit_and_never_mixed():
     assert budgets("2.1e15flops") == Flops(2_100_000_000_000_000)
     assert isinstance(budgets("1e9FLOPS,2e9flops")[1], Flops)

@@ -183,7 +183,9 @@ def test_capped_and_planned_flops_come_from_the_manifest_with_defaults_for_older
 
 def test_a_budget_in_flops_takes_the_planned_flops_share():
     budget = 80 * PER_PASS
-    got = by_id(summarize(records(), METHODS, PROBLEMS, budget=budget, unit="flops"))
+    results = summarize(records(), METHODS, PROBLEMS, budget=budget, unit="flops")
+    assert results["budget_unit"] == "flops" and summary()["budget_unit"] == "passes"
+    got = by_id(results)
     assert got["Majority@9"]["share_of_budget"] == pytest.approx(72 / 80)
     assert got["Vanilla"]["share_of_budget"] == pytest.approx(8 / 80)
 
@@ -269,3 +271,15 @@ def test_the_report_methods_table_shows_both_mean_spends():
     }
     text = "\n".join(md_methods({**report, "methods": [old]}))
     assert "| Majority@9 | `independent:n=9+majority` | 72 | – |" in text
+
+
+def test_the_report_names_budgets_in_their_unit():
+    results = summarize(records(), METHODS, PROBLEMS, budget=80 * PER_PASS, unit="flops")
+    report = {
+        "reference": "Vanilla",
+        "budgets": [80 * PER_PASS],
+        "budget_unit": "flops",
+        "methods": [{**m, "run": 0} for m in results["methods"]],
+    }
+    assert "### Budget 240 TFLOP per problem" in md_methods(report)
+    assert "### Budget 72 passes per problem" in md_methods({**summary(), "budget_unit": "passes"})

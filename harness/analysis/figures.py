@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 import re
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -260,9 +259,17 @@ def _row_keys(methods: Sequence[Any]) -> dict[int, tuple[str, int]]:
     return keys
 
 
-def _method_panels(sub: FigureBase, report: Report, methods: Sequence[Any]) -> None:
-    """One panel per budget: each method family on its own row (shared by the panels), its
-    accuracy with its interval, and its size and passes per problem at the right."""
+class Rows(NamedTuple):
+    """The rows of the methods by budget: a row per method family (shared by the budgets; one
+    per method where a family has several at one budget), ceilings last. Row i is labelled
+    `name [i + 1]`, the number the methods at their spend are marked with."""
+
+    of: dict[int, int]  # id(method) → its row
+    names: list[str]  # in row order
+    ceilings: int  # the last rows, the ceilings'
+
+
+def method_rows(methods: Sequence[Any]) -> Rows:
     keys = _row_keys(methods)  # (family, j): the j-th method of its family at its budget
     families = list(dict.fromkeys(keys.values()))
     ceilings = {keys[id(m)] for m in methods if m["ceiling"]}
@@ -271,14 +278,24 @@ def _method_panels(sub: FigureBase, report: Report, methods: Sequence[Any]) -> N
     names = {f: method_label(first[f]["id"])[0] for f in families}
     repeated = {n for n in names.values() if list(names.values()).count(n) > 1}
     names = {f: f"{n} ({first[f]['id']})" if n in repeated else n for f, n in names.items()}
-    rows = {f: i for i, f in enumerate(families)}
+    index = {f: i for i, f in enumerate(families)}
+    return Rows(
+        {id(m): index[keys[id(m)]] for m in methods},
+        [names[f] for f in families],
+        len(ceilings),
+    )
+
+
+def _method_panels(sub: FigureBase, report: Report, methods: Sequence[Any], rows: Rows) -> None:
+    """One panel per budget: each method family on its own row (shared by the panels), its
+    accuracy with its interval, and its size and passes per problem at the right."""
     kinds = _method_kinds(report)
     budgets = list(dict.fromkeys(m["budget"] for m in methods))
     axes = sub.subplots(1, len(budgets), sharey=True, sharex=True, squeeze=False)[0]
     for ax, budget in zip(axes, budgets, strict=True):
         at = [m for m in methods if m["budget"] == budget]
         for m in at:
-            acc, y = m["accuracy"], rows[keys[id(m)]]
+            acc, y = m["accuracy"], rows.of[id(m)]
             color = KIND_COLORS.get(kinds[m["id"]], NO_SCORER)
             value = 100 * acc["value"]
             ax.errorbar(
@@ -315,8 +332,8 @@ def _method_panels(sub: FigureBase, report: Report, methods: Sequence[Any]) -> N
         ax.set_title(
             f"budget {_budget_label(report, budget)} (n = {n} problems)", fontsize=9, loc="left"
         )
-        if ceilings and len(ceilings) < len(families):
-            ax.axhline(len(families) - len(ceilings) - 0.5, color=REFERENCE, lw=0.6)
+        if 0 < rows.ceilings < len(rows.names):
+            ax.axhline(len(rows.names) - rows.ceilings - 0.5, color=REFERENCE, lw=0.6)
         ax.grid(axis="x", alpha=0.3)
         ax.tick_params(labelsize=7)
         ax.set_xlabel(f"accuracy % ({_level(report)} bootstrap CI over problems)", fontsize=8)
@@ -331,8 +348,9 @@ def _method_panels(sub: FigureBase, report: Report, methods: Sequence[Any]) -> N
             fontsize=NOTE,
             color="0.3",
         )
-    axes[0].set_yticks(range(len(families)), [names[f] for f in families], fontsize=7.5)
-    axes[0].set_ylim(len(families) - 0.5, -0.5)
+    labels = [f"{name} [{i + 1}]" for i, name in enumerate(rows.names)]
+    axes[0].set_yticks(range(len(rows.names)), labels, fontsize=7.5)
+    axes[0].set_ylim(len(rows.names) - 0.5, -0.5)
     lows = [100 * m["accuracy"]["low"] for m in methods]
     axes[0].set_xlim(max(0.0, 10 * math.floor(min(lows) / 10) - 2), 102)
     used = [k for k in KIND_COLORS if k in {kinds[m["id"]] for m in methods}]
@@ -340,7 +358,7 @@ def _method_panels(sub: FigureBase, report: Report, methods: Sequence[Any]) -> N
         Line2D([], [], ls="none", marker="o", color=KIND_COLORS[k], label=KIND_LABELS[k])
         for k in used
     ]
-    if ceilings:
+    if rows.ceilings:
         keys.append(
             Line2D(
                 [], [], ls="none", marker="o", color="0.3", mfc="white", label="ceiling (oracle)"
@@ -376,22 +394,18 @@ def _spend_units(methods: Sequence[Mapping[str, Any]]) -> list[str]:
     return [u for u in SPEND_UNITS if all(measured(m, u) is not None for m in methods)]
 
 
-def _spend_panels(sub: FigureBase, report: Report, methods: Sequence[Any]) -> None:
+def _spend_panels(sub: FigureBase, report: Report, methods: Sequence[Any], rows: Rows) -> None:
     """Each method at what it spent, measured (x: the mean per problem with its interval),
     against its accuracy (y, with its interval): one panel per unit, passes and, when every
     method has them, FLOPs. A method planned at several budgets is one point (its records are
-    the same); ceilings hollow, capped methods diamonds."""
+    the same); ceilings hollow, capped methods diamonds; each point numbered with its row of
+    the methods by budget, methods at one spot sharing a label."""
     points = list({(m["run"], m["id"]): m for m in methods}.values())
     units = _spend_units(points)
     kinds = _method_kinds(report)
     axes = sub.subplots(1, len(units), sharey=True, squeeze=False)[0]
-    # the labels of methods of one accuracy (common on few problems) stacked, not overlaid
-    lift: dict[int, int] = {}
-    ties: Counter[float] = Counter()
-    for m in points:
-        lift[id(m)] = ties[m["accuracy"]["value"]]
-        ties[m["accuracy"]["value"]] += 1
     for ax, unit in zip(axes, units, strict=True):
+        at: dict[tuple[float, float], list[int]] = {}  # a spot → the rows of its methods
         for m in points:
             spent = measured(m, unit)
             assert spent is not None  # `_spend_units` keeps the units every method has
@@ -411,14 +425,17 @@ def _spend_panels(sub: FigureBase, report: Report, methods: Sequence[Any]) -> No
                 capsize=2,
                 lw=1,
             )
-            ax.annotate(
-                m["id"],
+            at.setdefault((x, y), []).append(rows.of[id(m)] + 1)
+        for (x, y), numbers in at.items():
+            label = ax.annotate(
+                ",".join(map(str, sorted(set(numbers)))),
                 xy=(x, y),
-                xytext=(4, 3 + 8 * lift[id(m)]),
+                xytext=(3, 2),
                 textcoords="offset points",
                 fontsize=NOTE,
                 color="0.3",
             )
+            label.set_in_layout(False)  # many methods at one spot never squeeze the panel
         for budget in _budgets_in(report, unit):
             ax.axvline(budget, color=REFERENCE, lw=0.8, ls="--", zorder=0)
         if unit == "passes":
@@ -459,8 +476,9 @@ def _spend_panels(sub: FigureBase, report: Report, methods: Sequence[Any]) -> No
     sub.legend(handles=keys, loc="outside right upper", fontsize=7)
     problems = "/".join(str(p) for p in sorted({m["problems"] for m in points}))
     sub.suptitle(
-        f"Methods at what they spent, measured: means over n = {problems} problems\n"
-        f"bars: {_level(report)} bootstrap CIs over problems, of the spend and of the accuracy",
+        f"Methods at what they spent, measured: means over n = {problems} problems; numbers: "
+        f"their rows below\nbars: {_level(report)} bootstrap CIs over problems, of the spend "
+        "and of the accuracy",
         fontsize=9,
     )
 
@@ -484,8 +502,9 @@ def pareto(report: Report) -> Figure | None:
     if has_pooled:
         _pooled_panels(subs[0], report)
     if methods:
-        _spend_panels(subs[-2], report, methods)
-        _method_panels(subs[-1], report, methods)
+        rows = method_rows(methods)
+        _spend_panels(subs[-2], report, methods, rows)
+        _method_panels(subs[-1], report, methods, rows)
     return fig
 
 

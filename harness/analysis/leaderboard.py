@@ -203,7 +203,7 @@ def rich_table(
     """The leaderboard (at `budget`; None: every entry) for a terminal `width` columns wide
     (None: every column, in full).
 
-    When narrow, the least wanted columns go first (configuration, unique, share, ...), then
+    When narrow, the least wanted columns go first (FLOPs, configuration, unique, ...), then
     labels and headers wrap at their spaces and a configuration between its options, never
     inside a word; method, accuracy and Δ stay at any width from 40 columns. Narrower than
     that, each method is a block with one column per line. Ceilings sit below a line, in a

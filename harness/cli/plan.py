@@ -24,6 +24,7 @@ from dllmbench.cli.common import (
     add_sampling,
     add_scorers,
     check_canvas,
+    field_default,
     methods_arg,
     settings,
     table,
@@ -34,6 +35,7 @@ from dllmbench.execution.engine import Sampling
 from dllmbench.execution.planner import Plan, default_budget, plan, scorer_users
 from dllmbench.execution.rates import reference
 from dllmbench.loading.registry import Registry, registry
+from dllmbench.running.runner import RunConfig
 
 
 def add_parser(sub: Any) -> None:
@@ -48,7 +50,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--backbone", help="the backbone's resolved options; no weights are loaded")
     add_sampling(p, seed=False)
     p.add_argument(
-        "--split", default="test", help="with a FLOP budget: the split whose prompts price a pass"
+        "--split",
+        default=field_default(RunConfig, "split"),
+        help="with a FLOP budget: the split whose prompts price a pass",
     )
     add_limit(p)
     add_preset(p)
