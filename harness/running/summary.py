@@ -6,6 +6,7 @@ from typing import Any
 
 from dllmbench.analysis.leaderboard import markdown
 from dllmbench.analysis.results import summarize
+from dllmbench.core.flops import format_flops
 from dllmbench.core.schema import Results
 from dllmbench.storage.rundir import RunDir
 
@@ -29,6 +30,8 @@ def summarize_run(
 
 def title(manifest: dict[str, Any], problems: int) -> str:
     task, budgets = manifest["task"], manifest["budgets"]
+    if manifest.get("budget_unit") == "flops":
+        budgets = [format_flops(b) for b in budgets]
     at = f"budgets {', '.join(map(str, budgets))}" if len(budgets) > 1 else f"budget {budgets[0]}"
     backbone = manifest["backbone"]["name"]
     return f"{task['name']} ({task['split']}, {problems} problems) · {backbone} · {at}"
@@ -53,6 +56,7 @@ def summarize_records(
         reference=reference,
         resamples=resamples,
         seed=manifest["sampling"]["seed"],
+        unit=manifest.get("budget_unit", "passes"),
     )
     results["task"] = {"name": task["name"], "split": task["split"], "problems": len(problem_ids)}
     results["steps"] = manifest["sampling"]["total_steps"]
