@@ -84,6 +84,8 @@ class MethodEntry(TypedDict):
     ceiling: bool
     evidence: NotRequired[EvidenceEntry]  # what its records hold for the analysis
     cost: NotRequired[dict[str, int]]
+    capped: NotRequired[bool]  # the cost is a cap: the method may spend less
+    flops: NotRequired[int]  # planned FLOPs per problem, priced at the reference row
     budgets: NotRequired[list[int]]  # the budgets it is planned at, ascending
 
 
@@ -135,6 +137,8 @@ class Manifest(TypedDict):
     scorers: NotRequired[dict[str, ManifestPlugin]]
     budget: int
     budgets: list[int]
+    budget_unit: NotRequired[str]  # "passes" or "flops"; absent in older runs: passes
+    reference_row: NotRequired[dict[str, Any] | None]  # what a pass is priced at in FLOPs
     methods: list[MethodEntry]
     reference: NotRequired[str | None]
     statistics: StatisticsEntry
