@@ -8,9 +8,10 @@ import math
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
+
+from dllmbench.core.flops import ModelShape, flops
 
 pytestmark = pytest.mark.slow
 
@@ -71,9 +72,11 @@ def load_script():
 def test_flops_follow_the_stated_formula_and_mfu_uses_the_peak():
     bench = load_script()
 
-    net = SimpleNamespace(config=SimpleNamespace(num_hidden_layers=3, hidden_size=10))
-    # 2·P·Σs + 4·layers·hidden·Σs²
-    assert bench.flops(net, 100, [4, 6]) == 2 * 100 * 10 + 4 * 3 * 10 * (16 + 36)
+    # the ledger's own formula: 2·P·s + 2·P_head·s (the head everywhere) + 4·layers·width·s²
+    shape = ModelShape(params=100, head=20, layers=3, width=10)
+    expected = 2 * 100 * 10 + 2 * 20 * 10 + 4 * 3 * 10 * (16 + 36)
+    assert bench.full_forwards(shape, [4, 6]) == expected
+    assert bench.flops is flops  # one function owns the formula
     r = bench.rate(2e12, 2.0, rows=8, peak=4.0)
     assert r["tflops"] == 1.0 and r["mfu"] == 0.25 and r["rows_per_s"] == 4.0
     assert bench.rate(2e12, 2.0, rows=8, peak=None)["mfu"] is None
