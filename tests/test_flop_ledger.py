@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import assert_user_error
 from transformers import Qwen2Config, Qwen2ForCausalLM
 from transformers.models.qwen2 import modeling_qwen2
 
@@ -89,6 +90,36 @@ def test_a_flop_budget_is_spelt_with_its_unit_and_never_mixed():
         budgets("1040,2e9flops")
     with pytest.raises(Exception, match=r"e\.g\. 2\.1e15flops"):
         budgets("manyflops")
+
+
+def test_flop_budget_mistakes_are_one_line(cli, tmp_path):
+    out = tmp_path / "run"
+    too_small = cli("run", "--limit", "1", "--budget", "1e3flops", "--out", out)
+    assert_user_error(too_small, "no method fits", "does not fit 1 kFLOP", "at least 2.81 GFLOP")
+    assert_user_error(cli("plan", "--budget", "1e9flops"), "needs --task and --backbone")
+    assert_user_error(cli("plan", "--budget", "1040,1e9flops"), "mixes passes and FLOPs")
+
+
+def test_plan_prices_a_flop_budget_and_shows_what_is_unused(cli):
+    argv = ["plan", "--budget", "1.5e10flops", "--task", "arith", "--backbone", "tiny"]
+    argv += ["--steps", "24", "--gen-length", "32", "--prompt", "fewshot", "--json"]
+    result = cli(*argv, "--methods", "vanilla,majority,threshold")
+    assert result.code == 0, result.err
+    plan = json.loads(result.out)
+    assert plan["unit"] == "flops" and set(plan["rates"]) == {
+        "denoise",
+        "score:orm",
+        "score:prm",
+        "score:self",
+    }
+    by_id = {m["family"]: m for m in plan["methods"]}
+    rate = plan["rates"]["denoise"]
+    for m in by_id.values():
+        assert m["flops"] == m["passes"] * rate <= 1.5e10
+        assert m["unused"] == 15_000_000_000 - m["flops"]
+    # the largest size that fits: one more sample would not
+    assert (by_id["majority"]["passes"] + 24) * rate > 1.5e10
+    assert by_id["threshold"]["capped"] and not by_id["majority"]["capped"]
 
 
 # -- the ledger ---------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from dllmbench.api.interfaces import is_capped
 from dllmbench.core.errors import PluginError, UserError
-from dllmbench.core.flops import Flops, unit_of
+from dllmbench.core.flops import Flops, format_flops, unit_of
 from dllmbench.execution.method import Method, MethodSpec
 from dllmbench.loading.manager import MethodFamily
 from dllmbench.loading.provenance import config_data
@@ -417,13 +417,16 @@ def _place(
             cost = method.cost(total_steps, passes_per_step)
             return sum(n * known.get(kind, 0) for kind, n in cost.items())
 
-        most, unit = budget // max(1, min(known.values())), "FLOPs"
+        # the sizes tried: as many as the passes the budget buys at the cheapest kind, and at
+        # least SCAN, so that a budget below one pass still finds each family's smallest size
+        most, unit = max(SCAN, budget // max(1, min(known.values()))), "FLOPs"
     method, smallest = fit(
         registry, spec, label, name, budget, total_steps, passes_per_step, measure, most
     )
     if method is None:
-        at_least = f"; needs a budget of at least {smallest}" if smallest else ""
-        reason = f"does not fit {budget} {unit}{at_least}"
+        shown = format_flops if unit == "FLOPs" else str
+        at_least = f"; needs a budget of at least {shown(smallest)}" if smallest else ""
+        reason = f"does not fit {shown(budget)}{'' if unit == 'FLOPs' else ' passes'}{at_least}"
         return LeftOut(entry, reason, smallest, budget=budget)
     missing = tuple(sorted(method.scorers() - scorers)) if scorers is not None else ()
     if missing:
