@@ -42,22 +42,32 @@ def test_the_formula_on_a_row_worked_by_hand():
     assert format_flops(2.1e15) == "2.1 PFLOP" and format_flops(None) == "–"
 
 
-def test_shape_of_counts_every_matmul_weight_but_the_embedding_and_adapters():
+def _qwen2(hidden: int, width: int, attention: str = "sdpa") -> Qwen2ForCausalLM:
+    """A small random Qwen2 of 2 layers, 4 heads (2 key-value heads), vocabulary 50."""
     config = Qwen2Config(
         vocab_size=50,
-        hidden_size=32,
-        intermediate_size=48,
+        hidden_size=hidden,
+        intermediate_size=width,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
         tie_word_embeddings=False,
     )
-    with torch.device("meta"):
-        model = Qwen2ForCausalLM(config)
+    config._attn_implementation = attention
+    return Qwen2ForCausalLM(config).eval()
+
+
+def test_shape_of_counts_every_matmul_weight_but_the_embedding_and_adapters():
+    from peft import LoraConfig, inject_adapter_in_model
+
+    model = _qwen2(32, 48)
     kv = 2 * (32 // 4)  # two kv heads of dimension 8
     layer = 32 * 32 + 2 * 32 * kv + 32 * 32 + 3 * 32 * 48  # q, k and v, o, MLP
-    shape = shape_of(model)
-    assert shape == ModelShape(params=2 * layer, head=50 * 32, layers=2, width=32)
+    expected = ModelShape(params=2 * layer, head=50 * 32, layers=2, width=32)
+    assert shape_of(model) == expected
+    # a scorer's LoRA computes only while it scores: the backbone's shape leaves it out
+    inject_adapter_in_model(LoraConfig(r=4, target_modules=["q_proj", "v_proj"]), model)
+    assert shape_of(model) == expected
 
 
 def test_the_formula_equals_pytorchs_own_count_of_a_forward():
@@ -65,17 +75,7 @@ def test_the_formula_equals_pytorchs_own_count_of_a_forward():
     and AV are matmuls it sees): a batch of rows costs what the formula says."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    config = Qwen2Config(
-        vocab_size=50,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=False,
-    )
-    config._attn_implementation = "eager"
-    model = Qwen2ForCausalLM(config).eval()
+    model = _qwen2(64, 96, attention="eager")
     ids = torch.randint(0, 50, (3, 20), generator=torch.Generator().manual_seed(0))
     with FlopCounterMode(display=False) as counter, torch.no_grad():
         model(input_ids=ids)
