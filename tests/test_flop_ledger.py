@@ -96,6 +96,9 @@ def test_flop_budget_mistakes_are_one_line(cli, tmp_path):
     out = tmp_path / "run"
     too_small = cli("run", "--limit", "1", "--budget", "1e3flops", "--out", out)
     assert_user_error(too_small, "no method fits", "does not fit 1 kFLOP", "at least 2.81 GFLOP")
+    # a budget of passes below every family's smallest size too, not a strategy's own refusal
+    below = cli("run", "--limit", "1", "--budget", "1", "--out", tmp_path / "other")
+    assert_user_error(below, "no method fits", "prism: does not fit 1 passes; needs a budget")
     assert_user_error(cli("plan", "--budget", "1e9flops"), "needs --task and --backbone")
     assert_user_error(cli("plan", "--budget", "1040,1e9flops"), "mixes passes and FLOPs")
 

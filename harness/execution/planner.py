@@ -160,7 +160,8 @@ def fit(
     Costs grow with the size, so the size is found by doubling then halving: about
     2·log2(budget) configurations are built, not one per size. A size the strategy's
     constraints rule out (k not divisible by keep) stands for the nearest allowed size below
-    it. A free size that no size from 1 to budget + 1 (at most 4096) accepts is the plugin's error.
+    it. A free size that no size from 1 to max(budget, 64) + 1 (at most 4096) accepts is the
+    plugin's error.
     """
     if measure is None:
 
@@ -173,7 +174,9 @@ def fit(
         method.id = _label(label, method)
         cost = measure(method)
         return (method if cost <= budget else None), cost
-    top = (budget if passes is None else passes) + 1  # a size costs at least one pass
+    # a size costs at least one pass; SCAN sizes at least, so that a budget below a family's
+    # smallest size still finds it (and says what budget it needs)
+    top = max(budget if passes is None else passes, SCAN) + 1
     built: dict[int, Method | PluginError] = {}
 
     def at(size: int) -> Method | PluginError:
@@ -417,9 +420,8 @@ def _place(
             cost = method.cost(total_steps, passes_per_step)
             return sum(n * known.get(kind, 0) for kind, n in cost.items())
 
-        # the sizes tried: as many as the passes the budget buys at the cheapest kind, and at
-        # least SCAN, so that a budget below one pass still finds each family's smallest size
-        most, unit = max(SCAN, budget // max(1, min(known.values()))), "FLOPs"
+        # the sizes tried: as many as the passes the budget buys at the cheapest kind
+        most, unit = budget // max(1, min(known.values())), "FLOPs"
     method, smallest = fit(
         registry, spec, label, name, budget, total_steps, passes_per_step, measure, most
     )
