@@ -104,9 +104,10 @@ def _rates(
             "the prompts), e.g. --task arith --backbone tiny"
         )
     backbone = reg.backbone(s.backbone, **s.backbone_config)
-    specs = s.scorers if s.scorers is not None else {}
-    if args.scorer_assumed or s.scorers is None:
+    if args.scorer_assumed or s.scorers is None:  # the run's default: the shipped scorers
         specs = shipped_scorers(reg.check("backbone", s.backbone, **s.backbone_config))
+    else:
+        specs = s.scorers
     scorers = {
         name: reg.scorer(plugin, shared={"backbone": backbone}, **config)
         for name, (plugin, config) in specs.items()
@@ -200,29 +201,11 @@ def _print_plan(console: Console, result: Plan, steps: int) -> None:
         for p in result.at(budget):
             cap = "≤ " if p.capped else ""
             spend = result.spend(p) or 0
+            share = f"{100 * spend / budget:.1f}%"
+            flops = [f"{cap}{format_flops(p.flops)}", share, format_flops(budget - spend)]
+            priced = flops if in_flops else [share]
             note = "ceiling" if p.method.ceiling else ""
-            if in_flops:
-                rows.append(
-                    (
-                        p.method.id,
-                        p.method.spec.text(),
-                        f"{cap}{p.passes}",
-                        f"{cap}{format_flops(p.flops)}",
-                        f"{100 * spend / budget:.1f}%",
-                        format_flops(budget - spend),
-                        note,
-                    )
-                )
-            else:
-                rows.append(
-                    (
-                        p.method.id,
-                        p.method.spec.text(),
-                        f"{cap}{p.passes}",
-                        f"{100 * spend / budget:.1f}%",
-                        note,
-                    )
-                )
+            rows.append((p.method.id, p.method.spec.text(), f"{cap}{p.passes}", *priced, note))
         if in_flops:
             title = f"Plan for a budget of {format_flops(budget)} per problem (T={steps})"
             head = ("method", "configuration", "passes", "FLOPs", "share", "unused", "")

@@ -33,17 +33,13 @@ class Ledger:
         self._flops: dict[tuple[str, str], Counter[str]] = defaultdict(Counter)
         self._unknown: dict[tuple[str, str], set[str]] = defaultdict(set)  # kinds lacking FLOPs
         self.charged_flops: Counter[str] = Counter()
-        self.physical_flops: Counter[str] = Counter()  # the rows' own work
-        self.padded_flops: Counter[str] = Counter()  # what the batches computed, padding too
+        self.physical_flops: Counter[str] = Counter()  # the rows' own work, each row once
         self._caps: dict[str, tuple[dict[str, int], str]] = {}  # method → (cap by kind, plugin)
 
     def cap(self, method: str, cap: Mapping[str, int], plugin: str) -> None:
         """`method` may spend at most `cap` passes of each kind per problem (a kind it does not
         name: none); `plugin` is the strategy named when it spends more."""
         self._caps[method] = ({k: int(v) for k, v in cap.items() if v}, plugin)
-
-    def capped(self, method: str) -> bool:
-        return method in self._caps
 
     def charge(
         self,
@@ -80,14 +76,13 @@ class Ledger:
         rows: list[tuple[str, Owners]],
         seconds: float,
         tokens: tuple[int, int] = (0, 0),
-        flops: tuple[int, int] | None = None,
+        flops: int | None = None,
     ) -> None:
         """One batched physical forward over `rows` (problem id, owners) that took `seconds`;
         `tokens`: the tokens it computed (rows × the widest row) and the rows' own; `flops`:
-        what it computed, padding included, and the rows' own work (None: unknown)."""
+        the rows' own work, padding not counted (None: unknown)."""
         if flops is not None:
-            self.padded_flops[kind] += flops[0]
-            self.physical_flops[kind] += flops[1]
+            self.physical_flops[kind] += flops
         self.physical_forwards[kind] += 1
         self.physical_tokens[kind] += tokens[0]
         self.real_tokens[kind] += tokens[1]
@@ -104,13 +99,6 @@ class Ledger:
 
     def spent(self, problem_id: str, method: str) -> dict[str, int]:
         return dict(self._passes.get((problem_id, method), {}))
-
-    def spent_flops(self, problem_id: str, method: str) -> int | None:
-        """FLOPs `method` spent on the problem; None when a kind it spent has no known shape."""
-        key = (problem_id, method)
-        if self._unknown.get(key):
-            return None
-        return sum(self._flops.get(key, {}).values())
 
     def check(self, problem_id: str, method: str, planned: Mapping[str, int]) -> None:
         """Raise CostMismatch unless what `method` spent on the problem equals its plan, or,
@@ -157,9 +145,8 @@ class Ledger:
             }
             if self.real_tokens[kind]:
                 out[kind]["padding"] = round(self.physical_tokens[kind] / self.real_tokens[kind], 6)
-            if kind in self.padded_flops:
+            if kind in self.physical_flops:
                 out[kind]["flops"] = self.physical_flops[kind]
-                out[kind]["padded_flops"] = self.padded_flops[kind]
         return out
 
     def passes(self) -> dict[str, int]:

@@ -21,7 +21,7 @@ import json
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, overload
+from typing import Any
 
 import numpy as np
 import torch
@@ -199,6 +199,7 @@ class Engine:
             self.shapes[f"score:{name}"] = model_shape(scorer)
         # a method's cost is a cap when its strategy says so or rows may end early
         self.capped = {m.id for m in methods if capped(m, backbone)}
+        self._early: dict[Any, bool] = {}  # a row's settings → whether it may end early
         for method in methods:
             if method.id in self.capped:
                 self.ledger.cap(method.id, self._costs[method.id], method.spec.strategy)
@@ -270,7 +271,7 @@ class Engine:
                 row_settings=row_settings(self.backbone),
                 check_settings=self._settings_check(),
                 confidences=isinstance(self.backbone, ReportsConfidence),
-                answers=lambda rows, problem=problem: self.judge(problem, rows, grade=False),
+                answers=lambda rows: self.read(rows)[2],
             )
             name = unit.strategy_name
             dist = self.origins.distribution("strategy", name)
@@ -334,6 +335,7 @@ class Engine:
             seconds = time.perf_counter() - start
             widths = [lengths[j] for j in batch]
             row_flops = [None if shape is None else passes * flops(shape, w) for w in works]
+            own = None if shape is None else sum(f for f in row_flops if f is not None)
             for j, output, cost in zip(batch, outputs, row_flops, strict=True):
                 for n in same[j]:
                     wait, i = flat[n]
@@ -343,18 +345,20 @@ class Engine:
                         if self._ends_early(wait, i):
                             wait.end(i)
                     self.ledger.charge(owners[n][0], [owners[n][1]], kind, passes, cost)
-            computed = self._computed_tokens(kind, widths)
             self.ledger.record_forward(
                 kind,
                 [_charged(owners, same[j]) for j in batch],
                 seconds,
-                tokens=(computed, sum(widths)),
-                flops=None if shape is None else self._padded(shape, passes, works, widths),
+                tokens=(self._computed_tokens(kind, widths), sum(widths)),
+                flops=own,
             )
 
     def _ends_early(self, wait: DenoiseWait, i: int) -> bool:
         """Row i of the request may end before its T and has no generated position masked."""
-        if not finishes_early(self.backbone, wait.settings(i)):
+        settings = wait.rows.settings[i] if wait.rows.settings else ()
+        if settings not in self._early:  # asked once per distinct settings, not per row-step
+            self._early[settings] = finishes_early(self.backbone, wait.settings(i))
+        if not self._early[settings]:
             return False
         prompt_len = wait.rows.prompt_len
         return not bool((wait.tokens[i, prompt_len:] == self.backbone.mask_id).any())
@@ -375,18 +379,6 @@ class Engine:
         if isinstance(scorer, CountsScoreWork):
             return list(scorer.score_work(call.batch))
         return [Work.full(len(t), head=1) for t in call.tokens]
-
-    def _padded(
-        self, shape: ModelShape, passes: int, works: list[Work], widths: list[int]
-    ) -> tuple[int, int]:
-        """(FLOPs the batch computed with its padding, the rows' own FLOPs)."""
-        own = passes * sum(flops(shape, w) for w in works)
-        width = max(widths)
-        padded = sum(
-            flops(shape, Work(w.queries - n + width, w.attended - n * n + width * width, w.head))
-            for w, n in zip(works, widths, strict=True)
-        )
-        return passes * padded, own
 
     def _computed_tokens(self, kind: str, widths: list[int]) -> int:
         """Tokens one forward over rows of these widths computed: the backbone's own count
@@ -456,15 +448,9 @@ class Engine:
             pool.scores[scorer] = full
 
     # -- finishing -----------------------------------------------------------------------
-    @overload
-    def judge(self, problem: Problem, rows: Rows) -> Judged: ...
-    @overload
-    def judge(self, problem: Problem, rows: Rows, grade: Literal[False]) -> list[Any]: ...
-
-    def judge(self, problem: Problem, rows: Rows, grade: bool = True) -> Judged | list[Any]:
-        """Decode every row once, extract and key its answer, grade them all: a pool's
-        candidates, and rows a strategy kept beside its pool (the collector's rollouts).
-        Without `grade`, only the answer keys (what `ops.answers` gives a strategy)."""
+    def read(self, rows: Rows) -> tuple[list[str], list[str | None], list[Any]]:
+        """Every row decoded once, its answer extracted and keyed (None when invalid): what
+        `judge` grades, and whose keys `ops.answers` gives a strategy (never the grades)."""
         with self.origins.blame("backbone", self.origins.backbone):
             texts = [
                 self.backbone.decode(rows.tokens[i], rows.prompt_len) for i in range(len(rows))
@@ -472,8 +458,13 @@ class Engine:
         with self.origins.blame("task", self.origins.task):
             answers = [self.task.extract(text) for text in texts]
             answer_keys = [None if a is None else self.task.answer_key(a) for a in answers]
-            if not grade:
-                return answer_keys
+        return texts, answers, answer_keys
+
+    def judge(self, problem: Problem, rows: Rows) -> Judged:
+        """Decode every row once, extract and key its answer, grade them all: a pool's
+        candidates, and rows a strategy kept beside its pool (the collector's rollouts)."""
+        texts, answers, answer_keys = self.read(rows)
+        with self.origins.blame("task", self.origins.task):
             labels = self._grade([(problem, a, t) for a, t in zip(answers, texts, strict=True)])
             notes: list[str | None] = [None] * len(answers)
             if isinstance(self.task, NotesGrades):

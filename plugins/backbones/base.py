@@ -129,8 +129,18 @@ def top_ranked(score: torch.Tensor, k: torch.Tensor, ties: torch.Tensor) -> torc
     return rank < k[:, None]
 
 
-def check_parallel(threshold: float | None, factor: float | None) -> None:
-    """Refuse Fast-dLLM settings that cannot be: both rules at once, or a value out of range."""
+def check_parallel(
+    threshold: float | None, factor: float | None, order: tuple[str, str, str]
+) -> None:
+    """Refuse Fast-dLLM settings that cannot be: both rules at once, a value out of range, or
+    a rule beside a commit order other than by the drawn token's probability (`order`: the
+    setting, its value, the value it must have)."""
+    setting, value, required = order
+    if (threshold is not None or factor is not None) and value != required:
+        raise ValueError(
+            "threshold and factor compare the drawn token's probability, which only "
+            f"{setting}={required} commits by; got {setting}={value}"
+        )
     if threshold is not None and factor is not None:
         raise ValueError("set threshold or factor, not both")
     if threshold is not None and not 0 < threshold <= 1:

@@ -75,13 +75,7 @@ class DreamConfig:
             raise ValueError("block_length must be >= 1")
         if self.top_k is not None and self.top_k < 1:
             raise ValueError("top_k must be >= 1")
-        check_parallel(self.threshold, self.factor)
-        parallel = self.threshold is not None or self.factor is not None
-        if parallel and self.alg != "maskgit_plus":
-            raise ValueError(
-                "threshold and factor compare the drawn token's probability, which only "
-                f"alg=maskgit_plus commits by; got alg={self.alg}"
-            )
+        check_parallel(self.threshold, self.factor, ("alg", self.alg, "maskgit_plus"))
 
     @property
     def positions(self) -> int | None:

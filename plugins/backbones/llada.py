@@ -73,13 +73,8 @@ class LLaDAConfig:
             raise ValueError("temperature and cfg_scale must be >= 0")
         if self.block_length is not None and self.block_length < 1:
             raise ValueError("block_length must be >= 1")
-        check_parallel(self.threshold, self.factor)
-        parallel = self.threshold is not None or self.factor is not None
-        if parallel and self.remasking != "low_confidence":
-            raise ValueError(
-                "threshold and factor compare the drawn token's probability, which only "
-                f"remasking=low_confidence commits by; got remasking={self.remasking}"
-            )
+        required = ("remasking", self.remasking, "low_confidence")
+        check_parallel(self.threshold, self.factor, required)
 
     @property
     def positions(self) -> int | None:
