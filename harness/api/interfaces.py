@@ -334,6 +334,18 @@ class FinishesEarly(Protocol):
 
 
 @runtime_checkable
+class KeepsState(Protocol):
+    """A backbone that keeps state across a problem's steps (a KV cache of committed blocks,
+    shared by every row whose canvas starts with them). The engine holds a problem's prompt
+    while the problem runs and releases it when its last strategy run ends: what the backbone
+    keeps for that prompt may then be freed. Holds of one prompt are counted."""
+
+    def hold(self, prompt_ids: Sequence[int]) -> None: ...
+
+    def release(self, prompt_ids: Sequence[int]) -> None: ...
+
+
+@runtime_checkable
 class Capped(Protocol):
     """A strategy whose `cost(T)` is a cap, not an exact spend: it decides at run time how
     much to spend (adaptive sampling, early-stopping rows) and may return a pool smaller than

@@ -33,6 +33,7 @@ from dllmbench.api.interfaces import (
     CountsStepWork,
     CountsTokens,
     GradesMany,
+    KeepsState,
     NotesGrades,
     ReportsConfidence,
     ScoreBatch,
@@ -200,6 +201,7 @@ class Engine:
         # a method's cost is a cap when its strategy says so or rows may end early
         self.capped = {m.id for m in methods if capped(m, backbone)}
         self._early: dict[Any, bool] = {}  # a row's settings → whether it may end early
+        self._held: dict[str, list[int]] = {}  # problems in flight → prompts a backbone holds
         for method in methods:
             if method.id in self.capped:
                 self.ledger.cap(method.id, self._costs[method.id], method.spec.strategy)
@@ -222,22 +224,33 @@ class Engine:
         pending = iter(problems)
         self._finished.keeping = keep_rows
         queue = Scheduler(self.capacity, self._finished, self._charge_reused)
-        self._admit(queue, pending, skip)
-        while queue.busy:
-            for run, pool in queue.resume():
-                for record in self._finish(run.unit, pool):
-                    records.append(record)
-                    if on_record is not None:
-                        on_record(record)
-                if queue.finished(run):
-                    self._admit(queue, pending, skip)
-            groups = queue.round()
-            for group in groups:
-                self._serve(group)
-            queue.served(groups)
+        try:
+            self._admit(queue, pending, skip)
+            while queue.busy:
+                for run, pool in queue.resume():
+                    for record in self._finish(run.unit, pool):
+                        records.append(record)
+                        if on_record is not None:
+                            on_record(record)
+                    if queue.finished(run):
+                        self._release(run.unit.problem.id)
+                        self._admit(queue, pending, skip)
+                groups = queue.round()
+                for group in groups:
+                    self._serve(group)
+                queue.served(groups)
+        finally:
+            for problem_id in list(self._held):
+                self._release(problem_id)
         if not keep_rows:
             self._finished.clear()
         return records
+
+    def _release(self, problem_id: str) -> None:
+        """The problem left: what a stateful backbone keeps for its prompt may be freed."""
+        prompt_ids = self._held.pop(problem_id, None)
+        if prompt_ids is not None and isinstance(self.backbone, KeepsState):
+            self.backbone.release(prompt_ids)
 
     def _admit(
         self, queue: Scheduler, pending: Iterator[Problem], skip: Collection[tuple[str, str]]
@@ -258,6 +271,9 @@ class Engine:
         """Format the prompt, build the canvas, and start one coroutine per unit."""
         prompt_ids = self.backbone.encode(self.task.prompt(problem, self.sampling.prompt_style))
         canvas = self.backbone.canvas(prompt_ids, self.sampling.gen_length)
+        if isinstance(self.backbone, KeepsState):
+            self.backbone.hold(prompt_ids)
+            self._held[problem.id] = list(prompt_ids)
         runs = []
         for unit in plan_units(problem, methods):
             ops = Ops(

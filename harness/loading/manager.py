@@ -36,6 +36,7 @@ BUILTIN_MODULES = (
     "dllmbench.plugins.backbones.dream",
     "dllmbench.plugins.backbones.llada",
     "dllmbench.plugins.backbones.tiny",
+    "dllmbench.plugins.backbones.block",
     "dllmbench.plugins.scorers.reward",
     "dllmbench.plugins.scorers.self_verify",
     "dllmbench.plugins.strategies.independent",

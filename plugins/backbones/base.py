@@ -203,7 +203,7 @@ class DiffusionBackbone(abc.ABC):
             self.transformer, self.tokenizer = transformer, tokenizer
         elif c.model == "random":
             self.tokenizer = char_tokenizer()
-            self.transformer = random_model(self.arch, self.tokenizer, c.seed, self.dtype)
+            self.transformer = self.random_transformer(self.tokenizer)
         else:
             self.checkpoint = resolve(c.model)
             self.transformer, self.tokenizer, raw = load_checkpoint(
@@ -231,6 +231,10 @@ class DiffusionBackbone(abc.ABC):
             i for i in [self.eos_id, *(vocab.get(t) for t in TURN_ENDS)] if i is not None
         }
         self.chat = c.chat if c.chat is not None else bool(self.tokenizer.chat_template)
+
+    def random_transformer(self, tokenizer: Any) -> torch.nn.Module:
+        """The tiny random model of `model="random"`, deterministic in the config's seed."""
+        return random_model(self.arch, tokenizer, self.config.seed, self.dtype)
 
     # -- sampler settings per row -------------------------------------------------------------
     def row_config(self, settings: Mapping[str, Any]) -> Any:

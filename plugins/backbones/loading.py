@@ -224,8 +224,10 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
 
 # config.json keys a checkpoint of each architecture must have (LLaDA: vocab_size or
 # embedding_size)
+QWEN_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 REQUIRED = {
-    "dream": ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"),
+    "dream": QWEN_KEYS,
+    "block": QWEN_KEYS,
     "llada": ("d_model", "mlp_hidden_size", "n_layers", "n_heads"),
 }
 
@@ -281,6 +283,30 @@ def qwen2_config(raw: dict[str, Any]) -> Qwen2Config:
     return config
 
 
+def block_config(raw: dict[str, Any], qwen3: bool) -> Any:
+    """A block-diffusion checkpoint's config.json (SDAR and TraDo: Qwen3's fields; Fast-dLLM
+    v2: Qwen2.5's) as transformers' own Qwen3Config or Qwen2Config. The sampler passes its
+    block-causal mask itself."""
+    from transformers import Qwen2Config, Qwen3Config
+
+    keys = (
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "vocab_size",
+        "rope_theta",
+        "rms_norm_eps",
+        "max_position_embeddings",
+        "tie_word_embeddings",
+        "hidden_act",
+        *(("head_dim", "attention_bias") if qwen3 else ()),
+    )
+    cls = Qwen3Config if qwen3 else Qwen2Config
+    return cls(**{k: raw[k] for k in keys if k in raw}, use_sliding_window=False)
+
+
 def llama_config(raw: dict[str, Any]) -> LlamaConfig:
     """LLaDA's config.json (OLMo naming) as a bidirectional LlamaConfig."""
     from transformers import LlamaConfig
@@ -306,9 +332,12 @@ def llama_config(raw: dict[str, Any]) -> LlamaConfig:
 def build(arch: str, config: Any, dtype: torch.dtype) -> torch.nn.Module:
     """The model with its parameters on the meta device (buffers real), ready to be assigned."""
     from accelerate import init_empty_weights
-    from transformers import LlamaForCausalLM, Qwen2ForCausalLM
+    from transformers import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-    cls = Qwen2ForCausalLM if arch == "dream" else LlamaForCausalLM
+    if arch == "block":
+        cls = Qwen3ForCausalLM if isinstance(config, Qwen3Config) else Qwen2ForCausalLM
+    else:
+        cls = Qwen2ForCausalLM if arch == "dream" else LlamaForCausalLM
     config._attn_implementation = "sdpa"
     with init_empty_weights(include_buffers=False):
         model = cls(config)
@@ -316,17 +345,22 @@ def build(arch: str, config: Any, dtype: torch.dtype) -> torch.nn.Module:
 
 
 def load_checkpoint(arch: str, model: str, device: torch.device, dtype: torch.dtype):
-    """(transformer, tokenizer, raw config) of a Dream or LLaDA checkpoint."""
+    """(transformer, tokenizer, raw config) of a Dream, LLaDA or block-diffusion checkpoint."""
     path = resolve(model)
     raw = read_config(arch, path)
+    state = read_state_dict(path)
     try:
-        config = qwen2_config(raw) if arch == "dream" else llama_config(raw)
+        if arch == "block":  # Qwen3 normalises queries and keys per head; Qwen2 does not
+            config = block_config(raw, any(".q_norm." in k for k in state))
+        else:
+            config = qwen2_config(raw) if arch == "dream" else llama_config(raw)
     except (TypeError, ValueError, KeyError) as exc:  # a value of the wrong kind
         raise UserError(f"{path / 'config.json'}: {_one_line(str(exc))}") from None
     net = build(arch, config, dtype)
-    state = read_state_dict(path)
     if arch == "llada":
         state = rename_llada_keys(state)
+    if getattr(config, "tie_word_embeddings", False) and "lm_head.weight" not in state:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]  # a tied head (Qwen3-4B)
     state = {k: v.to(dtype) for k, v in state.items()}
     load_strict(net, state, str(path))
     net.to(device).eval().requires_grad_(False)

@@ -1,0 +1,481 @@
+"""Block diffusion (SDAR, TraDo): transformers' own Qwen3 or Qwen2 class under a block-causal
+mask, sampled block by block with an exact KV cache of the committed blocks.
+
+The canvas is cut into blocks of `block_length` counted from position 0, as SDAR's
+`block_diffusion_generate` does: the prompt's whole blocks are context, and its tail shares
+the first block with masks. The canvas ends at the last block boundary within prompt +
+gen_length, so every problem has gen_length / block_length blocks to write and a row's T
+spreads evenly over them (steps per block S = T·block_length / gen_length, k = block_length / S
+tokens per step). Each step runs the row's current block (the first holding a mask) against
+the cache of the blocks before it, draws a token for each masked position (temperature, top-k,
+top-p, keyed uniforms as in Dream), and commits by `remasking`: the k most confident
+(`low_confidence_static`), every position above `threshold` when there are at least k of
+them, else the k most confident (`low_confidence_dynamic`), or the first k (`sequential`).
+A block once filled is context: the row's next step stores its keys and values in the cache
+while it denoises the next block (one forward where the reference spends two). With `stop`,
+a row ends after the block in which it wrote an end token, as the reference's stopping
+criterion; its remaining positions are filled with that token.
+
+The cache (kvstore.py) names entries by their content, so rows forked or repeated from a
+parent reuse the parent's blocks instead of recomputing them, and frees them when the problem
+ends. A row is charged what it computes as if alone: each step its current block, plus the
+block it finished at the step before (at its first step, the prompt's whole blocks); the LM
+head only at the masked positions it samples. With `cache=false` every step recomputes
+everything before the current block instead, for comparison.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, get_args
+
+import torch
+
+from dllmbench.api.hookspecs import hookimpl
+from dllmbench.api.interfaces import StepBatch
+from dllmbench.core.errors import UserError
+from dllmbench.core.flops import Work
+from dllmbench.plugins.backbones.base import DiffusionBackbone, purpose_generator, top_ranked
+from dllmbench.plugins.backbones.dream import categorical, filter_logits
+from dllmbench.plugins.backbones.kvstore import (
+    Entry,
+    PrefixStore,
+    Root,
+    boundary_digests,
+    prompt_digest,
+)
+from dllmbench.plugins.backbones.loading import (
+    RANDOM_POSITIONS,
+    DType,
+    device_problem,
+    positions_of,
+)
+
+Remasking = Literal["low_confidence_static", "low_confidence_dynamic", "sequential"]
+REMASKINGS: tuple[str, ...] = get_args(Remasking)
+Family = Literal["qwen3", "qwen2"]
+
+
+@dataclass(frozen=True)
+class BlockConfig:
+    model: str = "JetLM/SDAR-8B-Chat"  # Hub id, local directory, or "random"
+    device: str | None = None  # default: cuda when available, else cpu
+    dtype: DType | None = None  # default: bfloat16 on GPU, float32 on CPU
+    chat: bool | None = None  # use the chat template; default: when the tokenizer has one
+    mask_id: int | None = None  # default: from config.json or the tokenizer (<|MASK|>)
+    block_length: int = 4  # SDAR's and TraDo's
+    temperature: float = 1.0  # 0: the most probable token
+    top_k: int | None = None
+    top_p: float = 1.0
+    remasking: Remasking = "low_confidence_dynamic"
+    threshold: float = 0.85  # low_confidence_dynamic's confidence threshold
+    stop: bool = True  # end a row after the block in which it wrote an end token
+    cache: bool = True  # False: every step recomputes the blocks before its own
+    cache_memory: float | None = None  # GiB the KV cache may hold (default: unbounded)
+    family: Family = "qwen3"  # the architecture of model="random"
+    seed: int = 0  # initialisation of model="random"
+    attention: Literal["sdpa"] = field(default="sdpa", repr=False)
+
+    def __post_init__(self) -> None:
+        if (unusable := device_problem(self.device)) is not None:
+            raise ValueError(unusable)
+        if self.remasking not in REMASKINGS:
+            raise ValueError(f"remasking must be one of {', '.join(REMASKINGS)}")
+        if self.block_length < 1:
+            raise ValueError("block_length must be >= 1")
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ValueError("need temperature >= 0 and 0 < top_p <= 1")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError("top_k must be >= 1")
+        if not 0 <= self.threshold <= 1:
+            raise ValueError(f"threshold must be in [0, 1], got {self.threshold!r}")
+        if self.family not in get_args(Family):
+            raise ValueError("family must be qwen3 or qwen2")
+        if self.cache_memory is not None and self.cache_memory <= 0:
+            raise ValueError("cache_memory must be > 0 GiB")
+
+    @property
+    def positions(self) -> int | None:
+        return positions_of(self.model)
+
+    @property
+    def deterministic(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One row's forward at one step: the tokens [start, end) it runs against the cached
+    prefix before `start`, the block it denoises, and what its charge counts from."""
+
+    root: Root
+    digests: list[bytes]  # boundary digests up to the current block's start
+    start: int  # first query position (a block boundary)
+    charged_from: int  # the row alone would run from here (its charge)
+    block: int  # the current block's index
+    length: int  # block length
+    end: int  # the current block's end
+    first: int  # the first decoded block (the prompt's whole blocks are before it)
+
+
+class BlockDiffusion(DiffusionBackbone):
+    """A block-diffusion LM (SDAR, TraDo) on Qwen3 or Qwen2, with an exact KV cache."""
+
+    Config = BlockConfig
+    arch = "block"
+    shift = False
+    mask_names = ("<|MASK|>", "|<MASK>|", "<|mask|>")
+    row_settings = frozenset(
+        {"block_length", "temperature", "top_k", "top_p", "remasking", "threshold", "steps"}
+    )
+    contract_configs: ClassVar[list[dict]] = [
+        {"model": "random"},
+        {"model": "random", "family": "qwen2", "remasking": "low_confidence_static"},
+        {"model": "random", "cache": False, "temperature": 0.0},
+    ]
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        budget = self.config.cache_memory
+        self.store = PrefixStore(None if budget is None else int(budget * 2**30))
+        self.computed_queries = 0  # query tokens every forward computed (tests, benchmarks)
+        params = inspect.signature(self.transformer.model.forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+
+    def random_transformer(self, tokenizer: Any) -> torch.nn.Module:
+        from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+        qwen3 = self.config.family == "qwen3"
+        shape = dict(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=len(tokenizer),
+            max_position_embeddings=RANDOM_POSITIONS,
+            tie_word_embeddings=False,
+        )
+        config = Qwen3Config(**shape, head_dim=16) if qwen3 else Qwen2Config(**shape)
+        config._attn_implementation = "sdpa"
+        with torch.random.fork_rng():
+            torch.manual_seed(self.config.seed)
+            net = (Qwen3ForCausalLM if qwen3 else Qwen2ForCausalLM)(config)
+        return net.to(self.dtype).eval().requires_grad_(False)
+
+    # -- the state the engine holds per problem (`KeepsState`) --------------------------------
+    def hold(self, prompt_ids: Sequence[int]) -> None:
+        self.store.hold(prompt_ids)
+
+    def release(self, prompt_ids: Sequence[int]) -> None:
+        self.store.release(prompt_ids)
+
+    def finishes_early(self, settings: Mapping[str, Any]) -> bool:
+        """Always: a row ends once its blocks are written (or after an end token, `stop`),
+        which under a confidence threshold is before its T."""
+        return True
+
+    # -- canvases and schedules -----------------------------------------------------------------
+    def canvas(self, prompt_ids: Sequence[int], gen_length: int) -> torch.Tensor:
+        """The prompt and masks up to the last block boundary within prompt + gen_length: the
+        reference's canvas for that many generated positions."""
+        block = self.config.block_length
+        if gen_length % block:
+            raise UserError(
+                f"gen_length {gen_length} is not a multiple of block_length {block}; "
+                f"use a multiple, e.g. {gen_length // block * block or block}"
+            )
+        end = (len(prompt_ids) + gen_length) // block * block
+        return super().canvas(prompt_ids, end - len(prompt_ids))
+
+    def check_row_settings(
+        self, settings: Mapping[str, Any], gen_length: int, total_steps: int
+    ) -> None:
+        c = self.row_config(settings)
+        base = self.config.block_length
+        if base % c.block_length:
+            raise UserError(
+                f"a row's block_length {c.block_length} must divide the backbone's "
+                f"{base}, along whose boundaries the canvas ends"
+            )
+        self.per_block(c.block_length, gen_length, int(settings.get("steps", total_steps)))
+
+    @staticmethod
+    def per_block(block: int, gen_length: int, total: int) -> tuple[int, int]:
+        """(steps per block, tokens per step) of T steps over gen_length / block blocks."""
+        if gen_length % block:
+            raise UserError(f"gen_length {gen_length} is not a multiple of block_length {block}")
+        blocks = gen_length // block
+        if total % blocks or not total:
+            raise UserError(
+                f"{total} steps do not split over {blocks} blocks of {block}; choose a "
+                f"multiple of {blocks}"
+            )
+        steps = total // blocks
+        if steps > block or block % steps:
+            raise UserError(
+                f"{steps} steps per block of {block} would not commit the same number of "
+                f"tokens at every step; choose T so that T / {blocks} divides {block}"
+            )
+        return steps, block // steps
+
+    def generated(self, width: int, prompt_len: int) -> int:
+        """The run's gen_length, from a canvas of this width (`canvas`)."""
+        base = self.config.block_length
+        return width - prompt_len // base * base
+
+    def plan(self, tokens: torch.Tensor, prompt_len: int, block: int) -> Plan | None:
+        """Where the row stands: its current block, what its cache holds, what it is charged
+        from. None when no position is masked."""
+        masked = (tokens == self.mask_id).nonzero().flatten()
+        masked = masked[masked >= prompt_len]
+        if not len(masked):
+            return None
+        first = prompt_len // block
+        current = int(masked[0]) // block
+        lo, end = current * block, (current + 1) * block
+        fresh = bool((tokens[max(lo, prompt_len) : end] == self.mask_id).all())
+        if not self.config.cache:
+            charged = 0
+        elif fresh:  # the block before was finished at the last step: store it now
+            charged = 0 if current == first else lo - block
+        else:
+            charged = lo
+        digests = boundary_digests(tokens, block, current)
+        root = (prompt_digest(tokens[:prompt_len]), block)
+        start = charged
+        if self.config.cache and start:  # from where the cache stops, if it holds less
+            start = min(start, self.store.deepest(root, digests[: start // block + 1]) * block)
+        return Plan(root, digests, start, charged, current, block, end, first)
+
+    @staticmethod
+    def work(plan: Plan, head: int) -> Work:
+        """The row's charge: tokens [charged_from, end) under the block-causal mask."""
+        block = plan.length
+        blocks = range(plan.charged_from // block, plan.block + 1)
+        attended = sum(block * (b + 1) * block for b in blocks)
+        return Work(plan.end - plan.charged_from, attended, head)
+
+    def step_work(self, batch: StepBatch) -> list[Work]:
+        works = []
+        for i, tokens in enumerate(batch.tokens):
+            block = self.row_config(batch.setting(i)).block_length
+            plan = self.plan(tokens, batch.prompt_lens[i], block)
+            if plan is None:
+                works.append(Work(0, 0, 0))
+                continue
+            head = int(
+                (
+                    tokens[max(plan.end - block, batch.prompt_lens[i]) : plan.end] == self.mask_id
+                ).sum()
+            )
+            works.append(self.work(plan, head))
+        return works
+
+    # -- the forward ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def run(
+        self, rows: Sequence[torch.Tensor], plans: Sequence[Plan]
+    ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor | None]]:
+        """One forward of every row's tokens [start, end) against its cached prefix: the last
+        hidden states [n, Q, H] (row i's query q at position start_i + q), and the new keys
+        and values [n, layers, 2, kv heads, Q, head dim]."""
+        from transformers import DynamicCache
+
+        n = len(rows)
+        prefixes = [
+            self.store.prefix(p.root, p.digests[p.start // p.length]) if p.start else None
+            for p in plans
+        ]
+        widths = [p.end - p.start for p in plans]
+        q, k = max(widths), max(p.start for p in plans)
+        dev, dtype = self.device, self.dtype
+        ids = torch.full((n, q), self.pad_id, dtype=torch.long)
+        positions = torch.zeros((n, q), dtype=torch.long)
+        allowed = torch.zeros((n, q, k + q), dtype=torch.bool)
+        for i, (tokens, p) in enumerate(zip(rows, plans, strict=True)):
+            ids[i, : widths[i]] = tokens[p.start : p.end]
+            pos = torch.arange(p.start, p.start + q)
+            positions[i] = pos
+            allowed[i, :, k - p.start : k] = True  # the cached prefix: earlier blocks
+            own = pos[: widths[i]] // p.length
+            allowed[i, :, k : k + widths[i]] = own[None, :] <= (pos // p.length)[:, None]
+            allowed[i, widths[i] :, k + widths[i] :] = True  # padding queries see padding
+        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(
+            ~allowed, torch.finfo(dtype).min
+        )[:, None]
+        cache = DynamicCache()
+        if k:
+            kv = torch.zeros((n, *self._kv_shape(k)), dtype=dtype, device=dev)
+            for i, (p, prefix) in enumerate(zip(plans, prefixes, strict=True)):
+                if prefix is not None:
+                    if prefix.shape[3] != p.start:
+                        raise RuntimeError(f"cached prefix of {prefix.shape[3]}, not {p.start}")
+                    kv[i, :, :, :, k - p.start :] = prefix
+            for layer in range(kv.shape[1]):
+                cache.update(kv[:, layer, 0], kv[:, layer, 1], layer)
+        out = self.transformer.model(
+            input_ids=ids.to(dev),
+            attention_mask=mask.to(dev),
+            position_ids=positions.to(dev),
+            use_cache=True,
+            **{self._cache_arg: cache},
+        )
+        self.computed_queries += sum(widths)
+        layers = cache.layers if hasattr(cache, "layers") else None
+        if layers is not None:
+            new = torch.stack([torch.stack([lay.keys, lay.values]) for lay in layers])
+        else:  # transformers before the layered cache
+            new = torch.stack(
+                [torch.stack([cache.key_cache[i], cache.value_cache[i]]) for i in range(len(cache))]
+            )
+        new = new[..., k:, :].permute(2, 0, 1, 3, 4, 5)  # [n, layers, 2, kv heads, Q, d]
+        return out.last_hidden_state, new, prefixes
+
+    def _kv_shape(self, tokens: int) -> tuple[int, ...]:
+        config = self.transformer.config
+        heads = int(config.num_key_value_heads)
+        head_dim = (
+            getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        )
+        return (int(config.num_hidden_layers), 2, heads, tokens, int(head_dim))
+
+    def _store(self, plan: Plan, new: torch.Tensor) -> None:
+        """Keep what the forward computed of the finished blocks before the current one: the
+        prompt's whole blocks as one entry, then one entry per block."""
+        if not self.config.cache:
+            return
+        bounds = [plan.start]
+        first = plan.first * plan.length
+        if plan.start < first:
+            bounds.append(first)
+        bounds += range(
+            max(plan.start, first) + plan.length, plan.block * plan.length + 1, plan.length
+        )
+        for lo, hi in itertools.pairwise(bounds):
+            if hi <= lo:
+                continue
+            digest = plan.digests[hi // plan.length]
+            if (plan.root, digest) in self.store:
+                continue
+            parent = plan.digests[lo // plan.length] if lo else None
+            kv = new[:, :, :, lo - plan.start : hi - plan.start].clone()
+            self.store.put(plan.root, digest, Entry(parent, lo, hi, kv))
+
+    def logits(self, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """Logits [B, L, V] of a left-padded batch under the block-causal mask (each row's
+        blocks counted from its first real token), no cache."""
+        width = ids.shape[1]
+        block = self.config.block_length
+        real = attn.bool()
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        blocks = pos // block
+        allowed = (blocks[:, None, :] <= blocks[:, :, None]) & real[:, None, :]
+        allowed |= torch.eye(width, dtype=torch.bool)[None]
+        mask = torch.zeros(allowed.shape, dtype=self.dtype).masked_fill(
+            ~allowed, torch.finfo(self.dtype).min
+        )[:, None]
+        with torch.no_grad():
+            out = self.transformer.model(
+                input_ids=ids.to(self.device),
+                attention_mask=mask.to(self.device),
+                position_ids=pos.to(self.device),
+            ).last_hidden_state
+        return self.head(out)
+
+    # -- one step --------------------------------------------------------------------------------
+    def denoise_step(self, batch: StepBatch) -> list[torch.Tensor]:
+        return [tokens for tokens, _ in self.denoise_step_with_confidence(batch)]
+
+    def denoise_step_with_confidence(
+        self, batch: StepBatch
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        n = len(batch.tokens)
+        rows = [t.cpu() for t in batch.tokens]
+        configs = [self.row_config(batch.setting(i)) for i in range(n)]
+        plans = [
+            self.plan(rows[i], batch.prompt_lens[i], configs[i].block_length) for i in range(n)
+        ]
+        out = [(r.clone(), torch.full(r.shape, float("nan"))) for r in rows]
+        live = [i for i in range(n) if plans[i] is not None]
+        if not live:
+            return out
+        hidden, new, _ = self.run([rows[i] for i in live], [plans[i] for i in live])  # type: ignore[misc]
+        for j, i in enumerate(live):
+            plan, c, tokens = plans[i], configs[i], out[i][0]
+            assert plan is not None
+            self._store(plan, new[j])
+            prompt_len = batch.prompt_lens[i]
+            lo = max(plan.end - plan.length, prompt_len)
+            where = (tokens[lo : plan.end] == self.mask_id).nonzero().flatten() + lo
+            gen = self.generated(len(tokens), prompt_len)
+            _, per_step = self.per_block(c.block_length, gen, batch.total(i))
+            key, step = batch.keys[i], batch.steps[i]
+            u = self.noise_at(key, step, "token", len(tokens))[where]
+            logits = self.head(hidden[j, (where - plan.start).to(hidden.device)])
+            x0, conf = (t.cpu() for t in draw(logits, u.to(logits.device), c, self.mask_id))
+            ties = self.noise_at(key, step, "tie", len(tokens))[where]
+            chosen = choose(conf, per_step, c, ties)
+            tokens[where[chosen]] = x0[chosen]
+            out[i][1][where[chosen]] = conf[chosen].float()
+            if self.stops(c, tokens, prompt_len, plan):
+                rest = tokens[plan.end :]
+                rest[rest == self.mask_id] = self.eos_id if self.eos_id is not None else self.pad_id
+        return out
+
+    @staticmethod
+    def noise_at(key: int, step: int, purpose: str, width: int) -> torch.Tensor:
+        """A row's float64 uniforms for one purpose at one step, one per canvas position."""
+        gen = purpose_generator(key, step, purpose)
+        return torch.rand(width, generator=gen, dtype=torch.float64)
+
+    def stops(self, c: BlockConfig, tokens: torch.Tensor, prompt_len: int, plan: Plan) -> bool:
+        """The row's blocks are filled up to this one and it wrote an end token: the
+        reference's stopping criterion."""
+        written = tokens[prompt_len : plan.end]
+        if not c.stop or bool((written == self.mask_id).any()):
+            return False
+        return any(bool((written == s).any()) for s in self.stop_ids)
+
+    def commit(self, ids, attn, offsets, batch):  # pragma: no cover - the step is its own
+        raise NotImplementedError("BlockDiffusion steps through denoise_step_with_confidence")
+
+
+def draw(
+    logits: torch.Tensor, u: torch.Tensor, c: BlockConfig, mask_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A token [M] and its probability [M] (float64) per masked position: SDAR's
+    `sample_with_temperature_topk_topp` with keyed uniforms (argmax at temperature 0). The
+    mask token is never drawn: the reference can draw it, which leaves the position masked
+    and overruns its schedule (an IndexError)."""
+    logits = logits.double()
+    logits[:, mask_id] = -torch.inf
+    if c.temperature > 0:
+        logits = logits / c.temperature
+    probs = torch.softmax(filter_logits(logits, c.top_p, c.top_k), dim=-1)
+    if c.temperature == 0:
+        conf, x0 = probs.max(-1)
+        return x0, conf
+    x0 = categorical(probs, u[:, None])[:, 0]
+    return x0, probs.gather(-1, x0[:, None])[:, 0]
+
+
+def choose(conf: torch.Tensor, k: int, c: BlockConfig, ties: torch.Tensor) -> torch.Tensor:
+    """[M] which masked positions of the block commit at this step (k per step, at most all)."""
+    m = conf.numel()
+    take = min(k, m)
+    if c.remasking == "sequential":
+        return torch.arange(m) < take
+    if c.remasking == "low_confidence_dynamic":
+        high = conf > c.threshold
+        if int(high.sum()) >= k:
+            return high
+    return top_ranked(conf[None], torch.tensor([take]), ties[None])[0]
+
+
+@hookimpl
+def dllmbench_register_backbones(register):
+    register("block", BlockDiffusion)

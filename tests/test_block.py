@@ -1,0 +1,260 @@
+"""The block-diffusion backbone: token for token SDAR's reference sampler, an exact KV cache
+charged at what it computes, and branches that reuse their parent's blocks."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+from transformers import Qwen3Model
+
+from dllmbench.api.interfaces import StepBatch
+from dllmbench.core.errors import UserError
+from dllmbench.core.flops import flops, shape_of
+from dllmbench.core.types import Prompt
+from dllmbench.plugins.backbones.block import BlockDiffusion
+
+# -- SDAR's `block_diffusion_generate` (JetAstra/SDAR, generate.py at c2041a8), written out ---------
+# The model call keeps SDAR's cache discipline: a denoising pass leaves the cache as it was
+# (store_kv=False), a store pass appends the block. torch.multinomial is replaced by an
+# inverse-CDF draw from the backbone's keyed uniforms of the same step, so both draw alike.
+
+
+CACHE_ARG = (
+    "cache" if "cache" in inspect.signature(Qwen3Model.forward).parameters else "past_key_values"
+)
+
+
+def _call(model, x, mask, positions, cache, store):
+    before = cache.get_seq_length()
+    allowed = mask.bool()[:, None]
+    additive = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    out = model(x, attention_mask=additive, position_ids=positions, **{CACHE_ARG: cache})
+    added = cache.get_seq_length() - before
+    if not store and added:
+        cache.crop(-added)
+    return out.logits
+
+
+def reference_generate(
+    model,
+    prompt,
+    mask_id,
+    gen_length,
+    block_length,
+    denoising_steps,
+    temperature,
+    top_k,
+    top_p,
+    remasking,
+    threshold,
+    uniforms,
+    stops,
+):
+    from transformers import DynamicCache
+
+    prompt_length = prompt.shape[1]
+    cache = DynamicCache()
+    num_blocks = (prompt_length + gen_length + block_length - 1) // block_length
+    total_length = num_blocks * block_length
+    block_mask = torch.tril(torch.ones(num_blocks, num_blocks))
+    bd_mask = block_mask.repeat_interleave(block_length, 0).repeat_interleave(block_length, 1)[None]
+    position_ids = torch.arange(total_length)[None]
+    x = torch.full((1, total_length), mask_id, dtype=torch.long)
+    x[:, :prompt_length] = prompt
+    prefill_blocks = prompt_length // block_length
+    prefill_length = prefill_blocks * block_length
+    if prefill_length > 0:
+        _call(
+            model,
+            x[:, :prefill_length],
+            bd_mask[:, :prefill_length, :prefill_length],
+            position_ids[:, :prefill_length],
+            cache,
+            True,
+        )
+    base, rem = divmod(block_length, denoising_steps)
+    num_transfer = torch.full((denoising_steps,), base)
+    num_transfer[:rem] += 1
+    global_step = 0
+    for nb in range(prefill_blocks, num_blocks):
+        lo, hi = nb * block_length, (nb + 1) * block_length
+        cur_x = x[:, lo:hi].clone()
+        cur_mask = bd_mask[:, lo:hi, :hi]
+        cur_pos = position_ids[:, lo:hi]
+        for step in range(denoising_steps + 1):
+            mask_index = cur_x == mask_id
+            if mask_index.sum() == 0:
+                _call(model, cur_x, cur_mask, cur_pos, cache, True)
+                break
+            logits = _call(model, cur_x, cur_mask, cur_pos, cache, False)
+            # sample_with_temperature_topk_topp, the draw by the backbone's uniforms
+            flat = logits.reshape(-1, logits.shape[-1]).clone()
+            # the one change: the mask token is never drawn (a random model puts mass on it,
+            # SDAR's checkpoints do not; drawn, it leaves the position masked and the
+            # reference overruns its schedule with an IndexError)
+            flat[:, mask_id] = float("-inf")
+            if temperature != 1.0:
+                flat = flat / temperature
+            if top_k:
+                kth = torch.topk(flat, top_k)[0][..., -1, None]
+                flat = torch.where(flat < kth, torch.full_like(flat, float("-inf")), flat)
+            if top_p < 1.0:
+                ordered, order = torch.sort(flat, descending=True)
+                cum = torch.cumsum(torch.softmax(ordered, -1), -1)
+                drop = cum > top_p
+                drop[..., 1:] = drop[..., :-1].clone()
+                drop[..., 0] = False
+                drop = torch.zeros_like(drop).scatter(-1, order, drop)
+                flat = flat.masked_fill(drop, float("-inf"))
+            probs = torch.softmax(flat, dim=-1)
+            u = uniforms(global_step)[lo:hi]
+            cdf = probs.double().cumsum(-1)
+            token = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)
+            token = torch.minimum(token, torch.searchsorted(cdf, cdf[:, -1:].contiguous()))
+            x0, x0_p = token.view(1, -1), probs.gather(-1, token).view(1, -1)
+            k = int(num_transfer[step])
+            confidence = torch.where(mask_index, x0_p, -torch.inf)
+            transfer = torch.zeros_like(x0, dtype=torch.bool)
+            if remasking == "sequential":
+                first = int(mask_index[0].nonzero()[0, 0])
+                transfer[0, first : first + k] = True
+            elif remasking == "low_confidence_static":
+                transfer[0, torch.topk(confidence[0], k).indices] = True
+            else:
+                high = confidence[0] > threshold
+                if high.sum() >= k:
+                    transfer[0] = high
+                else:
+                    transfer[0, torch.topk(confidence[0], k).indices] = True
+            cur_x[transfer] = x0[transfer]
+            global_step += 1
+        x[:, lo:hi] = cur_x
+        if any(s in x[0, prompt_length:] for s in stops):
+            break
+    return x[0]
+
+
+def run_rows(bb, prompt_ids, gen_length, total, keys, settings=None):
+    """Rows of one prompt stepped until none is masked, in one batch per step."""
+    canvas = bb.canvas(prompt_ids, gen_length)
+    rows = [canvas.clone() for _ in keys]
+    plen = len(prompt_ids)
+    bb.hold(prompt_ids)
+    bb.steps_taken = 0
+    for step in range(total):
+        live = [i for i, r in enumerate(rows) if (r[plen:] == bb.mask_id).any()]
+        if not live:
+            break
+        bb.steps_taken += 1
+        batch = StepBatch(
+            [rows[i] for i in live],
+            [plen] * len(live),
+            [step] * len(live),
+            [keys[i] for i in live],
+            total,
+            settings=[settings or {} for _ in live],
+        )
+        for i, new in zip(live, bb.denoise_step(batch), strict=True):
+            rows[i] = new
+    bb.release(prompt_ids)
+    return rows
+
+
+CASES = [
+    # family, block, steps per block, remasking, threshold, temperature, prompt text
+    ("qwen3", 4, 4, "low_confidence_dynamic", 0.5, 0.03, "Question: 12+7?"),
+    ("qwen3", 8, 8, "low_confidence_dynamic", 0.9, 0.03, "What is 9-2?"),
+    ("qwen2", 4, 4, "low_confidence_dynamic", 0.5, 0.03, "Question: 12+7?"),
+    ("qwen2", 8, 8, "low_confidence_dynamic", 0.5, 0.03, "Question: 3*4+5=?"),
+    ("qwen3", 8, 4, "low_confidence_static", 0.9, 0.1, "Q: 1+1=?........"),  # whole blocks
+    ("qwen2", 4, 2, "low_confidence_static", 0.9, 0.1, "Q: 2+2=?......"),  # 2 masks in block 3
+    ("qwen3", 4, 4, "sequential", 0.9, 0.1, "Question: 12+7?"),
+]
+
+
+@pytest.mark.parametrize(
+    ("family", "block", "per", "remasking", "threshold", "temperature", "text"), CASES
+)
+def test_the_sampler_is_sdar_token_for_token(
+    family, block, per, remasking, threshold, temperature, text
+):
+    bb = BlockDiffusion(
+        model="random",
+        family=family,
+        block_length=block,
+        temperature=temperature,
+        remasking=remasking,
+        threshold=threshold,
+        seed=3,
+    )
+    prompt = bb.encode(Prompt(text=text))
+    gen = 4 * block
+    total = (gen // block) * per
+    key = 1234
+    ours = run_rows(bb, prompt, gen, total, [key])[0]
+    width = len(ours)
+    ref = reference_generate(
+        bb.transformer,
+        torch.tensor([prompt]),
+        bb.mask_id,
+        width - len(prompt),
+        block,
+        per,
+        temperature,
+        0,
+        1.0,
+        remasking,
+        threshold,
+        lambda step: bb.noise_at(key, step, "token", width),
+        sorted(bb.stop_ids),
+    )
+    written = ref != bb.mask_id
+    assert torch.equal(ours[written], ref[written])
+    # after the reference stopped at an end token, the row's rest holds that token
+    assert bool((ours[~written] == bb.eos_id).all())
+    assert int(written.sum()) > len(prompt) + block  # it wrote more than one block
+    if remasking == "low_confidence_dynamic":  # the threshold committed several at a step
+        assert bb.steps_taken < int(written.sum()) - len(prompt)
+
+
+def test_a_block_filled_by_fewer_tokens_than_k_commits_what_is_masked():
+    """SDAR's top-k takes k positions even when fewer are masked (the prompt's tail shares the
+    first block), overwriting committed tokens by the order torch.topk gives equal -inf; the
+    backbone commits the masked ones only, and the prompt stays as it was."""
+    bb = BlockDiffusion(model="random", block_length=4, remasking="low_confidence_static")
+    prompt = bb.encode(Prompt(text="Question: 12+7?"))  # 15 tokens: one mask in block 3
+    row = run_rows(bb, prompt, 16, 8, [5])[0]  # 2 steps per block, k = 2
+    assert row[: len(prompt)].tolist() == prompt
+    assert not bool((row == bb.mask_id).any())
+
+
+def test_the_cache_gives_the_tokens_of_recomputing_and_a_third_of_the_flops():
+    """256 generated tokens in blocks of 32: a row's tokens with the cache equal the row
+    recomputed from scratch at every step, for a fraction of the FLOPs."""
+    text = "Question: what is 12 plus 7, times 3?"
+    gen, block, per = 256, 32, 8
+    total = gen // block * per
+    common = dict(model="random", block_length=block, temperature=0.5, stop=False, seed=1)
+    cached, plain = BlockDiffusion(**common), BlockDiffusion(**common, cache=False)
+    prompt = cached.encode(Prompt(text=text))
+    shape = shape_of(cached.transformer)
+    spent = {}
+    rows = {}
+    for name, bb in (("cached", cached), ("plain", plain)):
+        canvas = bb.canvas(prompt, gen)
+        row, charged = canvas.clone(), 0
+        bb.hold(prompt)
+        for step in range(total):
+            if not (row[len(prompt) :] == bb.mask_id).any():
+                break
+            batch = StepBatch([row], [len(prompt)], [step], [77], total)
+            charged += flops(shape, bb.step_work(batch)[0])
+            row = bb.denoise_step(batch)[0]
+        bb.release(prompt)
+        spent[name], rows[name] = charged, row
+    assert torch.equal(rows["cached"], rows["plain"])
+    ratio = spent["cached"] / spent["plain"]
+    assert ratio <= 1 / 3, ratio
+    assert cached.store.nbytes == 0  # released with the problem
