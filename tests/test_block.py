@@ -10,12 +10,11 @@ import torch
 from transformers import Qwen3Model
 
 from dllmbench.api.interfaces import StepBatch
-from dllmbench.core.errors import UserError
 from dllmbench.core.flops import flops, shape_of
 from dllmbench.core.types import Prompt
 from dllmbench.plugins.backbones.block import BlockDiffusion
 
-# -- SDAR's `block_diffusion_generate` (JetAstra/SDAR, generate.py at c2041a8), written out ---------
+# -- SDAR's `block_diffusion_generate` (JetAstra/SDAR, generate.py at c2041a8), written out ------
 # The model call keeps SDAR's cache discipline: a denoising pass leaves the cache as it was
 # (store_kv=False), a store pass appends the block. torch.multinomial is replaced by an
 # inverse-CDF draw from the backbone's keyed uniforms of the same step, so both draw alike.
