@@ -257,3 +257,98 @@ def test_the_cache_gives_the_tokens_of_recomputing_and_a_third_of_the_flops():
     ratio = spent["cached"] / spent["plain"]
     assert ratio <= 1 / 3, ratio
     assert cached.store.nbytes == 0  # released with the problem
+
+
+class TokenSum:
+    """A process scorer that reads any tokens: a fixed pseudo-random value of the canvas."""
+
+    reads_partial = True
+
+    def score(self, batch):
+        import numpy as np
+
+        return np.array([float((t * torch.arange(len(t))).sum() % 97) / 97 for t in batch.tokens])
+
+
+def _engine_run(backbone, spec, size=3, total=16, gen=16):
+    from dllmbench.execution.engine import Capacity, Engine, Sampling
+    from dllmbench.execution.method import Method, MethodSpec
+    from dllmbench.loading.registry import registry
+    from dllmbench.testing.doubles import ToySum
+
+    task = ToySum(size=size)
+    method = Method.build(registry(), MethodSpec.parse(spec), None)
+    engine = Engine(
+        backbone=backbone,
+        scorers={"prm": TokenSum()},
+        task=task,
+        methods=[method],
+        sampling=Sampling(total, gen, "fewshot", 0),
+        capacity=Capacity(batch_rows=64, problems=2),
+    )
+    records = engine.run(task.problems("test"))
+    return records, engine
+
+
+@pytest.mark.parametrize("spec", ["prm_guided:k=4,every=4", "smc:k=4,every=4"])
+def test_a_branch_does_not_recompute_its_parents_blocks(spec):
+    """PRM Guided and SMC on the block backbone: every forward computes exactly what it is
+    charged, a row's first forward after branching computes its current block (and the block
+    it finished just before) but never the prefix its parent wrote, and the run's candidates
+    are those of recomputing everything at every step."""
+    common = dict(model="random", block_length=4, temperature=0.5, stop=False)
+    bb = BlockDiffusion(**common)
+    steps: list[int] = []
+    queries: list[int] = []
+    charged: list[int] = []
+    real_run, real_work = bb.run, bb.step_work
+
+    def run(rows, plans):
+        queries.extend(p.end - p.start for p in plans)
+        return real_run(rows, plans)
+
+    def step_work(batch):
+        works = real_work(batch)
+        steps.extend(s for s, w in zip(batch.steps, works, strict=True) if w.queries)
+        charged.extend(w.queries for w in works if w.queries)
+        return works
+
+    bb.run, bb.step_work = run, step_work
+    records, _engine = _engine_run(bb, spec)
+    assert queries == charged  # computed what it was charged, row by row
+    block = 4
+    after_start = [q for s, q in zip(steps, queries, strict=True) if s > 0]
+    assert after_start and max(after_start) <= 2 * block
+    assert bb.store.nbytes == 0  # freed when the problems ended
+    plain = BlockDiffusion(**common, cache=False)
+    again, _ = _engine_run(plain, spec)
+    texts = [[c["text"] for c in r["candidates"]] for r in records]
+    assert texts == [[c["text"] for c in r["candidates"]] for r in again]
+    assert plain.computed_queries > 2 * bb.computed_queries
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_a_rows_price_is_what_a_row_committing_k_per_step_is_charged(cache):
+    """`row_works` (the planner's price) is, step by step, the charge of a row that commits
+    exactly k tokens per step (static, no stop); a row under a threshold ends sooner and is
+    charged no more."""
+    common = dict(model="random", block_length=4, stop=False, cache=cache)
+    static = BlockDiffusion(**common, remasking="low_confidence_static")
+    prompt = static.encode(Prompt(text="Question: 12+7?"))
+    gen, total = 32, 16  # 8 blocks, 2 steps each, k = 2
+    canvas = static.canvas(prompt, gen)
+    priced = static.row_works(canvas, len(prompt), total)
+    shape = shape_of(static.transformer)
+    for bb in (static, BlockDiffusion(**common, temperature=0.03, threshold=0.1)):
+        row, works = canvas.clone(), []
+        for step in range(total):
+            if not (row[len(prompt) :] == bb.mask_id).any():
+                break
+            batch = StepBatch([row], [len(prompt)], [step], [9], total)
+            works.append(bb.step_work(batch)[0])
+            row = bb.denoise_step(batch)[0]
+        if bb is static:
+            assert works == priced
+        else:
+            assert len(works) < len(priced)
+            assert sum(flops(shape, w) for w in works) <= sum(flops(shape, w) for w in priced)

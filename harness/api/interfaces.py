@@ -324,6 +324,17 @@ class CountsScoreWork(Protocol):
 
 
 @runtime_checkable
+class PricesSteps(Protocol):
+    """A backbone whose steps differ in cost along a row (a KV cache: most steps run one
+    block, some also store the block before it, the first the prompt): `row_works` says what
+    each step of a whole row computes when no step ends it early, from the fully masked
+    canvas. The planner prices a denoising pass as their mean. Without it a pass is priced
+    as the row's first step (`CountsStepWork`)."""
+
+    def row_works(self, canvas: torch.Tensor, prompt_len: int, total_steps: int) -> list[Work]: ...
+
+
+@runtime_checkable
 class FinishesEarly(Protocol):
     """A backbone whose sampler may fill a row's canvas before its T (confidence-threshold
     decoding): `finishes_early(settings)` says whether a row under these settings (empty: the

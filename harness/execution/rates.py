@@ -5,7 +5,9 @@ length, the canvas, the model. The planner prices every kind of pass at the *ref
 the mean prompt length of the run's problems (as the backbone encodes them) followed by the
 fully masked canvas. A denoising pass is priced as the backbone's first step on that row (its
 `step_work`, else a bidirectional forward with the head at every position): every generated
-position is masked there, so the price is an upper bound of a later step's. A scoring pass is
+position is masked there, so the price is an upper bound of a later step's. A backbone whose
+steps differ in cost along a row (a KV cache, `PricesSteps`) prices a pass as the mean over a
+whole row that no step ends early: T passes at that price bound the row's FLOPs. A scoring pass is
 priced as the scorer's forward over the same row. The ledger charges each forward's own FLOPs
 as it happens; the plan's FLOPs are a price, not a charge.
 """
@@ -19,6 +21,7 @@ from dllmbench.api.interfaces import (
     Backbone,
     CountsScoreWork,
     CountsStepWork,
+    PricesSteps,
     ScoreBatch,
     Scorer,
     StepBatch,
@@ -63,12 +66,17 @@ def reference(
     rates: dict[str, int] = {}
     shape = model_shape(backbone)
     if shape is not None:
-        if isinstance(backbone, CountsStepWork):
-            step = StepBatch([canvas], [prompt], [0], [0], total_steps)
-            work = backbone.step_work(step)[0]
+        if isinstance(backbone, PricesSteps):
+            works = backbone.row_works(canvas, prompt, total_steps)
+            mean = -(-sum(flops(shape, w) for w in works) // total_steps)
+            rates["denoise"] = passes_per_step(backbone) * mean
         else:
-            work = Work.full(len(canvas))
-        rates["denoise"] = passes_per_step(backbone) * flops(shape, work)
+            if isinstance(backbone, CountsStepWork):
+                step = StepBatch([canvas], [prompt], [0], [0], total_steps)
+                work = backbone.step_work(step)[0]
+            else:
+                work = Work.full(len(canvas))
+            rates["denoise"] = passes_per_step(backbone) * flops(shape, work)
     finished = canvas.clone()
     finished[prompt:] = 0  # a final state: nothing masked
     for name, scorer in scorers.items():

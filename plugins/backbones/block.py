@@ -275,6 +275,26 @@ class BlockDiffusion(DiffusionBackbone):
             works.append(self.work(plan, head))
         return works
 
+    def row_works(self, canvas: torch.Tensor, prompt_len: int, total_steps: int) -> list[Work]:
+        """Each step of a row that commits exactly k tokens per step and never stops early
+        (`PricesSteps`): the planner's price of a pass is their mean."""
+        block = self.config.block_length
+        _, k = self.per_block(block, self.generated(len(canvas), prompt_len), total_steps)
+        first, blocks = prompt_len // block, len(canvas) // block
+        works = []
+        for c in range(first, blocks):
+            masked = (c + 1) * block - max(c * block, prompt_len)
+            for j in range(-(-masked // k)):
+                if not self.config.cache:
+                    start = 0
+                elif j:
+                    start = c * block
+                else:
+                    start = 0 if c == first else (c - 1) * block
+                attended = sum(block * (b + 1) * block for b in range(start // block, c + 1))
+                works.append(Work((c + 1) * block - start, attended, masked - j * k))
+        return works
+
     # -- the forward ---------------------------------------------------------------------------
     @torch.no_grad()
     def run(
