@@ -10,6 +10,7 @@ import torch
 from transformers import Qwen3Model
 
 from dllmbench.api.interfaces import StepBatch
+from dllmbench.core.errors import UserError
 from dllmbench.core.flops import flops, shape_of
 from dllmbench.core.types import Prompt
 from dllmbench.plugins.backbones.block import BlockDiffusion
@@ -352,3 +353,43 @@ def test_a_rows_price_is_what_a_row_committing_k_per_step_is_charged(cache):
         else:
             assert len(works) < len(priced)
             assert sum(flops(shape, w) for w in works) <= sum(flops(shape, w) for w in priced)
+
+
+def test_cache_memory_is_set_aside_before_a_forward_is_sized(monkeypatch):
+    """On a (pretended) GPU: the KV cache gets its share of the free memory first; problems in
+    flight are as many as fit there; the store is bounded by that share; a forward is sized
+    from what is left; and a problem that cannot fit at all is one line."""
+    from dllmbench.execution.engine import CACHE_SHARE, MEMORY_SHARE, Capacity, sized_to_memory
+
+    free = 10**6
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (free, free))
+    bb = BlockDiffusion(model="random")
+    bb.device = "cuda"
+    per_token = bb.cache_bytes(1)
+    assert per_token == 2 * 2 * 2 * 16 * 4  # layers, keys and values, kv heads, head dim, fp32
+    tokens = 8 * 100  # 8 rows of 100 tokens
+    sized = sized_to_memory(Capacity(problems=32), bb, tokens)
+    share = int(free * CACHE_SHARE)
+    assert sized.problems == share // (tokens * per_token) < 32
+    assert bb.store.budget == share
+    config = bb.transformer.config
+    activations = 2 * (6 * config.hidden_size + 3 * config.intermediate_size) * 4
+    assert sized.batch_tokens == int((free - share) * MEMORY_SHARE) // activations
+    with pytest.raises(UserError, match="one problem's KV cache"):
+        sized_to_memory(Capacity(), bb, 10**4)
+
+
+def test_a_store_over_its_budget_frees_other_problems_then_refuses():
+    from dllmbench.plugins.backbones.kvstore import Entry, PrefixStore
+
+    store = PrefixStore(budget_bytes=3 * 64)
+    kv = lambda: torch.zeros(16)  # noqa: E731  64 bytes
+    store.hold([1])
+    store.put((b"a", 4), b"x", Entry(None, 0, 4, kv()))
+    store.put((b"b", 4), b"y", Entry(None, 0, 4, kv()))
+    store.put((b"b", 4), b"z", Entry(b"y", 4, 8, kv()))
+    assert store.nbytes == 3 * 64
+    store.put((b"b", 4), b"w", Entry(b"z", 8, 12, kv()))  # frees problem a's entries
+    assert ((b"a", 4), b"x") not in store and store.nbytes == 3 * 64
+    with pytest.raises(UserError, match="KV cache of one problem"):
+        store.put((b"b", 4), b"v", Entry(b"w", 12, 16, kv()))

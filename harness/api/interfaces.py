@@ -376,6 +376,18 @@ class CountsForwardMemory(Protocol):
 
 
 @runtime_checkable
+class CountsCacheMemory(Protocol):
+    """A backbone that keeps a KV cache across steps (`KeepsState`): `cache_bytes(tokens)` is
+    the memory of the cached keys and values of that many tokens, and `limit_cache(nbytes)`
+    bounds what it may hold. The engine's sizing sets aside the cache of every problem in
+    flight before it sizes a forward, and admits fewer problems when they would not fit."""
+
+    def cache_bytes(self, tokens: int) -> int: ...
+
+    def limit_cache(self, nbytes: int) -> None: ...
+
+
+@runtime_checkable
 class MaybeDeterministic(Protocol):
     """A backbone Config that can say its samples do not depend on the key."""
 

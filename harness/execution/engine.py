@@ -28,6 +28,7 @@ import torch
 
 from dllmbench.api.interfaces import (
     Backbone,
+    CountsCacheMemory,
     CountsForwardMemory,
     CountsScoreWork,
     CountsStepWork,
@@ -50,6 +51,7 @@ from dllmbench.api.interfaces import (
     row_settings,
 )
 from dllmbench.api.ops import Ops
+from dllmbench.core.errors import UserError
 from dllmbench.core.flops import ModelShape, Work, flops
 from dllmbench.core.keys import numpy_rng
 from dllmbench.core.ledger import Ledger
@@ -69,22 +71,39 @@ from dllmbench.loading.provenance import Origins, config_data
 __all__ = ["Capacity", "Engine", "Sampling", "Unit", "plan_units", "sized_to_memory"]
 
 MEMORY_SHARE = 0.6  # of the GPU memory free after loading, for one forward's activations
+CACHE_SHARE = 0.5  # of the GPU memory free after loading, for a KV cache across steps
 
 
-def sized_to_memory(capacity: Capacity, backbone: Backbone) -> Capacity:
+def sized_to_memory(capacity: Capacity, backbone: Backbone, cached_tokens: int = 0) -> Capacity:
     """`batch_tokens` from the free memory of the backbone's GPU when it is unset: about the
     activations of one layer of a no-grad forward per token (6 × hidden + 3 × MLP width
     values), twice over for safety, plus what the backbone says a forward needs beside them
     (`CountsForwardMemory`: a packing backbone's block mask, which grows with the square of
     the blocks), within `MEMORY_SHARE` of what is free: the most tokens whose sum fits.
-    Unchanged on a CPU, for a backbone that is not a transformer, or when `batch_tokens` is
-    given."""
+
+    A backbone with a KV cache (`CountsCacheMemory`) first gets `CACHE_SHARE` of what is free
+    for the cache, and the problems in flight are as many as fit there, each holding
+    `cached_tokens` (its rows × canvas); when not even one fits, that is one line. Unchanged
+    on a CPU, for a backbone that is not a transformer, or when `batch_tokens` is given."""
     if capacity.batch_tokens is not None or not isinstance(backbone, TransformerBackbone):
         return capacity
     device = torch.device(backbone.device)
     if device.type != "cuda":
         return capacity
     free, _ = torch.cuda.mem_get_info(device)
+    if isinstance(backbone, CountsCacheMemory) and cached_tokens:
+        share = int(free * CACHE_SHARE)
+        per_problem = backbone.cache_bytes(cached_tokens)
+        fits = share // max(1, per_problem)
+        if fits < 1:
+            raise UserError(
+                f"one problem's KV cache ({per_problem / 2**30:.1f} GiB for {cached_tokens} "
+                f"tokens) does not fit the {share / 2**30:.1f} GiB set aside for it; run fewer "
+                "rows per problem, a shorter gen_length, or a GPU with more memory"
+            )
+        backbone.limit_cache(share)
+        capacity = dataclasses.replace(capacity, problems=min(capacity.problems, int(fits)))
+        free -= share
     config = backbone.transformer.config
     hidden = int(config.hidden_size)
     width = int(getattr(config, "intermediate_size", 4 * hidden))

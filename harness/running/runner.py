@@ -384,6 +384,14 @@ def _choose(
     return chosen
 
 
+def _cached_tokens(cfg: RunConfig, prepared: Prepared) -> int:
+    """What one problem may hold in a backbone's KV cache, in tokens: every method's pool of
+    rows (an upper bound: methods may share rows) × the reference row's canvas."""
+    rows = sum(p.method.strategy.pool_size() for p in prepared.plan.methods)
+    prompt = prepared.reference.prompt_tokens if prepared.reference is not None else 0
+    return rows * (prompt + cfg.sampling.gen_length)
+
+
 def _origins(cfg: RunConfig, prepared: Prepared) -> Origins:
     """Who plays each part of the run, to name a plugin that breaks its contract."""
     reg, methods = prepared.registry, [p.method for p in prepared.plan.methods]
@@ -536,7 +544,7 @@ def _run_in(
         task=prepared.task,
         methods=methods,
         sampling=cfg.sampling,
-        capacity=sized_to_memory(cfg.capacity, prepared.backbone),
+        capacity=sized_to_memory(cfg.capacity, prepared.backbone, _cached_tokens(cfg, prepared)),
         origins=_origins(cfg, prepared),
     )
 

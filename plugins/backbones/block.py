@@ -173,6 +173,16 @@ class BlockDiffusion(DiffusionBackbone):
     def release(self, prompt_ids: Sequence[int]) -> None:
         self.store.release(prompt_ids)
 
+    def cache_bytes(self, tokens: int) -> int:
+        """Memory of the cached keys and values of `tokens` tokens (`CountsCacheMemory`)."""
+        layers, two, heads, _, head_dim = self._kv_shape(1)
+        return layers * two * heads * head_dim * tokens * self.dtype.itemsize
+
+    def limit_cache(self, nbytes: int) -> None:
+        """Bound the cache, unless `cache_memory` did."""
+        if self.config.cache_memory is None:
+            self.store.budget = int(nbytes)
+
     def finishes_early(self, settings: Mapping[str, Any]) -> bool:
         """Always: a row ends once its blocks are written (or after an end token, `stop`),
         which under a confidence threshold is before its T."""
