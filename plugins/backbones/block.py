@@ -1,14 +1,18 @@
 """Block diffusion (SDAR, TraDo): transformers' own Qwen3 or Qwen2 class under a block-causal
 mask, sampled block by block with an exact KV cache of the committed blocks.
 
-The canvas is cut into blocks of `block_length` counted from position 0, as SDAR's
-`block_diffusion_generate` does: the prompt's whole blocks are context, and its tail shares
-the first block with masks. The canvas ends at the last block boundary within prompt +
-gen_length, so every problem has gen_length / block_length blocks to write and a row's T
-spreads evenly over them (steps per block S = T·block_length / gen_length, k = block_length / S
-tokens per step). Each step runs the row's current block (the first holding a mask) against
-the cache of the blocks before it, draws a token for each masked position (temperature, top-k,
-top-p, keyed uniforms as in Dream), and commits by `remasking`: the k most confident
+The canvas (the prompt and gen_length masks) is cut into blocks of `block_length` counted from
+position 0, as SDAR's `block_diffusion_generate` does: the prompt's whole blocks are context,
+and its tail shares the first block with masks; when the prompt does not end on a boundary,
+the last block is as much shorter (SDAR's canvas runs on to the boundary; under block-causal
+attention no earlier block sees the difference). When a row's T splits evenly over
+gen_length / block_length blocks into S steps that divide the block, each step commits
+k = block_length / S tokens (SDAR's schedule; the two partial blocks share one block's
+steps); otherwise every block written gets an even share of T and commits its masks over the
+steps of its share that are left. The last step takes whatever its block has left. Each step runs the row's current block (the first holding a
+mask) against the cache of the blocks before it, draws a token for each masked position
+(temperature, top-k, top-p, keyed uniforms as in Dream), and commits by `remasking`: the k
+most confident
 (`low_confidence_static`), every position above `threshold` when there are at least k of
 them, else the k most confident (`low_confidence_dynamic`), or the first k (`sequential`).
 A block once filled is context: the row's next step stores its keys and values in the cache
@@ -36,7 +40,6 @@ import torch
 
 from dllmbench.api.hookspecs import hookimpl
 from dllmbench.api.interfaces import StepBatch
-from dllmbench.core.errors import UserError
 from dllmbench.core.flops import Work
 from dllmbench.plugins.backbones.base import DiffusionBackbone, purpose_generator, top_ranked
 from dllmbench.plugins.backbones.dream import categorical, filter_logits
@@ -189,53 +192,32 @@ class BlockDiffusion(DiffusionBackbone):
         return True
 
     # -- canvases and schedules -----------------------------------------------------------------
-    def canvas(self, prompt_ids: Sequence[int], gen_length: int) -> torch.Tensor:
-        """The prompt and masks up to the last block boundary within prompt + gen_length: the
-        reference's canvas for that many generated positions."""
-        block = self.config.block_length
-        if gen_length % block:
-            raise UserError(
-                f"gen_length {gen_length} is not a multiple of block_length {block}; "
-                f"use a multiple, e.g. {gen_length // block * block or block}"
-            )
-        end = (len(prompt_ids) + gen_length) // block * block
-        return super().canvas(prompt_ids, end - len(prompt_ids))
-
     def check_row_settings(
         self, settings: Mapping[str, Any], gen_length: int, total_steps: int
     ) -> None:
-        c = self.row_config(settings)
-        base = self.config.block_length
-        if base % c.block_length:
-            raise UserError(
-                f"a row's block_length {c.block_length} must divide the backbone's "
-                f"{base}, along whose boundaries the canvas ends"
-            )
-        self.per_block(c.block_length, gen_length, int(settings.get("steps", total_steps)))
+        self.row_config(settings)
 
     @staticmethod
-    def per_block(block: int, gen_length: int, total: int) -> tuple[int, int]:
-        """(steps per block, tokens per step) of T steps over gen_length / block blocks."""
-        if gen_length % block:
-            raise UserError(f"gen_length {gen_length} is not a multiple of block_length {block}")
-        blocks = gen_length // block
-        if total % blocks or not total:
-            raise UserError(
-                f"{total} steps do not split over {blocks} blocks of {block}; choose a "
-                f"multiple of {blocks}"
-            )
-        steps = total // blocks
-        if steps > block or block % steps:
-            raise UserError(
-                f"{steps} steps per block of {block} would not commit the same number of "
-                f"tokens at every step; choose T so that T / {blocks} divides {block}"
-            )
-        return steps, block // steps
-
-    def generated(self, width: int, prompt_len: int) -> int:
-        """The run's gen_length, from a canvas of this width (`canvas`)."""
-        base = self.config.block_length
-        return width - prompt_len // base * base
+    def quota(
+        block: int, prompt_len: int, width: int, total: int, step: int, current: int, masked: int
+    ) -> int:
+        """Tokens a row commits at `step` of its T in its current block, which has `masked`
+        masked positions. SDAR's schedule when T splits evenly over gen_length / block_length
+        blocks into S steps that divide the block: k = block / S at every step. Otherwise
+        each block written gets an even share of T (as `block_step`) and commits what is
+        masked over the steps of its share left. The last step takes what is left."""
+        if step >= total - 1:
+            return masked
+        gen = width - prompt_len
+        blocks = gen // block
+        if gen % block == 0 and total % blocks == 0:
+            per = total // blocks
+            if per <= block and block % per == 0:
+                return block // per
+        first = prompt_len // block
+        written = -(-width // block) - first
+        end = -(-(current - first + 1) * total // written)
+        return -(-masked // max(1, end - step))
 
     def plan(self, tokens: torch.Tensor, prompt_len: int, block: int) -> Plan | None:
         """Where the row stands: its current block, what its cache holds, what it is charged
@@ -246,7 +228,7 @@ class BlockDiffusion(DiffusionBackbone):
             return None
         first = prompt_len // block
         current = int(masked[0]) // block
-        lo, end = current * block, (current + 1) * block
+        lo, end = current * block, min((current + 1) * block, len(tokens))
         fresh = bool((tokens[max(lo, prompt_len) : end] == self.mask_id).all())
         if not self.config.cache:
             charged = 0
@@ -264,10 +246,7 @@ class BlockDiffusion(DiffusionBackbone):
     @staticmethod
     def work(plan: Plan, head: int) -> Work:
         """The row's charge: tokens [charged_from, end) under the block-causal mask."""
-        block = plan.length
-        blocks = range(plan.charged_from // block, plan.block + 1)
-        attended = sum(block * (b + 1) * block for b in blocks)
-        return Work(plan.end - plan.charged_from, attended, head)
+        return block_work(plan.charged_from, plan.end, plan.length, head)
 
     def step_work(self, batch: StepBatch) -> list[Work]:
         works = []
@@ -286,23 +265,30 @@ class BlockDiffusion(DiffusionBackbone):
         return works
 
     def row_works(self, canvas: torch.Tensor, prompt_len: int, total_steps: int) -> list[Work]:
-        """Each step of a row that commits exactly k tokens per step and never stops early
+        """Each step of a row that commits exactly its quota per step and never stops early
         (`PricesSteps`): the planner's price of a pass is their mean."""
-        block = self.config.block_length
-        _, k = self.per_block(block, self.generated(len(canvas), prompt_len), total_steps)
-        first, blocks = prompt_len // block, len(canvas) // block
-        works = []
-        for c in range(first, blocks):
-            masked = (c + 1) * block - max(c * block, prompt_len)
-            for j in range(-(-masked // k)):
-                if not self.config.cache:
-                    start = 0
-                elif j:
-                    start = c * block
-                else:
-                    start = 0 if c == first else (c - 1) * block
-                attended = sum(block * (b + 1) * block for b in range(start // block, c + 1))
-                works.append(Work((c + 1) * block - start, attended, masked - j * k))
+        block, width = self.config.block_length, len(canvas)
+        first = prompt_len // block
+        left = {
+            c: min((c + 1) * block, width) - max(c * block, prompt_len)
+            for c in range(first, -(-width // block))
+        }
+        works, fresh = [], True
+        for step in range(total_steps):
+            current = next((c for c, n in left.items() if n), None)
+            if current is None:
+                break
+            if not self.config.cache:
+                start = 0
+            elif fresh:
+                start = 0 if current == first else (current - 1) * block
+            else:
+                start = current * block
+            end = min((current + 1) * block, width)
+            works.append(block_work(start, end, block, left[current]))
+            k = self.quota(block, prompt_len, width, total_steps, step, current, left[current])
+            left[current] -= min(k, left[current])
+            fresh = not left[current]
         return works
 
     # -- the forward ---------------------------------------------------------------------------
@@ -441,8 +427,15 @@ class BlockDiffusion(DiffusionBackbone):
             prompt_len = batch.prompt_lens[i]
             lo = max(plan.end - plan.length, prompt_len)
             where = (tokens[lo : plan.end] == self.mask_id).nonzero().flatten() + lo
-            gen = self.generated(len(tokens), prompt_len)
-            _, per_step = self.per_block(c.block_length, gen, batch.total(i))
+            per_step = self.quota(
+                c.block_length,
+                prompt_len,
+                len(tokens),
+                batch.total(i),
+                batch.steps[i],
+                plan.block,
+                len(where),
+            )
             key, step = batch.keys[i], batch.steps[i]
             u = self.noise_at(key, step, "token", len(tokens))[where]
             logits = self.head(hidden[j, (where - plan.start).to(hidden.device)])
@@ -504,6 +497,16 @@ def choose(conf: torch.Tensor, k: int, c: BlockConfig, ties: torch.Tensor) -> to
         if int(high.sum()) >= k:
             return high
     return top_ranked(conf[None], torch.tensor([take]), ties[None])[0]
+
+
+def block_work(start: int, end: int, block: int, head: int) -> Work:
+    """Tokens [start, end) (start on a block boundary) under the block-causal mask: a query
+    attends every key up to its block's end (the canvas's end in a last, shorter block)."""
+    attended = sum(
+        (min((b + 1) * block, end) - b * block) * min((b + 1) * block, end)
+        for b in range(start // block, -(-end // block))
+    )
+    return Work(end - start, attended, head)
 
 
 @hookimpl
