@@ -9,10 +9,11 @@ attention no earlier block sees the difference). When a row's T splits evenly ov
 gen_length / block_length blocks into S steps that divide the block, each step commits
 k = block_length / S tokens (SDAR's schedule; the two partial blocks share one block's
 steps); otherwise every block written gets an even share of T and commits its masks over the
-steps of its share that are left. The last step takes whatever its block has left. Each step runs the row's current block (the first holding a
-mask) against the cache of the blocks before it, draws a token for each masked position
-(temperature, top-k, top-p, keyed uniforms as in Dream), and commits by `remasking`: the k
-most confident
+steps of its share that are left. The last step takes whatever its block has left.
+
+Each step runs the row's current block (the first holding a mask) against the cache of the
+blocks before it, draws a token for each masked position (temperature, top-k, top-p, keyed
+uniforms as in Dream), and commits by `remasking`: the k most confident
 (`low_confidence_static`), every position above `threshold` when there are at least k of
 them, else the k most confident (`low_confidence_dynamic`), or the first k (`sequential`).
 A block once filled is context: the row's next step stores its keys and values in the cache
