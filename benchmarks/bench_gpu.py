@@ -26,7 +26,27 @@ the backbone's `step_work` (the head only at the masked positions the sampler re
 engine from its own ledger. MFU is TFLOP/s over `--peak-tflops` (default by device: H100 and
 H200 989, bf16 dense); without a known peak (a CPU) it is null.
 
+`--models block` measures instead the block-diffusion backbone (`block`: SDAR, TraDo) at
+Qwen3-8B's shape with its exact KV cache, on `--rows` rows of a 128-token prompt and 512
+generated tokens, for each of `--block-lengths` (4, SDAR's, and 32), at the middle of the
+generated region, one token per row per step (T = 512, as Dream's step beside it):
+
+- `steady`: a step inside a block, the cache holding the prompt and every earlier block: the
+  forward runs the block's own tokens against it;
+- `block_start`: a block's first step, which also runs (and stores) the block finished before;
+- `per_block`: a block's steps averaged (one start, then steady steps), what a committed
+  token costs;
+- `uncached`: the steady step with `cache=false`, everything before the block recomputed;
+- `dream_step`: Dream-7B's full-canvas `denoise_step` on the same rows (prompt + 512, half of
+  the generated region written), and per block length its seconds over the block model's
+  (`dream_over_block`: per step against `steady`, per committed token against `per_block`).
+
+Each reports seconds, FLOPs (`step_work` through `flops`), TFLOP/s, MFU and generated
+tokens per second, `forward_seconds` the forward alone; the KV cache's bytes (`store.nbytes`
+at the steady state, `peak_bytes`) and the CUDA allocator's peak are reported per model.
+
     python benchmarks/bench_gpu.py [--models dream,llada] [--json]
+    python benchmarks/bench_gpu.py --models block [--block-lengths 4,32] [--json]
     python benchmarks/bench_gpu.py --tiny --json     # a tiny shape on a CPU, in seconds
 """
 
@@ -34,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import resource
 import statistics
@@ -42,16 +63,22 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import LlamaForCausalLM, Qwen2ForCausalLM
+from transformers import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
 
 from dllmbench.api.interfaces import StepBatch, model_shape
 from dllmbench.core.flops import ModelShape, Work, flops
 from dllmbench.execution.engine import Capacity, Engine, Sampling
 from dllmbench.execution.method import Method, MethodSpec
 from dllmbench.loading.registry import registry
+from dllmbench.plugins.backbones.block import BlockDiffusion
 from dllmbench.plugins.backbones.dream import Dream
 from dllmbench.plugins.backbones.llada import LLaDA
-from dllmbench.plugins.backbones.loading import char_tokenizer, llama_config, qwen2_config
+from dllmbench.plugins.backbones.loading import (
+    block_config,
+    char_tokenizer,
+    llama_config,
+    qwen2_config,
+)
 
 # config.json shapes of Dream-v0-Instruct-7B (Qwen2.5-7B) and LLaDA-8B (OLMo naming)
 SHAPES: dict[str, dict[str, Any]] = {
@@ -78,6 +105,20 @@ SHAPES: dict[str, dict[str, Any]] = {
         "rms_norm_eps": 1e-5,
         "max_sequence_length": 4096,
     },
+    # Qwen3-8B's config.json: SDAR-8B's and TraDo-8B's backbone
+    "block": {
+        "hidden_size": 4096,
+        "intermediate_size": 12288,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 151936,
+        "rope_theta": 1e6,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 40960,
+        "tie_word_embeddings": False,
+    },
 }
 # --tiny: the same architectures at a few layers and a small width
 TINY = {
@@ -95,6 +136,15 @@ TINY = {
         "n_layers": 2,
         "n_heads": 4,
         "n_kv_heads": 4,
+        "vocab_size": 512,
+    },
+    "block": {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
         "vocab_size": 512,
     },
 }
@@ -118,20 +168,42 @@ SMALL = Setup(rows=4, length=48, gen_length=32, repeats=2, engine_problems=2,
               engine_copies=2, engine_steps=4)  # fmt: skip
 
 
+@dataclass(frozen=True)
+class BlockSetup:
+    rows: int
+    prompt_length: int
+    gen_length: int
+    block_lengths: tuple[int, ...]
+    tokens_per_step: int  # each row commits this many per step, block model and Dream alike
+    repeats: int
+
+
+BLOCK_FULL = BlockSetup(rows=64, prompt_length=128, gen_length=512, block_lengths=(4, 32),
+                        tokens_per_step=1, repeats=3)  # fmt: skip
+BLOCK_SMALL = BlockSetup(rows=4, prompt_length=16, gen_length=32, block_lengths=(4, 8),
+                         tokens_per_step=1, repeats=2)  # fmt: skip
+
+
+def random_net(cls, config, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    """A random-weight transformers model of this config, initialised in the run dtype
+    directly on the device (no float32 copy, no host-to-device transfer)."""
+    config._attn_implementation = "sdpa"
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            torch.manual_seed(0)
+            return cls(config)
+    finally:
+        torch.set_default_dtype(previous)
+
+
 def build(arch: str, raw: dict[str, Any], device: torch.device, dtype: torch.dtype, attention: str):
     """A backbone of the project around a random-weight model of the given config.json, its
     denoising forward padded (`sdpa`) or packed (`packed`)."""
     config = qwen2_config(raw) if arch == "dream" else llama_config(raw)
-    config._attn_implementation = "sdpa"
     cls = Qwen2ForCausalLM if arch == "dream" else LlamaForCausalLM
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)  # initialise in the run dtype, on the device
-    try:
-        with torch.device(device):
-            torch.manual_seed(0)
-            net = cls(config)
-    finally:
-        torch.set_default_dtype(previous)
+    net = random_net(cls, config, device, dtype)
     backbone_cls = Dream if arch == "dream" else LLaDA
     return backbone_cls(
         transformer=net,
@@ -303,6 +375,237 @@ def bench(
     return out
 
 
+# -- the block-diffusion model's cached step beside Dream's full-canvas step -----------------------
+
+
+def text_ids(bb, n: int, gen: torch.Generator) -> torch.Tensor:
+    """n random ids of the tokenizer's own tokens, never the mask, padding or an end token (a
+    written block holding an end token would end its row)."""
+    vocab = len(bb.tokenizer)
+    banned = sorted({bb.mask_id, bb.pad_id, *bb.stop_ids})
+    ids = torch.randint(0, vocab, (n,), generator=gen)
+    ids[torch.isin(ids, torch.tensor(banned))] = next(i for i in range(vocab) if i not in banned)
+    return ids
+
+
+def block_backbone(net, tokenizer, device, dtype, block: int, cache: bool) -> BlockDiffusion:
+    """The project's `block` backbone around an in-memory model (the weights are shared)."""
+    return BlockDiffusion(
+        transformer=net,
+        tokenizer=tokenizer,
+        mask_id=tokenizer.mask_token_id,
+        device=str(device),
+        dtype=str(dtype).removeprefix("torch."),
+        block_length=block,
+        cache=cache,
+    )
+
+
+def step_rate(
+    work: float, seconds: float, rows: int, k: int, peak: float | None, **extra: float
+) -> dict[str, Any]:
+    """`rate` of one step of `rows` rows that each commit k tokens, with its FLOPs and the
+    generated tokens per second."""
+    return {
+        **rate(work, seconds, rows, peak),
+        "flops": sig(work),
+        "tokens_per_s": sig(rows * k / seconds),
+        **{key: sig(value) for key, value in extra.items()},
+    }
+
+
+def block_steps(
+    net, tokenizer, prompts: list[torch.Tensor], s: BlockSetup, block: int, device, dtype, peak
+) -> dict[str, Any]:
+    """The cached step of one block length at the middle of the generated region: inside a
+    block, at a block's start, averaged over a block, and recomputed without the cache."""
+    cached = block_backbone(net, tokenizer, device, dtype, block, cache=True)
+    plain = block_backbone(net, tokenizer, device, dtype, block, cache=False)
+    shape = model_shape(cached)
+    assert shape is not None
+    k, n = s.tokens_per_step, len(prompts)
+    total = s.gen_length // k
+    # SDAR's schedule: T spread evenly over the blocks, k tokens at every step of a block
+    per, blocks = block // k, s.gen_length // block  # steps per block, blocks to write
+    if s.prompt_length % block or s.gen_length % block or block % k or per < 2 or blocks < 2:
+        raise ValueError(
+            f"block_length {block} must divide the prompt ({s.prompt_length}) and gen_length "
+            f"({s.gen_length}) into two blocks or more, of two steps or more of {k} tokens"
+        )
+    gen = torch.Generator().manual_seed(block)
+    first = s.prompt_length // block  # the first block holding a generated position
+    current = first + blocks // 2
+    lo = current * block
+    plens = [len(p) for p in prompts]
+
+    def batch(rows: list[torch.Tensor], step: int) -> StepBatch:
+        return StepBatch(rows, plens, [step] * n, list(range(n)), total)
+
+    # every generated position before the current block written; steady: half the block too
+    base = []
+    for p in prompts:
+        row = cached.canvas(p.tolist(), s.gen_length)
+        row[len(p) : lo] = text_ids(cached, lo - len(p), gen)
+        base.append(row)
+    steady_rows = [r.clone() for r in base]
+    for r in steady_rows:
+        r[lo : lo + per // 2 * k] = text_ids(cached, per // 2 * k, gen)
+    steady = batch(steady_rows, (current - first) * per + per // 2)
+    # block starts: the block before the current one written anew for each call, so that
+    # each call finds the cache up to it and stores it
+    starts = []
+    for _ in range(s.repeats + 1):
+        rows = [r.clone() for r in base]
+        for r, plen in zip(rows, plens, strict=True):
+            at = max(lo - block, plen)
+            r[at:lo] = text_ids(cached, lo - at, gen)
+        starts.append(batch(rows, (current - first) * per))
+
+    for p in prompts:
+        cached.hold(p.tolist())
+    cached.denoise_step(steady)  # fills the cache: the prompt and every block before this one
+    cache_bytes = cached.store.nbytes
+    plans = [cached.plan(r, plen, block) for r, plen in zip(steady_rows, plens, strict=True)]
+    assert all(pl is not None and pl.start == lo for pl in plans), "the cache holds [0, lo)"
+    t_steady_fwd = timed(lambda: cached.run(steady_rows, plans), device, s.repeats)
+    before, ran = cached.computed_queries, []
+    t_steady = timed(lambda: ran.append(cached.denoise_step(steady)), device, s.repeats)
+    assert cached.computed_queries - before == len(ran) * n * block  # the block alone
+    w_steady = sum(flops(shape, w) for w in cached.step_work(steady))
+
+    rows0 = list(starts[0].tokens)
+    plans0 = [cached.plan(r, plen, block) for r, plen in zip(rows0, plens, strict=True)]
+    assert all(pl is not None and pl.start == lo - block for pl in plans0)
+    t_start_fwd = timed(lambda: cached.run(rows0, plans0), device, s.repeats)
+    w_start = sum(flops(shape, w) for w in cached.step_work(starts[0]))
+    calls = iter(starts)  # `timed` makes repeats + 1 calls
+    before, ran = cached.computed_queries, []
+    t_start = timed(lambda: ran.append(cached.denoise_step(next(calls))), device, s.repeats)
+    # each call ran the finished block and the current one: the cache held the rest
+    assert cached.computed_queries - before == len(ran) * n * 2 * block
+    cache_peak = cached.store.peak_bytes
+    for p in prompts:
+        cached.release(p.tolist())
+    assert cached.store.nbytes == 0
+
+    plain_plans = [plain.plan(r, plen, block) for r, plen in zip(steady_rows, plens, strict=True)]
+    t_plain_fwd = timed(lambda: plain.run(steady_rows, plain_plans), device, s.repeats)
+    t_plain = timed(lambda: plain.denoise_step(steady), device, s.repeats)
+    w_plain = sum(flops(shape, w) for w in plain.step_work(steady))
+
+    # a block's steps: one start, then steady ones
+    t_block = (t_start + (per - 1) * t_steady) / per
+    w_block = (w_start + (per - 1) * w_steady) / per
+    c = net.config  # a token's keys and values in every layer
+    kv_token = c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim * cached.dtype.itemsize
+    return {
+        "block_length": block,
+        "steps_per_block": per,
+        "total_steps": total,
+        "context": lo,  # positions before the current block: the cached prefix of a row
+        "steady": step_rate(w_steady, t_steady, n, k, peak, forward_seconds=t_steady_fwd),
+        "block_start": step_rate(w_start, t_start, n, k, peak, forward_seconds=t_start_fwd),
+        "per_block": step_rate(w_block, t_block, n, k, peak),
+        "uncached": step_rate(w_plain, t_plain, n, k, peak, forward_seconds=t_plain_fwd),
+        "cache": {
+            "bytes": cache_bytes,  # store.nbytes at the steady step: every row's [0, context)
+            "tokens": n * lo,
+            "bytes_per_token": kv_token,
+            "peak_bytes": cache_peak,  # store.peak_bytes, the block starts' blocks included
+        },
+    }
+
+
+def dream_step(
+    raw: dict[str, Any], prompts: list[torch.Tensor], s: BlockSetup, device, dtype, peak, attention
+) -> dict[str, Any]:
+    """Dream's full-canvas `denoise_step` on the same prompts and generated length, halfway:
+    half of each row's generated positions written, at step T/2."""
+    bb = build("dream", raw, device, dtype, attention)
+    shape = model_shape(bb)
+    assert shape is not None
+    k, n = s.tokens_per_step, len(prompts)
+    total = s.gen_length // k
+    gen = torch.Generator().manual_seed(1)
+    rows = []
+    for p in prompts:
+        row = bb.canvas(p.tolist(), s.gen_length)
+        half = s.gen_length // 2
+        written = torch.randperm(s.gen_length, generator=gen)[:half] + len(p)
+        row[written] = text_ids(bb, half, gen)
+        rows.append(row)
+    batch = StepBatch(rows, [len(p) for p in prompts], [total // 2] * n, list(range(n)), total)
+    ids, attn, _ = bb.pad(rows)
+    t_fwd = timed(lambda: bb.hidden(ids, attn), device, s.repeats)
+    t_step = timed(lambda: bb.denoise_step(batch), device, s.repeats)
+    work = sum(flops(shape, w) for w in bb.step_work(batch))
+    out = {
+        "length": max(len(r) for r in rows),
+        "matmul_params": shape.params + shape.head,
+        **step_rate(work, t_step, n, k, peak, forward_seconds=t_fwd),
+        "peak_memory_gib": sig(peak_memory_gib(device)),
+    }
+    return out
+
+
+def free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def block_bench(
+    raw: dict[str, Any], dream_raw: dict[str, Any], s: BlockSetup, device, dtype, peak,
+    attention: str = "sdpa",
+) -> dict[str, Any]:  # fmt: skip
+    """The block model's cached steps per block length, then Dream's step beside them."""
+    free(device)
+    tokenizer = char_tokenizer()
+    net = random_net(Qwen3ForCausalLM, block_config(raw, qwen3=True), device, dtype)
+    probe = block_backbone(net, tokenizer, device, dtype, s.block_lengths[0], cache=True)
+    shape = model_shape(probe)
+    assert shape is not None
+    gen = torch.Generator().manual_seed(0)
+    prompts = [text_ids(probe, s.prompt_length, gen) for _ in range(s.rows)]  # one per problem
+    c = net.config
+    out: dict[str, Any] = {
+        "shape": {
+            "layers": c.num_hidden_layers,
+            "hidden": c.hidden_size,
+            "intermediate": c.intermediate_size,
+            "heads": c.num_attention_heads,
+            "kv_heads": c.num_key_value_heads,
+            "head_dim": c.head_dim,
+            "vocab": c.vocab_size,
+        },
+        "matmul_params": shape.params + shape.head,
+        "head_params": shape.head,
+        "rows": s.rows,
+        "prompt_length": s.prompt_length,
+        "gen_length": s.gen_length,
+        "tokens_per_step": s.tokens_per_step,
+        "blocks": {
+            str(b): block_steps(net, tokenizer, prompts, s, b, device, dtype, peak)
+            for b in s.block_lengths
+        },
+        "peak_memory_gib": sig(peak_memory_gib(device)),
+    }
+    del net, probe
+    free(device)
+    dream = dream_step(dream_raw, prompts, s, device, dtype, peak, attention)
+    out["dream_step"] = dream
+    for m in out["blocks"].values():
+        # Dream's seconds over the block model's: per step (steady), per committed token (a
+        # block's steps averaged; both commit tokens_per_step per row per step)
+        m["dream_over_block"] = {
+            "per_step": sig(dream["seconds"] / m["steady"]["seconds"]),
+            "per_token": sig(m["per_block"]["tokens_per_s"] / dream["tokens_per_s"]),
+        }
+    free(device)
+    return out
+
+
 def default_peak(device: torch.device) -> float | None:
     if device.type != "cuda":
         return None
@@ -316,6 +619,9 @@ def report_text(report: dict[str, Any]) -> str:
         f" · peak {report['peak_tflops'] or '–'} TFLOP/s"
     ]
     for name, m in report["models"].items():
+        if name == "block":
+            lines += block_text(m)
+            continue
         lines.append(
             f"{name}: {m['matmul_params'] / 1e6:,.1f} M matmul parameters, {m['rows']} rows × "
             f"{m['length']} tokens, peak memory {m['peak_memory_gib']:.2f} GiB"
@@ -331,9 +637,54 @@ def report_text(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def block_text(m: dict[str, Any]) -> list[str]:
+    def mfu(r: dict[str, Any]) -> str:
+        return f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "–"
+
+    def row(label: str, r: dict[str, Any]) -> str:
+        fwd = r.get("forward_seconds")
+        return (
+            f"  {label:<18} {r['seconds']:9.4g} s {r['flops'] / 1e12:9.4g} TFLOP "
+            f"{r['tflops']:8.4g} TFLOP/s  MFU {mfu(r):>6} {r['tokens_per_s']:9.4g} tok/s"
+            + (f"  forward {fwd:.4g} s" if fwd is not None else "")
+        )
+
+    d = m["dream_step"]
+    lines = [
+        f"block ({m['shape']['layers']} layers, hidden {m['shape']['hidden']}): "
+        f"{m['matmul_params'] / 1e6:,.1f} M matmul parameters, "
+        f"{m['rows']} rows × ({m['prompt_length']} prompt + {m['gen_length']} generated), "
+        f"{m['tokens_per_step']} token/row/step, peak memory {m['peak_memory_gib']:.2f} GiB"
+    ]
+    for b, r in m["blocks"].items():
+        cache, ratio = r["cache"], r["dream_over_block"]
+        lines += [
+            f" block_length {b}: {r['steps_per_block']} steps per block, T={r['total_steps']}, "
+            f"at position {r['context']}; KV cache {cache['bytes'] / 2**30:.3f} GiB "
+            f"({cache['tokens']:,} tokens × {cache['bytes_per_token'] / 2**10:.4g} KiB), "
+            f"peak {cache['peak_bytes'] / 2**30:.3f} GiB",
+            row("steady (cached)", r["steady"]),
+            row("block start", r["block_start"]),
+            row("per block (mean)", r["per_block"]),
+            row("uncached", r["uncached"]),
+            f"  Dream step / block step: {ratio['per_step']:.4g}× per step (steady), "
+            f"{ratio['per_token']:.4g}× per committed token (per block)",
+        ]
+    lines += [
+        f" dream (full canvas, {d['matmul_params'] / 1e6:,.1f} M matmul parameters, "
+        f"{m['rows']} rows × {d['length']} tokens, peak memory {d['peak_memory_gib']:.2f} GiB)",
+        row("denoise_step", d),
+    ]
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="dream,llada", help="comma-separated: dream, llada")
+    parser.add_argument(
+        "--models",
+        default="dream,llada",
+        help="comma-separated: dream, llada, block (the block model's cached step beside Dream's)",
+    )
     parser.add_argument("--tiny", action="store_true", help="a tiny shape, on a CPU in seconds")
     parser.add_argument("--device", help="default: cuda when available, else cpu")
     parser.add_argument("--dtype", help="default: bfloat16 on a GPU, float32 on a CPU")
@@ -345,13 +696,32 @@ def main() -> None:
         default="sdpa",
         help="the backbones' denoising forward: left-padded SDPA or packed FlexAttention",
     )
+    parser.add_argument(
+        "--block-lengths",
+        help="block: comma-separated block lengths (default 4,32; --tiny: 4,8)",
+    )
+    parser.add_argument(
+        "--tokens-per-step",
+        type=int,
+        help="block: tokens each row commits per step, block model and Dream alike (default 1)",
+    )
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json-file", help="also write the JSON report to this file")
     args = parser.parse_args()
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     setup = SMALL if args.tiny else FULL
+    block_setup = BLOCK_SMALL if args.tiny else BLOCK_FULL
     if args.rows:
         setup = Setup(**{**setup.__dict__, "rows": args.rows})
+        block_setup = BlockSetup(**{**block_setup.__dict__, "rows": args.rows})
+    if args.block_lengths:
+        lengths = tuple(int(b) for b in args.block_lengths.split(","))
+        block_setup = BlockSetup(**{**block_setup.__dict__, "block_lengths": lengths})
+    if args.tokens_per_step:
+        block_setup = BlockSetup(
+            **{**block_setup.__dict__, "tokens_per_step": args.tokens_per_step}
+        )
     peak = args.peak_tflops or default_peak(device)
     models = [m.strip() for m in args.models.split(",")]
     report = {
@@ -369,7 +739,16 @@ def main() -> None:
         torch.backends.cuda.matmul.allow_tf32 = True
     for arch in models:
         raw = {**SHAPES[arch], **(TINY[arch] if args.tiny else {})}
+        if arch == "block":
+            dream = {**SHAPES["dream"], **(TINY["dream"] if args.tiny else {})}
+            report["models"][arch] = block_bench(
+                raw, dream, block_setup, device, dtype, peak, args.attention
+            )
+            continue
         report["models"][arch] = bench(arch, raw, setup, device, dtype, peak, args.attention)
+    if args.json_file:
+        with open(args.json_file, "w") as f:
+            json.dump(report, f, indent=2)
     print(json.dumps(report, indent=2) if args.json else report_text(report))
 
 

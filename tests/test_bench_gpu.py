@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dllmbench.core.flops import ModelShape, flops
+from dllmbench.core.flops import ModelShape, Work, flops
 
 pytestmark = pytest.mark.slow
 
@@ -81,3 +81,96 @@ def test_flops_follow_the_stated_formula_and_mfu_uses_the_peak():
     assert r["tflops"] == 1.0 and r["mfu"] == 0.25 and r["rows_per_s"] == 4.0
     assert bench.rate(2e12, 2.0, rows=8, peak=None)["mfu"] is None
     assert bench.PEAK_TFLOPS == {"H100": 989.0, "H200": 989.0}
+
+
+# -- `--models block`: the block model's cached step beside Dream's full-canvas step ------------
+
+# the run the GPU check makes, where `datasets` and `math_verify` are not installed: importing
+# either fails, so the path must not import them
+WITHOUT_DATASETS = (
+    "import runpy, sys; sys.modules.update(datasets=None, math_verify=None); "
+    "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+)
+BLOCK_ARGS = ("--tiny", "--models", "block", "--json")
+BLOCK_STEPS = ("steady", "block_start", "per_block", "uncached")
+
+
+@pytest.fixture(scope="module")
+def block_report():
+    out = subprocess.run(
+        [sys.executable, "-c", WITHOUT_DATASETS, str(SCRIPT), *BLOCK_ARGS],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert set(report["models"]) == {"block"}
+    return report["models"]["block"]
+
+
+def test_block_steps_are_positive_and_finite(block_report):
+    m = block_report
+    assert m["shape"]["layers"] == 2 and m["shape"]["head_dim"] == 16
+    assert set(m["blocks"]) == {"4", "8"}
+    for r in [*(b[key] for b in m["blocks"].values() for key in BLOCK_STEPS), m["dream_step"]]:
+        for key in ("seconds", "tflops", "flops", "tokens_per_s", "rows_per_s"):
+            assert positive(r[key]), (key, r)
+        assert r["mfu"] is None  # no known peak on a CPU
+    for b in m["blocks"].values():
+        for key in ("steady", "block_start", "uncached"):
+            assert positive(b[key]["forward_seconds"])
+        # a block's mean step lies between its steady step and its first
+        lo, hi = sorted([b["steady"]["seconds"], b["block_start"]["seconds"]])
+        assert lo * 0.999 <= b["per_block"]["seconds"] <= hi * 1.001
+        ratio = b["dream_over_block"]
+        assert ratio["per_step"] == pytest.approx(
+            m["dream_step"]["seconds"] / b["steady"]["seconds"], rel=1e-3
+        )
+        assert ratio["per_token"] == pytest.approx(
+            m["dream_step"]["seconds"] / b["per_block"]["seconds"], rel=1e-3
+        )
+    assert positive(m["peak_memory_gib"]) and positive(m["dream_step"]["peak_memory_gib"])
+    assert m["dream_step"]["length"] == m["prompt_length"] + m["gen_length"]
+
+
+def test_the_cached_step_is_charged_its_block_against_the_cache(block_report):
+    """The cached step's FLOPs are the formula's for its block against the cached prefix, below
+    the block start's (which also runs the finished block) and far below the uncached step's."""
+    m = block_report
+    rows, k = m["rows"], m["tokens_per_step"]
+    shape = ModelShape(
+        params=m["matmul_params"] - m["head_params"],
+        head=m["head_params"],
+        layers=m["shape"]["layers"],
+        width=m["shape"]["heads"] * m["shape"]["head_dim"],
+    )
+    for name, b in m["blocks"].items():
+        block, context = int(name), b["context"]
+        assert b["steps_per_block"] == block // k and b["total_steps"] == m["gen_length"] // k
+        # halfway through its block: the block's tokens against context + block keys, the LM
+        # head at the half still masked
+        masked = block - b["steps_per_block"] // 2 * k
+        work = Work(block, block * (context + block), masked)
+        assert b["steady"]["flops"] == pytest.approx(rows * flops(shape, work), rel=1e-3)
+        assert b["steady"]["flops"] < b["block_start"]["flops"] < b["uncached"]["flops"]
+        # uncached: every token up to the block's end again, block-causal
+        end = context + block
+        attended = sum(block * hi for hi in range(block, end + 1, block))
+        work = Work(end, attended, masked)
+        assert b["uncached"]["flops"] == pytest.approx(rows * flops(shape, work), rel=1e-3)
+        assert b["steady"]["flops"] < b["per_block"]["flops"] < b["block_start"]["flops"]
+
+
+def test_the_block_model_reports_its_kv_cache(block_report):
+    m = block_report
+    s = m["shape"]
+    for b in m["blocks"].values():
+        cache = b["cache"]
+        # float32 on a CPU: layers × keys and values × kv heads × head dim × 4 bytes
+        assert cache["bytes_per_token"] == s["layers"] * 2 * s["kv_heads"] * s["head_dim"] * 4
+        assert cache["tokens"] == m["rows"] * b["context"]
+        assert cache["bytes"] == cache["tokens"] * cache["bytes_per_token"]
+        # the block starts stored one finished block per row and call beyond it
+        assert cache["peak_bytes"] > cache["bytes"]

@@ -45,10 +45,10 @@ from dllmbench.core.flops import Work
 from dllmbench.plugins.backbones.base import DiffusionBackbone, purpose_generator, top_ranked
 from dllmbench.plugins.backbones.dream import categorical, filter_logits
 from dllmbench.plugins.backbones.kvstore import (
+    Digests,
     Entry,
     PrefixStore,
     Root,
-    boundary_digests,
     prompt_digest,
 )
 from dllmbench.plugins.backbones.loading import (
@@ -116,7 +116,7 @@ class Plan:
     prefix before `start`, the block it denoises, and what its charge counts from."""
 
     root: Root
-    digests: list[bytes]  # boundary digests up to the current block's start
+    digests: Digests  # names of the row's prefixes up to the current block's start
     start: int  # first query position (a block boundary)
     charged_from: int  # the row alone would run from here (its charge)
     block: int  # the current block's index
@@ -237,11 +237,11 @@ class BlockDiffusion(DiffusionBackbone):
             charged = 0 if current == first else lo - block
         else:
             charged = lo
-        digests = boundary_digests(tokens, block, current)
+        digests = Digests(tokens, block, current)
         root = (prompt_digest(tokens[:prompt_len]), block)
         start = charged
         if self.config.cache and start:  # from where the cache stops, if it holds less
-            start = min(start, self.store.deepest(root, digests[: start // block + 1]) * block)
+            start = min(start, self.store.deepest(root, digests, start // block) * block)
         return Plan(root, digests, start, charged, current, block, end, first)
 
     @staticmethod
@@ -421,13 +421,31 @@ class BlockDiffusion(DiffusionBackbone):
         if not live:
             return out
         hidden, new, _ = self.run([rows[i] for i in live], [plans[i] for i in live])  # type: ignore[misc]
+        # each row's masked positions in its current block, and their uniforms
+        where, uniforms = {}, {}
         for j, i in enumerate(live):
-            plan, c, tokens = plans[i], configs[i], out[i][0]
+            plan = plans[i]
             assert plan is not None
             self._store(plan, new[j])
+            lo = max(plan.end - plan.length, batch.prompt_lens[i])
+            where[i] = (rows[i][lo : plan.end] == self.mask_id).nonzero().flatten() + lo
+            uniforms[i] = self.noise_at(batch.keys[i], batch.steps[i], "token", len(rows[i]))
+        # the head and the draw once per sampler setting, over every row that shares it
+        drawn: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        for c in dict.fromkeys(configs[i] for i in live):
+            group = [(j, i) for j, i in enumerate(live) if configs[i] == c]
+            picks = torch.cat([(where[i] - plans[i].start) + j * hidden.shape[1] for j, i in group])
+            states = hidden.reshape(-1, hidden.shape[-1])[picks.to(hidden.device)]
+            u = torch.cat([uniforms[i][where[i]] for _, i in group]).to(hidden.device)
+            x0, conf = (t.cpu() for t in draw(self.head(states), u, c, self.mask_id))
+            sizes = [len(where[i]) for _, i in group]
+            for (_, i), a, b in zip(group, x0.split(sizes), conf.split(sizes), strict=True):
+                drawn[i] = (a, b)
+        for i in live:
+            plan, c, (tokens, confidence) = plans[i], configs[i], out[i]
+            assert plan is not None
             prompt_len = batch.prompt_lens[i]
-            lo = max(plan.end - plan.length, prompt_len)
-            where = (tokens[lo : plan.end] == self.mask_id).nonzero().flatten() + lo
+            x0, conf = drawn[i]
             per_step = self.quota(
                 c.block_length,
                 prompt_len,
@@ -435,16 +453,12 @@ class BlockDiffusion(DiffusionBackbone):
                 batch.total(i),
                 batch.steps[i],
                 plan.block,
-                len(where),
+                len(where[i]),
             )
-            key, step = batch.keys[i], batch.steps[i]
-            u = self.noise_at(key, step, "token", len(tokens))[where]
-            logits = self.head(hidden[j, (where - plan.start).to(hidden.device)])
-            x0, conf = (t.cpu() for t in draw(logits, u.to(logits.device), c, self.mask_id))
-            ties = self.noise_at(key, step, "tie", len(tokens))[where]
+            ties = self.noise_at(batch.keys[i], batch.steps[i], "tie", len(tokens))[where[i]]
             chosen = choose(conf, per_step, c, ties)
-            tokens[where[chosen]] = x0[chosen]
-            out[i][1][where[chosen]] = conf[chosen].float()
+            tokens[where[i][chosen]] = x0[chosen]
+            confidence[where[i][chosen]] = conf[chosen].float()
             if self.stops(c, tokens, prompt_len, plan):
                 rest = tokens[plan.end :]
                 rest[rest == self.mask_id] = self.eos_id if self.eos_id is not None else self.pad_id

@@ -1,8 +1,8 @@
 """The exact KV cache of committed blocks, shared by every row whose canvas starts with them.
 
 Under block-causal attention the keys and values of a block depend only on the tokens up to
-its end, so a cache entry is named by its content: (prompt, block length, a chained digest of
-the tokens before the boundary). A row forked or repeated from another finds its parent's
+its end, so a cache entry is named by its content: (prompt, block length, a digest of the
+tokens before the boundary). A row forked or repeated from another finds its parent's
 entries under the same names and recomputes nothing; two rows that wrote different blocks get
 different names. An entry holds one stored chunk (the prompt's whole blocks, or one block) as
 one tensor [layers, 2, kv heads, tokens, head dim] and names the entry before it, so a prefix
@@ -33,15 +33,26 @@ def prompt_digest(prompt_ids: Sequence[int] | torch.Tensor) -> bytes:
     return hashlib.blake2b(ids.to(torch.int64).cpu().numpy().tobytes(), digest_size=16).digest()
 
 
-def boundary_digests(tokens: torch.Tensor, block: int, upto: int) -> list[bytes]:
-    """Chained digests of `tokens`' prefixes at the block boundaries 0, block, …, upto·block:
-    digest b names tokens[: b·block]."""
-    data = tokens[: upto * block].to(torch.int64).cpu().numpy()
-    out = [b"root"]
-    for b in range(upto):
-        piece = data[b * block : (b + 1) * block].tobytes()
-        out.append(hashlib.blake2b(out[-1] + piece, digest_size=16).digest())
-    return out
+class Digests:
+    """The names of a row's prefixes at block boundaries: digest b names tokens[: b·block]
+    (b = 0: the empty prefix), each computed once, when first asked (one hash of the prefix's
+    bytes)."""
+
+    def __init__(self, tokens: torch.Tensor, block: int, upto: int):
+        self._data = tokens[: upto * block].to(torch.int64).cpu().numpy()
+        self.block, self.upto = block, upto
+        self._known: dict[int, bytes] = {0: b"root"}
+
+    def __len__(self) -> int:
+        return self.upto + 1
+
+    def __getitem__(self, b: int) -> bytes:
+        if not 0 <= b <= self.upto:
+            raise IndexError(b)
+        if b not in self._known:
+            piece = self._data[: b * self.block].tobytes()
+            self._known[b] = hashlib.blake2b(piece, digest_size=16).digest()
+        return self._known[b]
 
 
 @dataclass
@@ -94,12 +105,12 @@ class PrefixStore:
         root, digest = item
         return digest in self._roots.get(root, {})
 
-    def deepest(self, root: Root, digests: Sequence[bytes]) -> int:
-        """The largest boundary b (≤ len(digests) − 1) whose prefix is stored; 0 when none."""
+    def deepest(self, root: Root, digests: Digests, upto: int) -> int:
+        """The largest boundary b ≤ upto whose prefix is stored; 0 when none."""
         entries = self._roots.get(root)
         if not entries:
             return 0
-        for b in range(len(digests) - 1, 0, -1):
+        for b in range(upto, 0, -1):
             if digests[b] in entries:
                 self._roots.move_to_end(root)
                 return b
