@@ -36,6 +36,13 @@ CAPPED_NOTE = (
 )
 
 
+# under a table that holds a method decoded with an approximate cache
+APPROXIMATE_NOTE = (
+    "≈: decoded with an approximate KV cache (Fast-dLLM's prefix or dual cache); "
+    "dllmbench report RUN --exact EXACT_RUN shows how often its answers are exact decoding's."
+)
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:.2f}"
 
@@ -68,8 +75,15 @@ def _at(results: Results, budget: int | None) -> list[MethodResult]:
 
 
 def capped_note(results: Results, budget: int | None = None) -> str | None:
-    """`CAPPED_NOTE` when a method at `budget` is capped, else None."""
-    return CAPPED_NOTE if any(m.get("capped") for m in _at(results, budget)) else None
+    """What the marks of the methods at `budget` mean (`CAPPED_NOTE` for a capped one,
+    `APPROXIMATE_NOTE` for an approximately decoded one), else None."""
+    methods = _at(results, budget)
+    notes = [
+        note
+        for note, key in ((CAPPED_NOTE, "capped"), (APPROXIMATE_NOTE, "approximate"))
+        if any(m.get(key) for m in methods)
+    ]
+    return " ".join(notes) or None
 
 
 def rows(results: Results, budget: int | None = None) -> list[tuple[bool, list[str]]]:
@@ -90,7 +104,7 @@ def _cells(m: MethodResult) -> list[str]:
     delta = m.get("delta_vs_reference")
     pool = m.get("pool")
     return [
-        m["id"],
+        f"{m['id']} ≈" if m.get("approximate") else m["id"],
         m["spec"],
         passes_cell(m),
         flops_cell(m),

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from dllmbench.analysis import evidence
+from dllmbench.analysis.agreement import agreement
 from dllmbench.analysis.report_markdown import markdown
 from dllmbench.analysis.report_sections import (
     Options,
@@ -157,9 +158,11 @@ def build_report(
     paths: Sequence[str | Path],
     options: Options | None = None,
     controls: str | Path | None = None,
+    exact: str | Path | None = None,
 ) -> Report:
     """The content of report.json for the run directories at `paths`, with the scorer
-    controls in the folder `controls` (dllmbench diagnose) if given."""
+    controls in the folder `controls` (dllmbench diagnose) if given, and the first run's
+    answers beside those of the exactly decoded run `exact` if given."""
     options = options or Options()
     runs = load_runs(paths)
     first = runs[0]
@@ -187,6 +190,7 @@ def build_report(
         pooled=pooled_section(runs, seed, resamples, level, options),
         diagnostics=diagnostics_section(runs, seed, resamples, level),
         controls=None if controls is None else load_controls(controls, first),
+        agreement=None if exact is None else agreement(first, load_runs([exact])[0]),
         figures={},
     )
 
@@ -207,13 +211,14 @@ def write_report(
     out: str | Path | None = None,
     options: Options | None = None,
     controls: str | Path | None = None,
+    exact: str | Path | None = None,
 ) -> Written:
     """Build the report of the runs at `paths` (with the scorer controls in `controls`) and
     write report.json, report.md and the figures into `out` (default: RUN_DIR/report of the
     first run)."""
     from dllmbench.analysis import figures
 
-    report = build_report(paths, options, controls)
+    report = build_report(paths, options, controls, exact)
     folder = Path(out) if out is not None else Path(paths[0]) / "report"
     try:
         folder.mkdir(parents=True, exist_ok=True)

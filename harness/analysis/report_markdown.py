@@ -344,6 +344,38 @@ def md_controls(report: Report) -> list[str]:
     ]
 
 
+def md_agreement(report: Report) -> list[str]:
+    """`--exact`: each method's answers beside exact decoding's."""
+    entry = report.get("agreement")
+    if not entry:
+        return []
+    rows = [
+        [
+            m["id"],
+            str(m["problems"]),
+            _pct(m["same_answer"]),
+            "–" if m["same_candidate"] is None else _pct(m["same_candidate"]),
+            _pct(m["accuracy"]),
+            _pct(m["exact_accuracy"]),
+        ]
+        for m in entry["methods"]
+    ]
+    return [
+        "## Agreement with exact decoding",
+        "",
+        f"This run was decoded with an approximate cache; `{entry['exact_run']}` ran the same "
+        "methods exactly, with the same keys. Same answer: the share of problems whose selected "
+        "answer is the exact run's; same candidates: the share of candidates (matched by "
+        "lineage) whose answer is.",
+        "",
+        *md_table(
+            ["method", "problems", "same answer %", "same candidates %", "acc %", "exact acc %"],
+            rows,
+        ),
+        "",
+    ]
+
+
 def markdown(report: Report) -> str:
     """report.md: every table of the report, and the figures it links."""
     task = report["task"]
@@ -363,6 +395,7 @@ def markdown(report: Report) -> str:
         "their ends is `mc_error` in report.json).",
         "",
         *md_methods(report),
+        *md_agreement(report),
         *md_pooled(report),
         "## Diagnostics",
         "",

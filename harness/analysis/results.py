@@ -135,7 +135,7 @@ def _method_result(
     flops = [r["ledger"].get("total_flops") for r in recs]  # None: unknown, or not recorded
     planned = sum(m["cost"].values())
     flops_planned = declared.get("flops")  # per problem, priced when the run was planned
-    return MethodResult(
+    result = MethodResult(
         id=m["id"],
         family=m.get("family"),
         spec=m["spec"],
@@ -153,6 +153,9 @@ def _method_result(
         share_of_budget=_share(planned, flops_planned, budget, unit),
         capped=bool(declared.get("capped", False)),
     )
+    if declared.get("approximate"):
+        result["approximate"] = True  # decoded with an approximate cache
+    return result
 
 
 def _spend(passes: list[int], flops: list[int | None], boot: _Bootstrap) -> SpendEntry:

@@ -395,6 +395,15 @@ class MaybeDeterministic(Protocol):
 
 
 @runtime_checkable
+class MaybeApproximate(Protocol):
+    """A backbone, or its Config, that can say its decoding approximates the model's own (an
+    approximate KV cache refreshed once per block): its runs are flagged, and the report can
+    set their answers beside an exact run's (`dllmbench report RUN --exact EXACT_RUN`)."""
+
+    approximate: bool
+
+
+@runtime_checkable
 class MaybeTrained(Protocol):
     """A scorer, or its Config, that can say it has no trained weights."""
 
@@ -550,6 +559,14 @@ def positions(config: object) -> int | None:
 
 def is_deterministic(config: object) -> bool:
     return bool(config.deterministic) if isinstance(config, MaybeDeterministic) else False
+
+
+def is_approximate(backbone: object) -> bool:
+    """Whether a backbone (or its Config) decodes approximately (`MaybeApproximate`)."""
+    if isinstance(backbone, MaybeApproximate):
+        return bool(backbone.approximate)
+    config = getattr(backbone, "config", None)
+    return bool(config.approximate) if isinstance(config, MaybeApproximate) else False
 
 
 def is_trained(obj: object) -> bool:

@@ -32,6 +32,12 @@ def add_parser(sub: Any) -> None:
         help="add the scorer controls dllmbench diagnose wrote into DIR (a collection sampled "
         "as the runs were)",
     )
+    r.add_argument(
+        "--exact",
+        metavar="EXACT_RUN",
+        help="a run of the same protocol decoded exactly: for a run decoded with an "
+        "approximate cache, how often its answers are exact decoding's",
+    )
     add_json(r, "print what was written as JSON")
     r.set_defaults(execute=execute)
 
@@ -51,7 +57,7 @@ def execute(args: argparse.Namespace) -> Reply:
         seen[where] = run
     claim(Path(args.runs[0]) / "report" if args.out is None else args.out, "report folder")
     start = time.perf_counter()
-    written = write_report(args.runs, args.out, controls=args.controls)
+    written = write_report(args.runs, args.out, controls=args.controls, exact=args.exact)
     seconds = round(time.perf_counter() - start, 2)
     data = {
         "out": str(written.out),

@@ -85,6 +85,7 @@ class MethodEntry(TypedDict):
     evidence: NotRequired[EvidenceEntry]  # what its records hold for the analysis
     cost: NotRequired[dict[str, int]]
     capped: NotRequired[bool]  # the cost is a cap: the method may spend less
+    approximate: NotRequired[bool]  # decoded with an approximate cache (Fast-dLLM's)
     flops: NotRequired[int]  # planned FLOPs per problem, priced at the reference row
     budgets: NotRequired[list[int]]  # the budgets it is planned at, ascending
 
@@ -197,6 +198,7 @@ class MethodResult(TypedDict):
     planned_flops: NotRequired[int | None]  # the manifest's `flops`; None when it has none
     share_of_budget: float
     capped: NotRequired[bool]  # its declared cost is a cap: it may spend less
+    approximate: NotRequired[bool]  # the manifest's `approximate`: decoding is approximate
     pool: NotRequired[PoolEntry]
     delta_vs_reference: NotRequired[DeltaEntry]
 
@@ -388,6 +390,25 @@ class Controls(TypedDict):
     scorer_swap: dict[str, Any]  # size, accuracy, differences
 
 
+class AgreementMethod(TypedDict):
+    """One method of an approximately decoded run beside the same method decoded exactly."""
+
+    id: str
+    problems: int  # held by both runs
+    same_answer: float  # share whose selected answer (its key) is the exact run's
+    candidates: int  # candidates matched by lineage
+    same_candidate: float | None  # share of them whose answer is the exact run's
+    accuracy: float  # of this run, on those problems
+    exact_accuracy: float  # of the exact run, on those problems
+
+
+class AgreementEntry(TypedDict):
+    """`report --exact EXACT_RUN`: how often the run's answers are exact decoding's."""
+
+    exact_run: str
+    methods: list[AgreementMethod]
+
+
 class Report(TypedDict):
     """report.json, written by `dllmbench report` (`report.build_report`)."""
 
@@ -407,4 +428,6 @@ class Report(TypedDict):
     diagnostics: DiagnosticsSection
     # the scorer controls of `dllmbench report --controls DIR` (controls.json), or None
     controls: Controls | None
+    # with `report --exact EXACT_RUN`: the first run's answers beside exact decoding's
+    agreement: NotRequired[AgreementEntry | None]
     figures: dict[str, str]

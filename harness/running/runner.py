@@ -19,6 +19,7 @@ from typing import Any
 from dllmbench import __version__
 from dllmbench.analysis.stats import CONFIDENCE, RESAMPLES
 from dllmbench.api.interfaces import (
+    is_approximate,
     is_deterministic,
     is_trained,
     passes_per_step,
@@ -197,6 +198,8 @@ def build_manifest(cfg: RunConfig, prepared: Prepared) -> dict[str, Any]:
         entry["cost"] = planned.cost
         if capped(m, prepared.backbone):
             entry["capped"] = True  # the cost is a cap: the method may spend less
+        if is_approximate(prepared.backbone):
+            entry["approximate"] = True  # decoded with an approximate cache
         if planned.flops is not None:
             entry["flops"] = planned.flops  # per problem, priced at the reference row
         entry["budgets"] = planned.budgets
