@@ -178,9 +178,10 @@ class BlockDiffusion(DiffusionBackbone):
         self.store.release(prompt_ids)
 
     def cache_bytes(self, tokens: int) -> int:
-        """Memory of the cached keys and values of `tokens` tokens (`CountsCacheMemory`)."""
+        """Memory of the cached keys and values of `tokens` tokens (`CountsCacheMemory`),
+        twice over: the store's entries, and each row's prefix kept whole between steps."""
         layers, two, heads, _, head_dim = self._kv_shape(1)
-        return layers * two * heads * head_dim * tokens * self.dtype.itemsize
+        return 2 * layers * two * heads * head_dim * tokens * self.dtype.itemsize
 
     def limit_cache(self, nbytes: int) -> None:
         """Bound the cache, unless `cache_memory` did."""
@@ -326,14 +327,19 @@ class BlockDiffusion(DiffusionBackbone):
         )[:, None]
         cache = DynamicCache()
         if k:
-            kv = torch.zeros((n, *self._kv_shape(k)), dtype=dtype, device=dev)
-            for i, (p, prefix) in enumerate(zip(plans, prefixes, strict=True)):
-                if prefix is not None:
-                    if prefix.shape[3] != p.start:
-                        raise RuntimeError(f"cached prefix of {prefix.shape[3]}, not {p.start}")
-                    kv[i, :, :, :, k - p.start :] = prefix
-            for layer in range(kv.shape[1]):
-                cache.update(kv[:, layer, 0], kv[:, layer, 1], layer)
+            for p, prefix in zip(plans, prefixes, strict=True):
+                if p.start and (prefix is None or prefix.shape[3] != p.start):
+                    raise RuntimeError(f"the cache lacks [0, {p.start}) of a row")
+            if all(p.start == k for p in plans):  # one length: stacked, no padding
+                kv = torch.stack(prefixes, dim=2)  # type: ignore[arg-type]
+            else:
+                layers, two, heads, _, head_dim = self._kv_shape(k)
+                kv = torch.zeros((layers, two, n, heads, k, head_dim), dtype=dtype, device=dev)
+                for i, (p, prefix) in enumerate(zip(plans, prefixes, strict=True)):
+                    if prefix is not None:
+                        kv[:, :, i, :, k - p.start :] = prefix
+            for layer in range(kv.shape[0]):  # [layers, 2, rows, kv heads, tokens, head dim]
+                cache.update(kv[layer, 0], kv[layer, 1], layer)
         out = self.transformer.model(
             input_ids=ids.to(dev),
             attention_mask=mask.to(dev),
@@ -342,6 +348,7 @@ class BlockDiffusion(DiffusionBackbone):
             **{self._cache_arg: cache},
         )
         self.computed_queries += sum(widths)
+        self.store.settle()
         layers = cache.layers if hasattr(cache, "layers") else None
         if layers is not None:
             new = torch.stack([torch.stack([lay.keys, lay.values]) for lay in layers])

@@ -78,6 +78,11 @@ class PrefixStore:
         self._holds: dict[bytes, int] = {}
         self.nbytes = 0
         self.peak_bytes = 0
+        # whole prefixes the last two forwards read, so that a row's next step reads its
+        # prefix again without concatenating its chunks (or from its parent's and one block)
+        self._whole: dict[tuple[Root, bytes], torch.Tensor] = {}
+        self._read: set[tuple[Root, bytes]] = set()
+        self._read_before: set[tuple[Root, bytes]] = set()
 
     def hold(self, prompt_ids: Sequence[int]) -> None:
         key = prompt_digest(prompt_ids)
@@ -100,6 +105,8 @@ class PrefixStore:
     def _drop(self, root: Root) -> None:
         for entry in self._roots.pop(root, {}).values():
             self.nbytes -= entry.nbytes
+        for key in [key for key in self._whole if key[0] == root]:
+            del self._whole[key]
 
     def __contains__(self, item: tuple[Root, bytes]) -> bool:
         root, digest = item
@@ -118,18 +125,35 @@ class PrefixStore:
 
     def prefix(self, root: Root, digest: bytes) -> torch.Tensor | None:
         """The keys and values [layers, 2, kv heads, tokens, head dim] of the prefix that
-        `digest` names, from its chain of entries; None for the empty prefix."""
+        `digest` names, from its chain of entries; None for the empty prefix. A prefix read
+        by the last two forwards is kept whole; one block past such a prefix is two pieces."""
+        key = (root, digest)
+        self._read.add(key)
+        if key in self._whole:
+            return self._whole[key]
         entries = self._roots[root]
         chunks = []
         at: bytes | None = digest
         while at is not None and at in entries:
+            if (root, at) in self._whole:
+                chunks.append(self._whole[(root, at)])
+                break
             entry = entries[at]
             chunks.append(entry.kv)
             at = entry.parent
         if not chunks:
             return None
         chunks.reverse()
-        return chunks[0] if len(chunks) == 1 else torch.cat(chunks, dim=3)
+        whole = chunks[0] if len(chunks) == 1 else torch.cat(chunks, dim=3)
+        self._whole[key] = whole
+        return whole
+
+    def settle(self) -> None:
+        """A forward ended: whole prefixes neither it nor the one before read are let go."""
+        keep = self._read | self._read_before
+        for key in [key for key in self._whole if key not in keep]:
+            del self._whole[key]
+        self._read_before, self._read = self._read, set()
 
     def put(self, root: Root, digest: bytes, entry: Entry) -> None:
         """Store an entry (an equal one already stored is kept)."""
