@@ -232,25 +232,20 @@ print(kept, resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before)
 
 def test_freed_memory_is_kept_for_the_next_forward():
     """On Linux with glibc the thresholds are raised: blocks a forward held together and freed
-    stay mapped, so the next forward faults no new pages in (glibc's defaults trim them away
-    once their sum passes twice the last mmap threshold). Measured in fresh interpreters, with
-    and without the setting: the heap an earlier test left behind (its top, its free blocks)
-    decides whether a block is trimmed, so an in-process count depends on test order."""
+    stay mapped, so ten more forwards fault in fewer pages than one forward's blocks hold
+    (glibc's defaults, whose trim threshold follows the last freed mmap, trimmed them away in
+    most runs here: up to 122,560 pages, every block of every forward, though not in every run,
+    as it depends on the heap's layout). Measured in a fresh interpreter: the heap an earlier
+    test left behind decides what is trimmed, so an in-process count depends on test order."""
     import subprocess
     import sys
 
-    def faults(mode: str) -> tuple[str, int]:
-        out = subprocess.run(
-            [sys.executable, "-c", FAULTS, mode], capture_output=True, text=True, check=True
-        ).stdout.split()
-        return out[0], int(out[1])
-
-    kept, with_setting = faults("kept")
-    _, without = faults("default")
-    assert kept == "True"
-    pages = 10 * 6 * (8 << 20) // 4096  # every block of every forward faulted in again
-    assert without > pages // 2  # under glibc's defaults most are: the setting matters
-    assert with_setting < pages // 20  # with it, next to none
+    out = subprocess.run(
+        [sys.executable, "-c", FAULTS, "kept"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert out[0] == "True"  # the thresholds were set
+    one_forward = 6 * (8 << 20) // 4096
+    assert int(out[1]) < one_forward  # ten forwards, not 10 × 12,288 pages faulted in again
 
 
 def _config(out: Path, **changes):
