@@ -231,6 +231,21 @@ class DiffusionBackbone(abc.ABC):
             i for i in [self.eos_id, *(vocab.get(t) for t in TURN_ENDS)] if i is not None
         }
         self.chat = c.chat if c.chat is not None else bool(self.tokenizer.chat_template)
+        # Fast-dLLM's approximate cache (fastcache.py), for Configs with `cache=prefix|dual`;
+        # only then is the backbone `KeepsState`, `PricesSteps` and `CountsCacheMemory`
+        self.fast_cache = None
+        if getattr(c, "cache", "none") in ("prefix", "dual"):
+            from dllmbench.plugins.backbones.fastcache import FastCache
+
+            self.fast_cache = cache = FastCache(self)
+            self.hold, self.release = cache.store.hold, cache.store.release
+            self.row_works = cache.row_works
+            self.cache_bytes, self.limit_cache = cache.cache_bytes, cache.limit_cache
+
+    @property
+    def approximate(self) -> bool:
+        """Whether decoding departs from the exact forward by design (Fast-dLLM's cache)."""
+        return self.fast_cache is not None
 
     def random_transformer(self, tokenizer: Any) -> torch.nn.Module:
         """The tiny random model of `model="random"`, deterministic in the config's seed."""
@@ -388,10 +403,22 @@ class DiffusionBackbone(abc.ABC):
             eligible[i] = masked[i] & (positions < off + plen + at[-1].end)
         return eligible, at
 
+    def step_hidden(
+        self, ids: torch.Tensor, attn: torch.Tensor, offsets: list[int], batch: StepBatch
+    ) -> torch.Tensor:
+        """The hidden states a denoising step reads (`hidden`), or under Fast-dLLM's cache
+        those its cached forwards compute (fastcache.py)."""
+        if self.fast_cache is None:
+            return self.hidden(ids, attn)
+        return self.fast_cache.hidden(ids, attn, offsets, batch)
+
     def step_work(self, batch: StepBatch) -> list[Work]:
         """What each row's denoising forward computes (`CountsStepWork`): bidirectional
         attention over the row's own tokens, padded or packed, and the LM head at the positions
-        it may commit. Guidance's second pass is the caller's to count (`passes_per_step`)."""
+        it may commit (under Fast-dLLM's cache, fastcache.py's charge). Guidance's second pass
+        is the caller's to count (`passes_per_step`)."""
+        if self.fast_cache is not None:
+            return self.fast_cache.step_work(batch)
         ids, _, offsets = self.pad(batch.tokens)
         heads = self.eligible(ids, offsets, batch)[0].sum(-1).tolist()
         return [Work.full(len(t), head=h) for t, h in zip(batch.tokens, heads, strict=True)]

@@ -25,11 +25,13 @@ from dllmbench.api.interfaces import StepBatch
 from dllmbench.plugins.backbones.base import (
     ATTENTIONS,
     Attention,
+    BlockStep,
     DiffusionBackbone,
     check_parallel,
     parallel_commits,
     top_ranked,
 )
+from dllmbench.plugins.backbones.fastcache import Cache, check_cache
 from dllmbench.plugins.backbones.loading import DType, device_problem, positions_of
 
 Alg = Literal["origin", "maskgit_plus", "topk_margin", "entropy"]
@@ -61,12 +63,16 @@ class DreamConfig:
     # (FlexAttention document mask, packing.py)
     attention: Attention = "sdpa"
     seed: int = 0  # initialisation of model="random"
+    # Fast-dLLM's approximate KV cache, refreshed once per block (fastcache.py; needs
+    # block_length): "prefix" keeps the positions before the block, "dual" also those after
+    cache: Cache = "none"
 
     def __post_init__(self) -> None:
         if (unusable := device_problem(self.device)) is not None:
             raise ValueError(unusable)
         if self.attention not in ATTENTIONS:
             raise ValueError(f"attention must be sdpa or packed, got {self.attention!r}")
+        check_cache(self.cache, self.block_length, self.attention)
         if self.alg not in ALGS:
             raise ValueError(f"alg must be one of {', '.join(ALGS)}, got {self.alg!r}")
         if self.temperature < 0 or not 0 < self.top_p <= 1 or not 0 < self.eps < 1:
@@ -88,6 +94,11 @@ class DreamConfig:
         confidences): argmax tokens (temperature 0), committed by confidence (not `origin`'s
         random order) without a position draw (alg_temp None or 0)."""
         return self.temperature == 0 and self.alg != "origin" and not self.alg_temp
+
+    @property
+    def approximate(self) -> bool:
+        """True when the sampler reads hidden states from Fast-dLLM's approximate cache."""
+        return self.cache != "none"
 
 
 def filter_logits(logits: torch.Tensor, top_p: float, top_k: int | None) -> torch.Tensor:
@@ -177,6 +188,7 @@ class Dream(DiffusionBackbone):
         {"model": "random", "alg": "entropy", "alg_temp": 0.0, "temperature": 0.0},
         {"model": "random", "alg": "origin", "top_p": 0.9},
         {"model": "random", "factor": 1.0},
+        {"model": "random", "block_length": 2, "cache": "prefix"},
     ]
 
     def propose(
@@ -200,8 +212,14 @@ class Dream(DiffusionBackbone):
             return hidden.new_zeros(0, dtype=torch.long), hidden.new_zeros(0, dtype=torch.float64)
         return torch.cat(tokens), torch.cat(confidences)
 
+    def planned_quota(self, eligible: int, at: BlockStep, gen_length: int, total: int) -> int:
+        """Positions an unedited row commits at a step with `eligible` positions that may
+        (the quota; `origin` commits that many in expectation): a cached row's price."""
+        steps = torch.tensor([at.j])
+        return int(quota(torch.tensor([eligible]), steps, at.per, self.config.eps)[0])
+
     def commit(self, ids, attn, offsets, batch: StepBatch):
-        hidden = self.hidden(ids, attn)
+        hidden = self.step_hidden(ids, attn, offsets, batch)
         device = hidden.device
         n, width = ids.shape
         ids = ids.to(device)

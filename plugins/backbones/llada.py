@@ -29,6 +29,7 @@ from dllmbench.core.errors import UserError
 from dllmbench.plugins.backbones.base import (
     ATTENTIONS,
     Attention,
+    BlockStep,
     DiffusionBackbone,
     block_schedule,
     check_parallel,
@@ -36,6 +37,7 @@ from dllmbench.plugins.backbones.base import (
     purpose_generator,
     top_ranked,
 )
+from dllmbench.plugins.backbones.fastcache import Cache, check_cache
 from dllmbench.plugins.backbones.loading import DType, device_problem, positions_of
 
 
@@ -61,12 +63,16 @@ class LLaDAConfig:
     # (FlexAttention document mask, packing.py)
     attention: Attention = "sdpa"
     seed: int = 0  # initialisation of model="random"
+    # Fast-dLLM's approximate KV cache, refreshed once per block (fastcache.py; needs
+    # block_length): "prefix" keeps the positions before the block, "dual" also those after
+    cache: Cache = "none"
 
     def __post_init__(self) -> None:
         if (unusable := device_problem(self.device)) is not None:
             raise ValueError(unusable)
         if self.attention not in ATTENTIONS:
             raise ValueError(f"attention must be sdpa or packed, got {self.attention!r}")
+        check_cache(self.cache, self.block_length, self.attention, self.cfg_scale)
         if self.remasking not in ("low_confidence", "random"):
             raise ValueError(f"remasking must be low_confidence or random, got {self.remasking!r}")
         if self.temperature < 0 or self.cfg_scale < 0:
@@ -91,6 +97,11 @@ class LLaDAConfig:
         """True when different keys cannot give different samples (up to exact ties of float64
         confidences): argmax tokens (temperature 0) committed by confidence (low_confidence)."""
         return self.temperature == 0 and self.remasking == "low_confidence"
+
+    @property
+    def approximate(self) -> bool:
+        """True when the sampler reads hidden states from Fast-dLLM's approximate cache."""
+        return self.cache != "none"
 
 
 def block_quota(
@@ -136,6 +147,7 @@ class LLaDA(DiffusionBackbone):
         {"model": "random", "temperature": 0.0, "logits_eos_inf": True},
         {"model": "random", "confidence_eos_eot_inf": True},
         {"model": "random", "factor": 1.0},
+        {"model": "random", "block_length": 5, "cache": "dual"},
     ]
 
     @property
@@ -158,6 +170,13 @@ class LLaDA(DiffusionBackbone):
         vocab = self.tokenizer.get_vocab()
         return vocab.get("<|endoftext|>", self.tokenizer.eos_token_id), vocab.get("<|eot_id|>")
 
+    def planned_quota(self, eligible: int, at: BlockStep, gen_length: int, total: int) -> int:
+        """Positions an unedited row commits at a step with `eligible` positions that may
+        (`commit`'s quota): a cached row's price."""
+        if at.even:
+            return int(block_quota(gen_length * at.per // total, at.per, torch.tensor(at.j)))
+        return -(-eligible // (at.per - at.j))
+
     def commit(self, ids, attn, offsets, batch: StepBatch):
         c = self.config
         device = self.device
@@ -178,7 +197,7 @@ class LLaDA(DiffusionBackbone):
                 # re-masked positions the reference's quota does not count: fill the block
                 quotas[i] = int(eligible[i].sum())
 
-        logits = self.head(self.hidden(ids, attn)[eligible])  # [M, V], row-major
+        logits = self.head(self.step_hidden(ids, attn, offsets, batch)[eligible])  # [M, V]
         if c.cfg_scale > 0:
             unprompted = ids.clone()
             for i, (off, plen) in enumerate(zip(offsets, batch.prompt_lens, strict=True)):
