@@ -98,3 +98,51 @@ def test_the_leaderboard_marks_an_approximate_method_and_says_why():
     ((_, cells),) = rows(results)
     assert cells[0] == "Vanilla ≈"
     assert capped_note(results) == APPROXIMATE_NOTE
+
+
+def test_a_cached_dream_run_is_marked_and_its_report_sets_it_beside_exact_decoding(tmp_path, cli):
+    """Tiny random Dream on arith, decoded with Fast-dLLM's prefix cache and exactly: the
+    cached run's leaderboard marks its methods, its manifest and results say `approximate`,
+    and `report --exact` writes the agreement of each method with the exact run."""
+    import json
+
+    common = (
+        "--task",
+        "arith",
+        "--methods",
+        "vanilla,majority",
+        "--budget",
+        "64",
+        "--limit",
+        "3",
+        "--steps",
+        "16",
+        "--gen-length",
+        "16",
+        "--prompt",
+        "fewshot",
+    )
+    runs = {}
+    for cache in ("prefix", "none"):
+        out = tmp_path / cache
+        backbone = f"dream:model=random,block_length=8,cache={cache}"
+        result = cli("run", "--backbone", backbone, *common, "--out", out)
+        assert result.code == 0, result.err
+        runs[cache] = (out, result.out)
+    cached, leaderboard = runs["prefix"]
+    assert "Vanilla ≈" in leaderboard and "approximate KV cache" in leaderboard
+    assert "≈" not in runs["none"][1]
+    manifest = json.loads((cached / "manifest.json").read_text())
+    assert all(m.get("approximate") for m in manifest["methods"])
+    results = json.loads((cached / "results.json").read_text())
+    assert all(m.get("approximate") for m in results["methods"])
+    report = cli("report", cached, "--exact", runs["none"][0], "--out", tmp_path / "report")
+    assert report.code == 0, report.err
+    data = json.loads((tmp_path / "report" / "report.json").read_text())
+    agreed = {m["id"]: m for m in data["agreement"]["methods"]}
+    assert "Vanilla" in agreed and len(agreed) == 2  # both methods, set beside their exact runs
+    for m in agreed.values():
+        assert m["problems"] == 3 and 0 <= m["same_answer"] <= 1
+    assert "## Agreement with exact decoding" in (tmp_path / "report" / "report.md").read_text()
+    refused = cli("report", cached, "--exact", cached, "--out", tmp_path / "again")
+    assert refused.code == 2 and "approximate cache; give an exact run" in refused.err
