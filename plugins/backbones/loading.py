@@ -261,24 +261,27 @@ def load_strict(model: torch.nn.Module, state: Mapping[str, torch.Tensor], where
     model.load_state_dict(state, strict=True, assign=True)
 
 
+# the config.json fields a Qwen2 or Qwen3 model is built from (Qwen3 adds head_dim, attention_bias)
+QWEN_FIELDS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "vocab_size",
+    "rope_theta",
+    "rms_norm_eps",
+    "max_position_embeddings",
+    "tie_word_embeddings",
+    "hidden_act",
+)
+
+
 def qwen2_config(raw: dict[str, Any]) -> Qwen2Config:
     """Dream's config.json (model_type "Dream") as a bidirectional Qwen2Config."""
     from transformers import Qwen2Config
 
-    keys = (
-        "hidden_size",
-        "intermediate_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "vocab_size",
-        "rope_theta",
-        "rms_norm_eps",
-        "max_position_embeddings",
-        "tie_word_embeddings",
-        "hidden_act",
-    )
-    config = Qwen2Config(**{k: raw[k] for k in keys if k in raw}, use_sliding_window=False)
+    config = Qwen2Config(**{k: raw[k] for k in QWEN_FIELDS if k in raw}, use_sliding_window=False)
     config.is_causal = False
     return config
 
@@ -289,20 +292,7 @@ def block_config(raw: dict[str, Any], qwen3: bool) -> Any:
     block-causal mask itself."""
     from transformers import Qwen2Config, Qwen3Config
 
-    keys = (
-        "hidden_size",
-        "intermediate_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "vocab_size",
-        "rope_theta",
-        "rms_norm_eps",
-        "max_position_embeddings",
-        "tie_word_embeddings",
-        "hidden_act",
-        *(("head_dim", "attention_bias") if qwen3 else ()),
-    )
+    keys = (*QWEN_FIELDS, *(("head_dim", "attention_bias") if qwen3 else ()))
     cls = Qwen3Config if qwen3 else Qwen2Config
     return cls(**{k: raw[k] for k in keys if k in raw}, use_sliding_window=False)
 
