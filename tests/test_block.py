@@ -398,3 +398,50 @@ def test_a_store_over_its_budget_frees_other_problems_then_refuses():
     assert ((b"a", 4), b"x") not in store and store.nbytes == 3 * 64
     with pytest.raises(UserError, match="KV cache of one problem"):
         store.put((b"b", 4), b"v", Entry(b"w", 12, 16, kv()))
+
+
+def test_remdm_on_the_block_backbone_reopens_only_the_current_block():
+    """ReMDM re-masks committed tokens of the block being written, never a committed block
+    (its keys and values are cached and exact): a row's first masked block never moves back.
+    Edited blocks still end within their share of T (the quota follows the edit), every
+    candidate ends fully decoded, and the edits change the samples."""
+    common = dict(model="random", block_length=4, temperature=1.0, stop=False)
+    bb = BlockDiffusion(**common, remasking="low_confidence_static")
+    first_masked: dict[int, list[int]] = {}
+    edited: list[bool] = []
+    real = bb.denoise_step_with_confidence
+
+    def step(batch):
+        for i, tokens in enumerate(batch.tokens):
+            gen = tokens[batch.prompt_lens[i] :]
+            masked = (gen == bb.mask_id).nonzero().flatten()
+            at = (int(masked[0]) + batch.prompt_lens[i]) // 4
+            first_masked.setdefault(batch.keys[i], []).append(at)
+            edited.append(batch.was_edited(i))
+        return real(batch)
+
+    bb.denoise_step_with_confidence = step
+    records, _ = _engine_run(bb, "remdm:n=4,eta=0.5")
+    assert any(edited)  # ReMDM re-masked something
+    mask = bb.tokenizer.decode([bb.mask_id])
+    assert mask
+    for blocks in first_masked.values():
+        assert blocks == sorted(blocks), blocks
+    plain, _ = _engine_run(
+        BlockDiffusion(**common, remasking="low_confidence_static"), "independent:n=4"
+    )
+    texts = [[c["text"] for c in r["candidates"]] for r in records]
+    assert texts != [[c["text"] for c in r["candidates"]] for r in plain]
+    for r in records:
+        assert r["ledger"]["passes"] == {"denoise": 4 * 16}  # each row took its T = 16 steps
+        assert all(mask not in c["text"] for c in r["candidates"])
+
+
+def test_an_edited_block_ends_within_its_share_of_t():
+    """SDAR's k = block / S per step cannot decode re-masked positions in time; an edited
+    row's quota spreads what is masked over the steps its block has left."""
+    # 16 tokens in blocks of 4, T = 16: S = 4 steps a block, k = 1
+    assert BlockDiffusion.quota(4, 0, 16, 16, 1, 0, 3) == 1
+    assert BlockDiffusion.quota(4, 0, 16, 16, 1, 0, 3, edited=True) == 1  # 3 left over 3 steps
+    assert BlockDiffusion.quota(4, 0, 16, 16, 2, 0, 3, edited=True) == 2  # 3 left over 2 steps
+    assert BlockDiffusion.quota(4, 0, 16, 16, 3, 0, 2, edited=True) == 2  # the block's last step

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,10 @@ import dllmbench.demo
 import dllmbench.plugins
 from dllmbench.cli import main
 from dllmbench.cli.run import DEMO
-from dllmbench.demo import CONTROL_SCORERS, DEMO_TASK, TASK_CONFIG, TINY_DIR
+from dllmbench.demo import CONTROL_SCORERS, DEMO_TASK, SCORER_KINDS, TASK_CONFIG, TINY_DIR
 from dllmbench.plugins.backbones import tiny
+
+ROOT = Path(__file__).resolve().parents[1]
 
 FAMILIES = (
     "Vanilla",
@@ -40,7 +43,9 @@ FAMILIES = (
 )
 
 
-def test_the_package_ships_the_demo_model_and_its_scorers():
+def assert_ships_a_model_and_its_scorers(directory: Path) -> None:
+    """`directory` holds a model, its tokenizer, and a PRM and ORM that validated above chance,
+    in at most 10 MiB, and the package's data files include it."""
     for name in (
         "config.json",
         "model.safetensors",
@@ -49,12 +54,19 @@ def test_the_package_ships_the_demo_model_and_its_scorers():
         "prm/adapter.safetensors",
         "orm/head.safetensors",
     ):
-        assert (TINY_DIR / name).exists(), name
-    size = sum(p.stat().st_size for p in TINY_DIR.rglob("*") if p.is_file())
+        assert (directory / name).exists(), name
+    size = sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
     assert size <= 10 * 2**20
-    for kind in ("prm", "orm"):
-        validation = json.loads((TINY_DIR / kind / "config.json").read_text())["validation"]
+    for kind in SCORER_KINDS:
+        validation = json.loads((directory / kind / "config.json").read_text())["validation"]
         assert validation["auc"] is not None and validation["auc"] > 0.5
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    name = directory.name
+    assert {f"{name}/*", f"{name}/*/*"} <= set(data["package-data"]["dllmbench.demo"])
+
+
+def test_the_package_ships_the_demo_model_and_its_scorers():
+    assert_ships_a_model_and_its_scorers(TINY_DIR)
     prm = json.loads((TINY_DIR / "prm" / "config.json").read_text())
     for name, options in CONTROL_SCORERS.items():  # the PRM's twins for the readout controls
         saved = json.loads((TINY_DIR / name / "config.json").read_text())

@@ -7,12 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from dllmbench.api.interfaces import StepBatch
+from dllmbench.api.interfaces import StepBatch, commit_orders
 from dllmbench.api.ops import DenoiseRequest, Ops
 from dllmbench.core.errors import UserError
 from dllmbench.core.keys import row_key
 from dllmbench.core.types import Problem, Prompt, Rows
 from dllmbench.plugins.backbones.base import block_step
+from dllmbench.plugins.backbones.block import REMASKINGS, BlockDiffusion
 from dllmbench.plugins.backbones.dream import Dream
 from dllmbench.plugins.backbones.llada import LLaDA
 from dllmbench.plugins.strategies.ensemble import Ensemble
@@ -164,9 +165,14 @@ def test_remask_is_a_free_recorded_edit_by_each_policy():
 
     with pytest.raises(ValueError, match="one of"):
         ops.remask(rows, sigma=0.5, positions=[0])
-    finished = rows.advanced(decoded, (4, 4), confidence)
+    # a row at its T is final: naming its positions is an error, a policy leaves it alone
+    finished = rows.advanced(decoded, (4, 1), confidence)
     with pytest.raises(ValueError, match="at its T"):
-        ops.remask(finished, sigma=0.5)
+        ops.remask(finished, positions=[0])
+    kept = ops.remask(finished, sigma=1.0)
+    assert kept.edits == ((), ((1, (0, 1, 2, 3, 4, 5)),))
+    assert torch.equal(kept.tokens[0], finished.tokens[0])
+    assert ops.remask(finished, least_confident=2).edits == ((), ((1, (1, 3)),))
     plain = ops.start(PROBLEM, 2)
     with pytest.raises(ValueError, match="confidence=True"):
         ops.remask(plain.advanced(decoded, (1, 1)), least_confident=1)
@@ -249,19 +255,28 @@ def test_prism_widths_and_cost_by_hand():
 
 
 def test_ensemble_mixes_the_settings_the_backbone_varies():
-    dream = Ensemble(n=4, temperatures="0.3/0.8").combinations(Dream.row_settings)
+    dream = Ensemble(n=4, temperatures="0.3/0.8").combinations(Dream.commit_orders)
     assert dream[:3] == [
         {"temperature": 0.3, "alg": "maskgit_plus"},
         {"temperature": 0.3, "alg": "topk_margin"},
         {"temperature": 0.3, "alg": "entropy"},
     ]
     assert len(dream) == 6
-    llada = Ensemble(n=4, temperatures="0.5").combinations(LLaDA.row_settings)
+    llada = Ensemble(n=4, temperatures="0.5").combinations(LLaDA.commit_orders)
     assert llada == [
         {"temperature": 0.5, "remasking": "low_confidence"},
         {"temperature": 0.5, "remasking": "random"},
     ]
-    assert Ensemble(orders="none", temperatures="").combinations(Dream.row_settings) == [{}]
+    assert Ensemble(orders="none", temperatures="").combinations(Dream.commit_orders) == [{}]
+    block = Ensemble(temperatures="").combinations(BlockDiffusion.commit_orders)
+    assert block == [{"remasking": order} for order in REMASKINGS]
+    for kind in (Dream, LLaDA, BlockDiffusion):  # every order mixed is one the backbone takes
+        backbone = kind(model="random")
+        for settings in Ensemble().combinations(commit_orders(backbone)):
+            backbone.check_row_settings(settings, 8, 8)
+    assert Ensemble(temperatures="1").combinations({}) == [{"temperature": 1.0}]
+    with pytest.raises(UserError, match="no commit order to vary per row; use orders=none"):
+        Ensemble(orders="a/b").combinations({})
 
 
 def test_hex_and_ensemble_pools_nest_and_differ_from_the_independent_pool():

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
@@ -245,6 +245,28 @@ class VariesPerRow(Protocol):
     def check_row_settings(
         self, settings: Mapping[str, Any], gen_length: int, total_steps: int
     ) -> None: ...
+
+
+@runtime_checkable
+class ReopensPositions(Protocol):
+    """A backbone whose sampler decodes again only some committed positions of a row: a block
+    model re-opens its current block, never the committed blocks its cache holds.
+    `reopenable(tokens, prompt_len, settings)` is a bool tensor over the row's generated
+    positions; `ops.remask` picks among those (a backbone without it: every committed one)."""
+
+    def reopenable(
+        self, tokens: torch.Tensor, prompt_len: int, settings: Mapping[str, Any]
+    ) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class MixesOrders(Protocol):
+    """A `VariesPerRow` backbone with more than one commit order (the rule that picks which
+    masked positions a step fills): `commit_orders` maps the per-row setting that chooses it
+    to the orders worth mixing (sampler ensembles' `orders=auto`), each a value that setting
+    takes. Dream: `alg`; LLaDA and block diffusion: `remasking`."""
+
+    commit_orders: Mapping[str, tuple[str, ...]]
 
 
 @runtime_checkable
@@ -533,6 +555,22 @@ def finishes_early(backbone: object, settings: Mapping[str, Any]) -> bool:
 def row_settings(backbone: object) -> frozenset[str]:
     """The sampler settings a backbone lets rows vary (none unless it is `VariesPerRow`)."""
     return frozenset(backbone.row_settings) if isinstance(backbone, VariesPerRow) else frozenset()
+
+
+def reopenable(
+    backbone: object,
+) -> Callable[[torch.Tensor, int, Mapping[str, Any]], torch.Tensor] | None:
+    """Which committed positions of a row a canvas edit may re-mask (`ReopensPositions`);
+    None: every one."""
+    return backbone.reopenable if isinstance(backbone, ReopensPositions) else None
+
+
+def commit_orders(backbone: object) -> dict[str, tuple[str, ...]]:
+    """The commit orders a backbone's rows may mix, by the setting that picks them (none unless
+    it is `MixesOrders`)."""
+    if not isinstance(backbone, MixesOrders):
+        return {}
+    return {name: tuple(values) for name, values in backbone.commit_orders.items()}
 
 
 def evidence_of(strategy: object) -> Evidence:

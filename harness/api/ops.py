@@ -85,6 +85,8 @@ class Ops:
         scorers: dict[str, bool],
         owners: Callable[[int], list[Owners]],
         row_settings: frozenset[str] = frozenset(),
+        commit_orders: Mapping[str, tuple[str, ...]] | None = None,
+        reopenable: Callable[[torch.Tensor, int, Mapping[str, Any]], torch.Tensor] | None = None,
         check_settings: Callable[[Mapping[str, Any], int], None] | None = None,
         confidences: bool = False,
         answers: Callable[[Rows], list[Hashable | None]] | None = None,
@@ -97,6 +99,9 @@ class Ops:
         self._scorers = dict(scorers)  # name → reads partial states
         self._owners = owners
         self.row_settings = frozenset(row_settings) | {STEPS}
+        # the commit orders rows may mix, by the setting that picks them (`MixesOrders`)
+        self.commit_orders = dict(commit_orders or {})
+        self._reopenable = reopenable  # which committed positions the sampler decodes again
         self._check_settings = check_settings
         self._confidences = confidences
         self._answers = answers
@@ -267,19 +272,26 @@ class Ops:
 
         Random draws come from (seed, problem, label, row key, step): the same row edited at
         the same step draws the same positions in every method. Each edit joins the row's
-        history `(step, positions)`. A row at its T cannot be edited (no step would decode it)."""
+        history `(step, positions)`. Only positions the sampler will decode again are picked:
+        on a block backbone those of the current block (`ReopensPositions`). A row at its T
+        is final: `sigma` and `least_confident` leave it as it is, and `positions` refuses it
+        (no step would decode it)."""
         self._own(rows, "ops.remask")
         chosen = [positions is not None, sigma is not None, least_confident is not None]
         if sum(chosen) != 1:
             raise ValueError("ops.remask takes one of positions=, sigma= or least_confident=")
-        if any(rows.finished):
+        finished = rows.finished
+        if positions is not None and any(finished):
             raise ValueError("ops.remask: a row at its T cannot be re-masked (nothing decodes it)")
         mask_id = self.mask_id
         gen = rows.tokens[:, rows.prompt_len :]
         committed = gen != mask_id
         picks: list[list[int]] = []
         for i, key in enumerate(rows.rng_keys):
-            free = committed[i].nonzero().flatten().tolist()
+            open_ = committed[i] & ~torch.tensor(finished[i])
+            if self._reopenable is not None:
+                open_ &= self._reopenable(rows.tokens[i], rows.prompt_len, rows.setting(i))
+            free = open_.nonzero().flatten().tolist()
             rng = numpy_rng(self.seed, self.problem.id, "remask", label, key, rows.steps[i])
             picks.append(self._pick(rows, i, free, rng, positions, sigma, least_confident, among))
         tokens = rows.tokens.clone()

@@ -1,12 +1,13 @@
 """`dllmbench demo retrain --out DIR`: rebuild the shipped demo (the tiny model on `arith`, its
-PRM and ORM) from a seed, into DIR; never into the installed package."""
+PRM and ORM; or with `--backbone tiny-block`, the block-diffusion one) from a seed, into DIR;
+never into the installed package."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from rich.console import Console
 
@@ -14,7 +15,7 @@ from dllmbench.cli.argtypes import natural_int, positive_int
 from dllmbench.cli.common import Parser, Reply, add_json, field_default
 from dllmbench.cli.folders import claim
 from dllmbench.core.errors import UserError
-from dllmbench.demo import RetrainConfig
+from dllmbench.demo import PRETRAIN_STEPS, DemoBackbone, RetrainConfig
 
 
 def add_parser(sub: Any) -> None:
@@ -32,9 +33,17 @@ def add_parser(sub: Any) -> None:
     r.add_argument("--out", required=True, help="where the model and scorers go")
     r.add_argument("--seed", type=natural_int, default=field_default(RetrainConfig, "seed"))
     r.add_argument(
+        "--backbone",
+        choices=get_args(DemoBackbone),
+        help="which demo model to rebuild: tiny (the default; Dream's architecture) or "
+        "tiny-block (block diffusion on Qwen3; about as long, run as the command prints)",
+    )
+    r.add_argument(
         "--pretrain-steps",
         type=positive_int,
         default=field_default(RetrainConfig, "pretrain_steps"),
+        help="default: "
+        + ", ".join(f"{steps} for {model}" for model, steps in PRETRAIN_STEPS.items()),
     )
     r.add_argument(
         "--problems",
@@ -102,6 +111,7 @@ def retrain(args: argparse.Namespace) -> Reply:
         orm_steps=args.orm_steps,
         negatives=args.negatives,
         orm_groups=args.orm_groups,
+        backbone=args.backbone or field_default(RetrainConfig, "backbone"),
     )
     if args.quick:
         cfg = cfg.quick()

@@ -31,7 +31,7 @@ from dllmbench.cli.common import (
 from dllmbench.cli.progress import Progress
 from dllmbench.core.errors import Terminated, UserError
 from dllmbench.core.flops import Flops, format_flops
-from dllmbench.demo import DEMO_TASK
+from dllmbench.demo import BLOCK_DEMO, DEMO_TASK
 from dllmbench.execution.engine import Capacity, Sampling
 from dllmbench.execution.planner import check_scorers, scorer_users
 from dllmbench.loading.registry import Registry, registry
@@ -47,6 +47,12 @@ DEMO = {
     "gen_length": 32,
     "prompt": "fewshot",
     "limit": 100,
+}
+# each demo model's protocol: `run` with no --task and one of these backbones (or none: tiny)
+# is the demo on it
+DEMO_PROTOCOLS: dict[str, dict[str, int]] = {
+    "tiny": {"steps": DEMO["steps"], "gen_length": DEMO["gen_length"]},
+    "tiny-block": dict(BLOCK_DEMO),
 }
 
 
@@ -142,9 +148,10 @@ def run_config(args: argparse.Namespace) -> Any:
     reg = registry()
     if args.out is not None and not args.out.strip():
         raise UserError("--out is empty; give the run directory, e.g. --out runs/mine")
-    demo = not args.task and not args.backbone and not args.preset
-    if demo:  # the shipped demo
-        for key, value in DEMO.items():
+    model = (args.backbone or DEMO["backbone"]).split(":", 1)[0]
+    demo = not args.task and not args.preset and model in DEMO_PROTOCOLS
+    if demo:  # the shipped demo, on the model asked for
+        for key, value in {**DEMO, **DEMO_PROTOCOLS[model]}.items():
             if getattr(args, key) is None:
                 setattr(args, key, value)
     s = settings(args, GENERAL)

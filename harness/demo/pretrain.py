@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from safetensors.torch import save_file
@@ -128,39 +129,68 @@ def pretrain(
     """
     net = build_model(len(tokenizer), cfg, tokenizer)
     eos, mask_id = tokenizer.eos_token_id, tokenizer.mask_token_id
-    opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=0.01)
 
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(cfg.steps, cfg.warmup))
-    gen = torch.Generator().manual_seed(cfg.seed)
-    net.train()
-    start, index = time.time(), 0
-    for step in range(cfg.steps):
-        pairs = []
-        for _ in range(cfg.batch):
-            prompt, answer = examples(index)
-            index += 1
-            pairs.append(
-                (tokenizer(prompt)["input_ids"], answer_tokens(tokenizer, answer, cfg.gen_length))
-            )
-        loss = diffusion_loss(net, *batch_tensors(pairs, eos), mask_id, cfg.eps, gen)
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        if step % 100 == 0 or step == cfg.steps - 1:
-            log(f"step {step:5d}  loss {loss.item():.4f}  {time.time() - start:.0f}s")
+    def loss(texts: list[tuple[str, str]], gen: torch.Generator) -> torch.Tensor:
+        pairs = [
+            (tokenizer(prompt)["input_ids"], answer_tokens(tokenizer, answer, cfg.gen_length))
+            for prompt, answer in texts
+        ]
+        return diffusion_loss(net, *batch_tensors(pairs, eos), mask_id, cfg.eps, gen)
+
+    fit(net, cfg, examples, loss, log)
     save_dream(net.eval(), tokenizer, out, {"pretrain": asdict(cfg), "data": data or {}})
     return out
 
 
+class Schedule(Protocol):
+    """What a pretraining loop reads of its configuration."""
+
+    seed: int
+    steps: int
+    batch: int
+    lr: float
+    warmup: int
+
+
+def fit(
+    net: torch.nn.Module,
+    cfg: Schedule,
+    examples: Callable[[int], tuple[str, str]],
+    loss: Callable[[list[tuple[str, str]], torch.Generator], torch.Tensor],
+    log: Callable[[str], None],
+) -> None:
+    """AdamW under warmup-cosine over `steps` batches of `batch` consecutive examples of the
+    stream, the gradient clipped to norm 1; `loss` maps a batch's texts (and the noise
+    generator, seeded from `seed`) to the loss."""
+    opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(cfg.steps, cfg.warmup))
+    gen = torch.Generator().manual_seed(cfg.seed)
+    net.train()
+    start = time.time()
+    for step in range(cfg.steps):
+        value = loss([examples(step * cfg.batch + i) for i in range(cfg.batch)], gen)
+        opt.zero_grad()
+        value.backward()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if step % 100 == 0 or step == cfg.steps - 1:
+            log(f"step {step:5d}  loss {value.item():.4f}  {time.time() - start:.0f}s")
+
+
 def save_dream(net, tokenizer, out: Path, extra: dict) -> None:
     """A Dream-format directory that the `dream` and `tiny` backbones load."""
+    architecture = {"architectures": ["DreamModel"], "model_type": "Dream"}
+    save_checkpoint(net, tokenizer, out, {**architecture, **extra})
+
+
+def save_checkpoint(net, tokenizer, out: Path, fields: dict) -> None:
+    """config.json (the model's shape and special tokens, then `fields`), model.safetensors in
+    transformers' names, and the tokenizer."""
     out.mkdir(parents=True, exist_ok=True)
     c = net.config
     config = {
-        "architectures": ["DreamModel"],
-        "model_type": "Dream",
+        **{k: v for k, v in fields.items() if k in ("architectures", "model_type")},
         "hidden_size": c.hidden_size,
         "intermediate_size": c.intermediate_size,
         "num_hidden_layers": c.num_hidden_layers,
@@ -174,7 +204,7 @@ def save_dream(net, tokenizer, out: Path, extra: dict) -> None:
         "mask_token_id": tokenizer.mask_token_id,
         "eos_token_id": tokenizer.eos_token_id,
         "pad_token_id": tokenizer.pad_token_id,
-        **extra,
+        **fields,
     }
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     state = {k: v.detach().contiguous() for k, v in net.state_dict().items()}

@@ -44,10 +44,12 @@ from dllmbench.api.interfaces import (
     Task,
     TransformerBackbone,
     VariesPerRow,
+    commit_orders,
     finishes_early,
     is_capped,
     model_shape,
     passes_per_step,
+    reopenable,
     row_settings,
 )
 from dllmbench.api.ops import Ops
@@ -304,6 +306,8 @@ class Engine:
                 scorers={n: bool(s.reads_partial) for n, s in self.scorers.items()},
                 owners=unit.owners,
                 row_settings=row_settings(self.backbone),
+                commit_orders=commit_orders(self.backbone),
+                reopenable=reopenable(self.backbone),
                 check_settings=self._settings_check(),
                 confidences=isinstance(self.backbone, ReportsConfidence),
                 answers=lambda rows: self.read(rows)[2],

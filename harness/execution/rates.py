@@ -7,15 +7,18 @@ fully masked canvas. A denoising pass is priced as the backbone's first step on 
 `step_work`, else a bidirectional forward with the head at every position): every generated
 position is masked there, so the price is an upper bound of a later step's. A backbone whose
 steps differ in cost along a row (a KV cache, `PricesSteps`) prices a pass as the mean over a
-whole row that no step ends early: T passes at that price bound the row's FLOPs. A scoring pass is
-priced as the scorer's forward over the same row. The ledger charges each forward's own FLOPs
-as it happens; the plan's FLOPs are a price, not a charge.
+whole row that no step ends early: T passes at that price bound the row's FLOPs. A scoring
+pass is priced as the scorer's forward over the same row written out in text (`written`).
+The ledger charges each forward's own FLOPs as it happens; the plan's FLOPs are a price, not
+a charge.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+import torch
 
 from dllmbench.api.interfaces import (
     Backbone,
@@ -60,7 +63,8 @@ def reference(
     total_steps: int,
 ) -> Reference:
     """The reference row of a run's problems, and the FLOPs of one pass of each kind there."""
-    lengths = [len(backbone.encode(task.prompt(p, prompt_style))) for p in problems]
+    encoded = [backbone.encode(task.prompt(p, prompt_style)) for p in problems]
+    lengths = [len(ids) for ids in encoded]
     prompt = round(sum(lengths) / len(lengths)) if lengths else 0
     canvas = backbone.canvas([0] * prompt, gen_length)
     rates: dict[str, int] = {}
@@ -78,7 +82,9 @@ def reference(
                 work = Work.full(len(canvas))
             rates["denoise"] = passes_per_step(backbone) * flops(shape, work)
     finished = canvas.clone()
-    finished[prompt:] = 0  # a final state: nothing masked
+    stops = set(getattr(backbone, "stop_ids", ()))
+    text = [[t for t in ids if t not in stops] for ids in encoded]
+    finished[prompt:] = written(text, len(canvas) - prompt)  # a final state of real text
     for name, scorer in scorers.items():
         shape = model_shape(scorer)
         if shape is None:
@@ -90,3 +96,12 @@ def reference(
             work = Work.full(len(finished), head=1)
         rates[f"score:{name}"] = flops(shape, work)
     return Reference(prompt, gen_length, rates)
+
+
+def written(encoded: Sequence[Sequence[int]], width: int) -> torch.Tensor:
+    """`width` tokens of text, nothing masked and no end token: the longest prompt's tokens
+    (end tokens left out) over and over. A scorer that reads the answer as text
+    (self-verification asks about the decoded answer) reads about as many tokens again, so its
+    price is that of an answer that fills the canvas, not of an empty one."""
+    text = max(encoded, key=len, default=[]) or [0]
+    return torch.tensor([text[i % len(text)] for i in range(width)], dtype=torch.long)

@@ -135,6 +135,7 @@ class BlockDiffusion(DiffusionBackbone):
     row_settings = frozenset(
         {"block_length", "temperature", "top_k", "top_p", "remasking", "threshold", "steps"}
     )
+    commit_orders: ClassVar[dict[str, tuple[str, ...]]] = {"remasking": REMASKINGS}
     contract_configs: ClassVar[list[dict]] = [
         {"model": "random"},
         {"model": "random", "family": "qwen2", "remasking": "low_confidence_static"},
@@ -201,18 +202,27 @@ class BlockDiffusion(DiffusionBackbone):
 
     @staticmethod
     def quota(
-        block: int, prompt_len: int, width: int, total: int, step: int, current: int, masked: int
+        block: int,
+        prompt_len: int,
+        width: int,
+        total: int,
+        step: int,
+        current: int,
+        masked: int,
+        edited: bool = False,
     ) -> int:
         """Tokens a row commits at `step` of its T in its current block, which has `masked`
         masked positions. SDAR's schedule when T splits evenly over gen_length / block_length
-        blocks into S steps that divide the block: k = block / S at every step. Otherwise
-        each block written gets an even share of T (as `block_step`) and commits what is
-        masked over the steps of its share left. The last step takes what is left."""
+        blocks into S steps that divide the block: k = block / S at every step. Otherwise,
+        or when canvas edits re-masked positions of the block (`edited`), each block written
+        gets an even share of T (as `block_step`) and commits what is masked over the steps of
+        its share left, so an edited block still ends with its share. The last step takes
+        what is left."""
         if step >= total - 1:
             return masked
         gen = width - prompt_len
         blocks = gen // block
-        if gen % block == 0 and total % blocks == 0:
+        if not edited and gen % block == 0 and total % blocks == 0:
             per = total // blocks
             if per <= block and block % per == 0:
                 return block // per
@@ -249,6 +259,21 @@ class BlockDiffusion(DiffusionBackbone):
     def work(plan: Plan, head: int) -> Work:
         """The row's charge: tokens [charged_from, end) under the block-causal mask."""
         return block_work(plan.charged_from, plan.end, plan.length, head)
+
+    def reopenable(
+        self, tokens: torch.Tensor, prompt_len: int, settings: Mapping[str, Any]
+    ) -> torch.Tensor:
+        """[gen_length] the committed generated positions a canvas edit may re-mask
+        (`ReopensPositions`): those of the current block. Blocks before it are committed for
+        good (their keys and values are cached, exact), and a row with nothing masked has
+        ended."""
+        open_ = torch.zeros(len(tokens) - prompt_len, dtype=torch.bool)
+        plan = self.plan(tokens.cpu(), prompt_len, self.row_config(settings).block_length)
+        if plan is not None:
+            lo = max(plan.end - plan.length, prompt_len)
+            open_[lo - prompt_len : plan.end - prompt_len] = True
+            open_ &= tokens[prompt_len:].cpu() != self.mask_id
+        return open_
 
     def step_work(self, batch: StepBatch) -> list[Work]:
         works = []
@@ -461,6 +486,7 @@ class BlockDiffusion(DiffusionBackbone):
                 batch.steps[i],
                 plan.block,
                 len(where[i]),
+                batch.was_edited(i),
             )
             ties = self.noise_at(batch.keys[i], batch.steps[i], "tie", len(tokens))[where[i]]
             chosen = choose(conf, per_step, c, ties)

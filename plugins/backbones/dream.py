@@ -183,6 +183,10 @@ class Dream(DiffusionBackbone):
             "steps",
         }
     )
+    # the confidence rules (`origin` is a random order, not a rule to mix)
+    commit_orders: ClassVar[dict[str, tuple[str, ...]]] = {
+        "alg": ("maskgit_plus", "topk_margin", "entropy")
+    }
     contract_configs: ClassVar[list[dict]] = [
         {"model": "random"},
         {"model": "random", "alg": "entropy", "alg_temp": 0.0, "temperature": 0.0},

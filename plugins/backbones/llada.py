@@ -140,6 +140,9 @@ class LLaDA(DiffusionBackbone):
     row_settings = frozenset(
         {"temperature", "remasking", "block_length", "threshold", "factor", "steps"}
     )
+    commit_orders: ClassVar[dict[str, tuple[str, ...]]] = {
+        "remasking": ("low_confidence", "random")
+    }
     contract_configs: ClassVar[list[dict]] = [
         {"model": "random"},
         {"model": "random", "temperature": 0.7, "remasking": "random"},

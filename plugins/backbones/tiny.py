@@ -17,7 +17,7 @@ from dllmbench.api.hookspecs import hookimpl
 from dllmbench.demo import SCORER_KINDS, TINY_DIR
 from dllmbench.plugins.backbones.dream import Dream, DreamConfig
 
-__all__ = ["TINY_DIR", "Tiny", "TinyConfig"]
+__all__ = ["TINY_DIR", "Tiny", "TinyConfig", "shipped_scorers"]
 
 
 TINY_SELF_VERIFY = {"question": "\nQuestion: equal?\nAnswer: ", "yes": "1", "no": "0"}
@@ -32,20 +32,24 @@ class TinyConfig(DreamConfig):
 
     @property
     def shipped_scorers(self) -> dict[str, tuple[str, dict[str, str]]]:
-        """The PRM and ORM trained for the shipped weights, and the model's self-verification,
-        as --scorer would give them (known from the configuration, before any weights
-        load)."""
-        if Path(self.model) != TINY_DIR:
-            return {}
-        shipped = {
-            kind: (kind, {"checkpoint": str(TINY_DIR / kind)})
-            for kind in SCORER_KINDS
-            if (TINY_DIR / kind / "config.json").exists()
-        }
-        # Prism-style self-verification, nothing trained: asked in the words the tiny model
-        # knows, whose judgement it was never taught (a stand-in that exercises the search)
-        shipped["self"] = ("self", TINY_SELF_VERIFY)
-        return shipped
+        return shipped_scorers(self.model, TINY_DIR)
+
+
+def shipped_scorers(model: str, shipped: Path) -> dict[str, tuple[str, dict[str, str]]]:
+    """The PRM and ORM trained for the shipped weights in `shipped`, and the model's
+    self-verification, as --scorer would give them (known from the configuration, before any
+    weights load); none where `model` is another checkpoint."""
+    if Path(model) != shipped:
+        return {}
+    scorers = {
+        kind: (kind, {"checkpoint": str(shipped / kind)})
+        for kind in SCORER_KINDS
+        if (shipped / kind / "config.json").exists()
+    }
+    # Prism-style self-verification, nothing trained: asked in the words the demo models
+    # know, whose judgement they were never taught (a stand-in that exercises the search)
+    scorers["self"] = ("self", TINY_SELF_VERIFY)
+    return scorers
 
 
 class Tiny(Dream):

@@ -7,19 +7,15 @@ per step. Cost: n·T, what Majority@n costs.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
 from dllmbench.api.hookspecs import hookimpl
 from dllmbench.api.interfaces import Evidence
 from dllmbench.api.ops import Ops
+from dllmbench.core.errors import UserError
 from dllmbench.plugins.strategies.independent import Independent
-
-# the commit orders "auto" mixes, by the setting the backbone varies per row
-AUTO_ORDERS = {
-    "alg": ("maskgit_plus", "topk_margin", "entropy"),  # Dream's confidence rules
-    "remasking": ("low_confidence", "random"),  # LLaDA's
-}
 
 
 def _split(text: str) -> tuple[str, ...]:
@@ -30,8 +26,9 @@ def _split(text: str) -> tuple[str, ...]:
 class EnsembleConfig:
     n: int = 6  # samples
     temperatures: str = "0.3/0.5/0.8"  # "/"-separated; "" keeps the backbone's
-    # commit orders, "/"-separated values of the backbone's `alg` (Dream) or `remasking`
-    # (LLaDA); "auto": every order it can vary per row; "none": the backbone's own
+    # commit orders, "/"-separated values of the setting that picks the backbone's order
+    # (Dream: `alg`; LLaDA, block: `remasking`); "auto": every order the backbone offers to
+    # mix (`ops.commit_orders`); "none": the backbone's own
     orders: str = "auto"
 
     def __post_init__(self) -> None:
@@ -55,18 +52,22 @@ class Ensemble(Independent):
         return Evidence(nested="n")  # nested, but not the plain samples
 
     def settings(self, ops: Ops) -> list[dict[str, object]]:
-        mix = self.combinations(ops.row_settings)
+        mix = self.combinations(ops.commit_orders)
         return [mix[i % len(mix)] for i in range(self.config.n)]
 
-    def combinations(self, varies: frozenset[str]) -> list[dict[str, object]]:
+    def combinations(self, commit_orders: Mapping[str, tuple[str, ...]]) -> list[dict[str, object]]:
         """Every (temperature, order) setting, in order: temperatures outermost."""
         temps = [{"temperature": float(t)} for t in _split(self.config.temperatures)] or [{}]
         orders: list[dict[str, object]] = [{}]
+        name = next(iter(commit_orders), None)
         if self.config.orders == "auto":
-            name = next((k for k in AUTO_ORDERS if k in varies), None)
-            orders = [{name: o} for o in AUTO_ORDERS[name]] if name else [{}]
+            orders = [{name: o} for o in commit_orders[name]] if name else [{}]
         elif self.config.orders != "none":
-            name = "alg" if "alg" in varies else "remasking"
+            if name is None:
+                raise UserError(
+                    f"ensemble: orders={self.config.orders} but this backbone has no commit "
+                    "order to vary per row; use orders=none"
+                )
             orders = [{name: o} for o in _split(self.config.orders)]
         return [{**t, **o} for t, o in itertools.product(temps, orders)]
 
