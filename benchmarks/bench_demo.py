@@ -17,6 +17,7 @@ script; the first run also pays for loading (run `--order after,before` to see t
 move).
 
     python benchmarks/bench_demo.py [--limit 20] [--order before,after]
+    python benchmarks/bench_demo.py --order after   # one order: its column alone
     python benchmarks/bench_demo.py --backbone-options device=cuda,dtype=bfloat16   # a GPU
 """
 
@@ -82,23 +83,41 @@ def main() -> None:
     cfg = run_config(build_parser().parse_args(["run", "--limit", str(args.limit)]))
     options = dict(kv.split("=", 1) for kv in args.backbone_options.split(",") if kv)
     cfg = dataclasses.replace(cfg, backbone_config={**cfg.backbone_config, **options})
+    orders = [name for name in args.order.split(",") if name]
+    unknown = sorted(set(orders) - {"before", "after"})
+    if unknown or not orders or len(set(orders)) != len(orders):
+        parser.error(f"--order takes before and/or after, each once, not {args.order!r}")
     measured = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name in args.order.split(","):
+        for name in orders:
             measured[name] = measure(cfg, name == "after", Path(tmp) / name)
-    before, after = measured["before"], measured["after"]
     print(
         f"demo, {args.limit} problems, budgets {', '.join(map(str, cfg.budgets()))}, "
         f"backbone options {cfg.backbone_config or 'default'}"
     )
-    keys = [k for k in before if not k.startswith("_")]
-    print(f"{'':20} {'before':>10} {'after':>10} {'after/before':>13}")
-    for key in keys:
-        b, a = before[key], after[key]
-        ratio = f"{a / b:.3f}" if isinstance(a, int | float) and b else ""
-        print(f"{key:20} {b!s:>10} {a!s:>10} {ratio:>13}")
-    print("same decisions:", before["_decisions"] == after["_decisions"])
-    print("same accuracies:", before["_accuracy"] == after["_accuracy"])
+    print(table(measured))
+
+
+def table(measured: dict[str, dict[str, Any]]) -> str:
+    """One column per order run, in the order run; with both, their ratio and whether they
+    decide alike."""
+    names = list(measured)
+    both = {"before", "after"} <= set(names)
+    first = measured[names[0]]
+    lines = [f"{'':20} " + " ".join(f"{n:>10}" for n in names) + (" after/before" if both else "")]
+    for key in (k for k in first if not k.startswith("_")):
+        values = [measured[n][key] for n in names]
+        line = f"{key:20} " + " ".join(f"{v!s:>10}" for v in values)
+        if both:
+            b, a = measured["before"][key], measured["after"][key]
+            line += f" {a / b:>12.3f}" if isinstance(a, int | float) and b else ""
+        lines.append(line.rstrip())
+    if both:
+        same = measured["before"]["_decisions"] == measured["after"]["_decisions"]
+        lines.append(f"same decisions: {same}")
+        same = measured["before"]["_accuracy"] == measured["after"]["_accuracy"]
+        lines.append(f"same accuracies: {same}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
