@@ -15,6 +15,7 @@ import dllmbench.plugins
 from dllmbench.cli import main
 from dllmbench.cli.run import DEMO
 from dllmbench.demo import CONTROL_SCORERS, DEMO_TASK, SCORER_KINDS, TASK_CONFIG, TINY_DIR
+from dllmbench.loading.registry import registry
 from dllmbench.plugins.backbones import tiny
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -212,3 +213,18 @@ def test_the_demo_gates_hold(tmp_path, cli):
     delta = methods["Weighted Majority@8"]["delta_vs_reference"]
     assert delta["exact"] and delta["value"] > 0 and delta["low"] > 0, delta
     assert delta["mcnemar_p"] < 0.05, delta
+
+
+@pytest.mark.parametrize("model", ["tiny", "tiny-block"])
+def test_the_demo_runs_in_bfloat16_with_the_scorers_trained_in_float32(tmp_path, cli, model):
+    """A GPU runs the demo in bfloat16: the shipped PRM and ORM, trained on the float32 model,
+    load on it, and every family runs; the manifest says the dtype."""
+    run = tmp_path / "run"
+    argv = ("run", "--backbone", f"{model}:dtype=bfloat16", "--limit", 2, "--budget", 300)
+    result = cli(*argv, "--out", run, "--json")
+    assert result.code == 0, result.err
+    families = {m["family"] for m in json.loads(result.out)["methods"]}
+    assert families == {f.name for f in registry().families()}
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["backbone"]["config"]["dtype"] == "bfloat16"
+    assert {"prm", "orm"} <= set(manifest["scorers"])

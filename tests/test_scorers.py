@@ -153,6 +153,35 @@ def test_checkpoint_round_trips(saved):
     assert json.loads((path / "config.json").read_text())["pooling"] == "mean"
 
 
+@pytest.mark.parametrize("name", ["dream", "llada", "tiny", "tiny-block"])
+def test_the_base_identity_is_the_same_in_every_dtype_and_differs_for_another_model(name):
+    """A scorer follows its model, not the dtype or device it runs in: the identity is equal
+    in float32, bfloat16 and float16, and another model's (another seed) differs."""
+    from dllmbench.loading.registry import registry
+    from dllmbench.plugins.scorers.reward import base_model_digest
+
+    options = {"model": "random"} if name in ("dream", "llada") else {}
+    digests = {
+        dtype: base_model_digest(registry().backbone(name, dtype=dtype, **options).transformer)
+        for dtype in ("float32", "bfloat16", "float16")
+    }
+    assert len(set(digests.values())) == 1, digests
+    other = registry().backbone(name, **{"model": "random", "seed": 1, **options})
+    assert base_model_digest(other.transformer) != digests["float32"]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_scorer_saved_in_float32_loads_and_scores_in_another_dtype(saved, dtype):
+    bb, prm, path = saved
+    other = Dream(model="random", dtype=dtype)
+    loaded = PRM(backbone=other, checkpoint=str(path))
+    assert loaded.trained
+    rows = canvases(bb)
+    want = prm.score(batch(rows))
+    got = loaded.score(batch(rows))
+    assert got == pytest.approx(want, abs=0.05 * max(1.0, float(abs(want).max())))
+
+
 def _rewrite(path, name, change):
     tensors = load_file(str(path / name))
     change(tensors)

@@ -163,13 +163,17 @@ def read_checkpoint(path: Path, kind: str) -> dict[str, Any]:
 
 
 def base_model_digest(net: torch.nn.Module) -> str:
-    """Identity of a base model: its architecture and the first rows of its embedding."""
+    """Identity of a base model: its architecture and the signs of the first rows of its
+    embedding. Rounding keeps a value's sign (to bfloat16 or float16, to a subnormal, to a
+    signed zero), so the identity is the same in every dtype and on every device; another
+    model's signs differ (thousands of them)."""
     c = net.config
     h = hashlib.sha256()
     h.update(
         json.dumps([type(net).__name__, c.hidden_size, c.num_hidden_layers, c.vocab_size]).encode()
     )
-    h.update(net.get_input_embeddings().weight[:8].detach().float().cpu().numpy().tobytes())
+    rows = net.get_input_embeddings().weight[:8].detach()
+    h.update(np.packbits(torch.signbit(rows).cpu().numpy()).tobytes())
     return h.hexdigest()[:16]
 
 
