@@ -261,6 +261,7 @@ class Engine:
                     self._serve(group)
                 queue.served(groups)
         finally:
+            queue.close()
             for problem_id in list(self._held):
                 self._release(problem_id)
         if not keep_rows:

@@ -379,6 +379,15 @@ class Scheduler:
                     continue
             self.waiting.append(wait)
 
+    def close(self) -> None:
+        """Close every strategy run still queued or waiting (a run that stopped early): a
+        coroutine never resumed again is closed, not left to warn when it is collected."""
+        runs = [run for run, _ in self.ready] + [wait.run for wait in self.waiting]
+        self.ready.clear()
+        self.waiting.clear()
+        for run in runs:
+            run.coroutine.close()
+
     def finished(self, run: StrategyRun) -> bool:
         """Count a finished run; True when it was its problem's last (the problem leaves)."""
         problem = run.unit.problem.id
