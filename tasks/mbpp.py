@@ -31,8 +31,10 @@ RANGES = {"prompt": (1, 10), "test": (11, 510), "validation": (511, 600), "train
 SIZES = {split: hi - lo + 1 for split, (lo, hi) in RANGES.items()}
 FEWSHOT_IDS = (2, 3, 4)  # the exemplars of the original paper and lm-eval (prompt split)
 
-_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
-_DEFINES = re.compile(r"^\s*(?:def|class|import|from)\s", re.MULTILINE)
+# a fence's language: the word after its backticks (and blanks); the rest of its line is ignored
+_LANGUAGE = re.compile(r"[ \t]*([A-Za-z0-9_+-]*)")
+# a line that defines something; its indent never crosses a line, so a search is linear
+_DEFINES = re.compile(r"^[^\S\n]*(?:def|class|import|from)\s", re.MULTILINE)
 
 
 def task_text(text: str, tests: Sequence[str]) -> str:
@@ -47,7 +49,7 @@ def fenced_block(text: str) -> str | None:
     """The program among a generation's fenced blocks: the first Python (or unlabelled) block
     that defines something, else the first such block, else the first block; without the
     blank lines around it ("" when empty). None when the text has no fenced block."""
-    blocks = [(lang.lower(), body) for lang, body in _FENCE.findall(text)]
+    blocks = [(lang.lower(), body) for lang, body in fences(text)]
     if not blocks:
         return None
     python = [b for lang, b in blocks if lang in ("python", "py", "python3", "")] or [
@@ -55,6 +57,26 @@ def fenced_block(text: str) -> str | None:
     ]
     body = next((b for b in python if _DEFINES.search(b)), python[0])
     return body.strip("\n").rstrip()
+
+
+def fences(text: str) -> list[tuple[str, str]]:
+    """(language, body) of each fenced block, in one pass: a fence is three backticks and the
+    rest of their line (whose first word is the language), the body runs to the next three
+    backticks or the end of the text. Backticks with no line after them open nothing."""
+    blocks = []
+    pos = 0
+    while (start := text.find("```", pos)) >= 0:
+        line_end = text.find("\n", start + 3)
+        if line_end < 0:
+            break
+        language = _LANGUAGE.match(text, start + 3, line_end)
+        end = text.find("```", line_end + 1)
+        body = text[line_end + 1 : end if end >= 0 else len(text)]
+        blocks.append((language.group(1) if language else "", body))
+        if end < 0:
+            break
+        pos = end + 3
+    return blocks
 
 
 def extract_program(text: str) -> str | None:
