@@ -297,9 +297,11 @@ class Engine:
             self.backbone.hold(prompt_ids)
             self._held[problem.id] = list(prompt_ids)
         runs = []
+        # what a strategy sees of the problem: never its answer (only the grader reads it)
+        public = dataclasses.replace(problem, gold=None)
         for unit in plan_units(problem, methods):
             ops = Ops(
-                problem=problem,
+                problem=public,
                 seed=self.sampling.seed,
                 total_steps=self.sampling.total_steps,
                 canvas=canvas,
@@ -333,7 +335,7 @@ class Engine:
 
     async def _strategy_run(self, unit: Unit, ops: Ops) -> Pool:
         """The strategy's search, then the scores its pool lacks for the members' selectors."""
-        pool = self._checked(unit, await unit.strategy.search(unit.problem, ops))
+        pool = self._checked(unit, await unit.strategy.search(ops.problem, ops))
         await self._selector_scores(unit, pool, ops)
         return pool
 
