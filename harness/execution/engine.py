@@ -560,9 +560,12 @@ class Engine:
     ) -> int | None:
         """The selector's choice, once it is None or an index into `candidates`."""
         rng = numpy_rng(self.sampling.seed, problem.id, "select", method.id)
+        # the selector gets copies: whatever it does to them (even dict.__setitem__ on their
+        # read-only scores) never reaches the record, which is written from the originals
+        shown = tuple(dataclasses.replace(c) for c in candidates)
         with self.origins.blame("selector", method.spec.selector):
             chosen = method.selector.select(
-                candidates, rng=rng, labels=tuple(labels) if method.ceiling else None
+                shown, rng=rng, labels=tuple(labels) if method.ceiling else None
             )
         if chosen is None:
             return None
