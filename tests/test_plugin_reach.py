@@ -3,11 +3,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+import gc
 import json
+import threading
 
+import pytest
+import torch
 from conftest import toy_argv
 
 from dllmbench.api.hookspecs import hookimpl
+from dllmbench.api.ops import DenoiseRequest, Posted
+from dllmbench.plugins.backbones.tiny import Tiny
 
 SEEN: list[object] = []
 
@@ -38,9 +45,73 @@ class PeeksAtTheAnswer:
         return ops.pool(rows)
 
 
+class PrivateRollout(PeeksAtTheAnswer):
+    """Majority@2 that also finds the backbone through `gc` and runs it itself, in its own
+    code (`where="here"`) or on a thread of its own (`where="thread"`)."""
+
+    def __init__(self, where: str = "here"):
+        self.where = where
+
+    async def search(self, problem, ops):
+        rows = ops.start(problem, copies=2)
+        backbone = next(o for o in gc.get_objects() if type(o) is Tiny)
+        ids = rows.tokens[:1].to(backbone.device)
+
+        def rollout():
+            with torch.no_grad():
+                backbone.transformer(input_ids=ids)
+
+        if self.where == "thread":
+            worker = threading.Thread(target=rollout)
+            worker.start()
+            worker.join()
+        else:
+            rollout()
+        return ops.pool(await ops.denoise(rows))
+
+
+class ReOwns(PeeksAtTheAnswer):
+    """Majority@n whose rows are charged to someone else: to nobody (`to="nobody"`), posted
+    past ops (`to="posted"`), or, sharing a nested pool with a smaller method, to the larger
+    one only (`to="larger"`: its rows out of start order, so the smaller one's candidates
+    were paid for by the larger)."""
+
+    @dataclasses.dataclass(frozen=True)
+    class Config:
+        n: int = 2
+        to: str = "nobody"
+
+    prefix_field = "n"
+
+    def __init__(self, **config):
+        self.config = self.Config(**config)
+
+    def cost(self, total_steps: int) -> dict[str, int]:
+        return {"denoise": self.config.n * total_steps}
+
+    def pool_size(self) -> int:
+        return self.config.n
+
+    async def search(self, problem, ops):
+        n, to = self.config.n, self.config.to
+        rows = ops.start(problem, copies=n)
+        if to == "nobody":
+            rows = dataclasses.replace(rows, owners=((),) * n)
+        elif to == "posted":
+            nobody = dataclasses.replace(rows, owners=((),) * n)
+            done = await Posted(DenoiseRequest(nobody, (ops.T,) * n))
+            return ops.pool(dataclasses.replace(done, owners=rows.owners))
+        rows = await ops.denoise(rows)
+        if to == "larger":
+            rows = rows.take(list(range(n))[::-1])
+        return ops.pool(rows)
+
+
 @hookimpl
 def dllmbench_register_strategies(register):
     register("peeks_at_the_answer", PeeksAtTheAnswer)
+    register("private_rollout", PrivateRollout)
+    register("re_owns", ReOwns)
 
 
 class ForgesScores:
@@ -106,3 +177,61 @@ def test_what_a_selector_does_to_its_candidates_never_reaches_the_record(
         assert all(c["scores"]["orm"] != 99.0 for c in r["candidates"])
         assert [c["answer"] for c in r["candidates"]] == [c["answer"] for c in same]
         assert r["selected"] == 3 and r["answer"] == same[3]["answer"] != "forged"
+
+
+TINY = ["run", "--task", "arith", "--backbone", "tiny", "--steps", "8", "--gen-length", "32"]
+
+
+@pytest.mark.parametrize(
+    "where,needle",
+    [
+        (
+            "here",
+            "plugin 'private_rollout' (from module:test_plugin_reach) broke its contract: "
+            "its search ran a model itself",
+        ),
+        ("thread", "a model ran on another thread during the run"),
+    ],
+)
+def test_a_strategy_that_runs_the_backbone_itself_stops_the_run(
+    tmp_path, cli, registry_with, where, needle
+):
+    registry_with(__name__)
+    argv = [*TINY, "--limit", 2, "--method", f"private_rollout:where={where}+majority"]
+    result = cli(*argv, "--budget", 16, "--out", tmp_path / "r")
+    assert result.code == 3, result.err
+    lines = [line for line in result.err.splitlines() if "error" in line]
+    assert len(lines) == 1 and needle in lines[0], result.err
+
+
+@pytest.mark.parametrize(
+    "methods,needle",
+    [
+        (["re_owns:n=2,to=nobody+majority"], "charged to [], not to the methods that own it"),
+        (["re_owns:n=2,to=posted+majority"], "charged to [], not to the methods that own it"),
+        (
+            ["re_owns:n=2,to=larger+majority", "re_owns:n=4,to=larger+majority"],
+            "candidates [0, 1] that were charged to others",
+        ),
+    ],
+)
+def test_rows_charged_to_someone_else_stop_the_run(tmp_path, cli, registry_with, methods, needle):
+    registry_with(__name__)
+    argv = [*toy_argv(3), "--methods", "orm_rerank,prm_rerank"]
+    for method in methods:
+        argv += ["--method", method]
+    result = cli(*argv, "--budget", 36, "--out", tmp_path / "r")
+    assert result.code == 3, result.err
+    lines = [line for line in result.err.splitlines() if "error" in line]
+    assert len(lines) == 1 and "plugin 're_owns'" in lines[0] and needle in lines[0], result.err
+
+
+def test_the_same_plugin_charging_its_own_rows_runs(tmp_path, cli, registry_with):
+    registry_with(__name__)
+    argv = [*toy_argv(3), "--methods", "orm_rerank,prm_rerank"]
+    argv += ["--method", "re_owns:n=2,to=self+majority", "--method", "re_owns:n=4,to=self+majority"]
+    result = cli(*argv, "--budget", 36, "--out", tmp_path / "r", "--json")
+    assert result.code == 0, result.err
+    spent = {m["id"]: m["passes_per_problem"] for m in json.loads(result.out)["methods"]}
+    assert spent["re_owns:n=2,to=self+majority"] == 16
+    assert spent["re_owns:n=4,to=self+majority"] == 32

@@ -37,7 +37,7 @@ class ScoreRequest:
     scorer: str
 
 
-class _Post:
+class Posted:
     """An awaitable that hands a request to the engine and returns the engine's answer."""
 
     def __init__(self, request: DenoiseRequest | ScoreRequest):
@@ -217,7 +217,7 @@ class Ops:
                     f"{sorted(set(rows.totals))} asked for {steps} more"
                 )
             asked = tuple(0 if done else steps for done in ended)
-        return self._issue(await _Post(DenoiseRequest(rows, asked)))
+        return self._issue(await Posted(DenoiseRequest(rows, asked)))
 
     def _ended(self, rows: Rows) -> list[bool]:
         """Rows at their T with no generated position masked (ended early or on time)."""
@@ -237,7 +237,7 @@ class Ops:
             raise PluginError(
                 f"scorer {scorer!r} reads final states only, but was asked to score a partial one"
             )
-        return await _Post(ScoreRequest(rows, scorer))
+        return await Posted(ScoreRequest(rows, scorer))
 
     def answers(self, rows: Rows) -> list[Hashable | None]:
         """Each final row's answer as the task keys it for voting (`task.answer_key` of the

@@ -138,10 +138,6 @@ class Rows:
         """Give every row a fresh key: row i extends its lineage with i."""
         return replace(self, lineage=tuple((*path, i) for i, path in enumerate(self.lineage)))
 
-    def owned_by(self, owners: Sequence[Owners]) -> Rows:
-        """The same rows charged to other owners."""
-        return replace(self, owners=tuple(tuple(o) for o in owners))
-
     @classmethod
     def concat(cls, *parts: Rows) -> Rows:
         """The rows of several batches of one problem and stream, in order. Lineages must stay

@@ -52,7 +52,7 @@ from dllmbench.api.interfaces import (
     reopenable,
     row_settings,
 )
-from dllmbench.api.ops import Ops
+from dllmbench.api.ops import Ops, ScoreRequest
 from dllmbench.core.errors import UserError
 from dllmbench.core.flops import ModelShape, Work, flops
 from dllmbench.core.keys import numpy_rng
@@ -66,8 +66,10 @@ from dllmbench.execution.scheduler import (
     FinishedRows,
     Scheduler,
     StrategyRun,
+    Trusted,
     Wait,
 )
+from dllmbench.execution.watch import ComputeWatch
 from dllmbench.loading.provenance import Origins, config_data
 
 __all__ = ["Capacity", "Engine", "Sampling", "Unit", "plan_units", "sized_to_memory"]
@@ -155,9 +157,12 @@ class Unit:
 
     def owners(self, rows: int) -> list[Owners]:
         """The owners of the first `rows` rows the strategy starts."""
-        if not self.nested:
-            return [tuple(m.id for m, _ in self.members)] * rows
-        return [tuple(m.id for m, size in self.members if i < size) for i in range(rows)]
+        return [self.owner_of(i) for i in range(rows)]
+
+    def owner_of(self, root: int) -> Owners:
+        """Who is charged for a row descended from copy `root` of an `ops.start`: every
+        member, or in nested pools those whose pool holds that copy."""
+        return tuple(m.id for m, size in self.members if not self.nested or root < size)
 
 
 def plan_units(problem: Problem, methods: Iterable[Method]) -> list[Unit]:
@@ -223,6 +228,8 @@ class Engine:
         self.capped = {m.id for m in methods if capped(m, backbone)}
         self._early: dict[Any, bool] = {}  # a row's settings → whether it may end early
         self._held: dict[str, list[int]] = {}  # problems in flight → prompts a backbone holds
+        self._watch = ComputeWatch()  # forwards plugin code makes itself (`watch.py`)
+        self._trusted = Trusted()  # the requests the engine posts itself
         for method in methods:
             if method.id in self.capped:
                 self.ledger.cap(method.id, self._costs[method.id], method.spec.strategy)
@@ -244,26 +251,31 @@ class Engine:
         records: list[Record] = []
         pending = iter(problems)
         self._finished.keeping = keep_rows
-        queue = Scheduler(self.capacity, self._finished, self._charge_reused)
-        try:
-            self._admit(queue, pending, skip)
-            while queue.busy:
-                for run, pool in queue.resume():
-                    for record in self._finish(run.unit, pool):
-                        records.append(record)
-                        if on_record is not None:
-                            on_record(record)
-                    if queue.finished(run):
-                        self._release(run.unit.problem.id)
-                        self._admit(queue, pending, skip)
-                groups = queue.round()
-                for group in groups:
-                    self._serve(group)
-                queue.served(groups)
-        finally:
-            queue.close()
-            for problem_id in list(self._held):
-                self._release(problem_id)
+        self._watch = ComputeWatch()
+        queue = Scheduler(
+            self.capacity, self._finished, self._charge_reused, self._watch, self._trusted
+        )
+        with self._watch.watching():
+            try:
+                self._admit(queue, pending, skip)
+                while queue.busy:
+                    for run, pool in queue.resume():
+                        for record in self._finish(run.unit, pool):
+                            records.append(record)
+                            if on_record is not None:
+                                on_record(record)
+                        if queue.finished(run):
+                            self._release(run.unit.problem.id)
+                            self._admit(queue, pending, skip)
+                    groups = queue.round()
+                    for group in groups:
+                        self._serve(group)
+                    queue.served(groups)
+                    self._watch.check_threads()
+            finally:
+                queue.close()
+                for problem_id in list(self._held):
+                    self._release(problem_id)
         if not keep_rows:
             self._finished.clear()
         return records
@@ -336,8 +348,22 @@ class Engine:
     async def _strategy_run(self, unit: Unit, ops: Ops) -> Pool:
         """The strategy's search, then the scores its pool lacks for the members' selectors."""
         pool = self._checked(unit, await unit.strategy.search(ops.problem, ops))
+        self._paid_for(unit, pool)
         await self._selector_scores(unit, pool, ops)
         return pool
+
+    def _paid_for(self, unit: Unit, pool: Pool) -> None:
+        """Each member's candidates are rows charged to it."""
+        for method, size in unit.members:
+            unpaid = [
+                i for i in range(min(size, len(pool))) if method.id not in pool.rows.owners[i]
+            ]
+            if unpaid:
+                what = (
+                    f"its pool gives {method.id} candidates {unpaid[:4]} that were charged to "
+                    "others (rows out of their start order in a nested pool)"
+                )
+                raise self.origins.violation("strategy", unit.strategy_name, what)
 
     def _checked(self, unit: Unit, pool: Any) -> Pool:
         """The pool a strategy returned, once it is a Pool of the size it declared."""
@@ -483,8 +509,9 @@ class Engine:
         for scorer in needed:
             needy = [(m, size) for m, size in unit.members if scorer in m.selector_scoring()]
             upto = min(len(pool), max(size for _, size in needy))
-            owners = [tuple(m.id for m, size in needy if i < size) for i in range(upto)]
-            values = await ops.score(pool.rows.take(range(upto)).owned_by(owners), scorer)
+            owners = tuple(tuple(m.id for m, size in needy if i < size) for i in range(upto))
+            rows = dataclasses.replace(pool.rows.take(range(upto)), owners=owners)
+            values = await self._trusted.post(ScoreRequest(rows, scorer))
             full = np.full(len(pool), np.nan)
             full[:upto] = values
             pool.scores[scorer] = full
@@ -563,10 +590,12 @@ class Engine:
         # the selector gets copies: whatever it does to them (even dict.__setitem__ on their
         # read-only scores) never reaches the record, which is written from the originals
         shown = tuple(dataclasses.replace(c) for c in candidates)
-        with self.origins.blame("selector", method.spec.selector):
+        name = method.spec.selector
+        with self.origins.blame("selector", name), self._watch.plugin():
             chosen = method.selector.select(
                 shown, rng=rng, labels=tuple(labels) if method.ceiling else None
             )
+        self._watch.check("select", name, self.origins.distribution("selector", name))
         if chosen is None:
             return None
         size = len(candidates)

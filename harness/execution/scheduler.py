@@ -22,9 +22,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from dllmbench.api.ops import DenoiseRequest, ScoreRequest
+from dllmbench.api.ops import DenoiseRequest, Posted, ScoreRequest
 from dllmbench.core.errors import PluginViolation, blame
 from dllmbench.core.types import Pool, Rows
+from dllmbench.execution.watch import ComputeWatch
 
 if TYPE_CHECKING:
     from dllmbench.execution.engine import Unit
@@ -323,6 +324,23 @@ class FinishedRows:
         self._rows.clear()
 
 
+class Trusted:
+    """Requests the engine itself posts from inside a strategy run (the scores selectors need),
+    whose rows may be charged to some of the methods that own them: those that need the
+    score. Every other request's rows are charged to the owners `ops.start` gave them."""
+
+    def __init__(self) -> None:
+        self._requests: dict[int, ScoreRequest] = {}
+
+    def post(self, request: ScoreRequest) -> Posted:
+        self._requests[id(request)] = request
+        return Posted(request)
+
+    def take(self, request: Any) -> bool:
+        """Whether the engine posted `request` (each is taken once)."""
+        return self._requests.pop(id(request), None) is request
+
+
 # charges a row kept from an earlier run: (request, row, passes, FLOPs)
 Reuse = Callable[[DenoiseWait, int, int, "int | None"], None]
 
@@ -335,8 +353,12 @@ class Scheduler:
         capacity: Capacity,
         finished: FinishedRows | None = None,
         charge_reused: Reuse | None = None,
+        watch: ComputeWatch | None = None,
+        trusted: Trusted | None = None,
     ):
         self.capacity = capacity
+        self.watch = watch if watch is not None else ComputeWatch()
+        self.trusted = trusted if trusted is not None else Trusted()
         self.kept_rows = finished if finished is not None else FinishedRows()
         self._charge_reused = charge_reused
         self.ready: deque[tuple[StrategyRun, Any]] = deque()
@@ -366,11 +388,13 @@ class Scheduler:
         while self.ready:
             run, value = self.ready.popleft()
             try:
-                with blame("strategy", run.strategy, run.distribution):
+                with blame("strategy", run.strategy, run.distribution), self.watch.plugin():
                     request = run.coroutine.send(value)
             except StopIteration as stop:
+                self.watch.check("search", run.strategy, run.distribution)
                 yield run, stop.value
                 continue
+            self.watch.check("search", run.strategy, run.distribution)
             wait = self._wait(run, request)
             if isinstance(wait, DenoiseWait):
                 self.kept_rows.fill(wait, self._charge_reused)
@@ -387,6 +411,21 @@ class Scheduler:
         self.waiting.clear()
         for run in runs:
             run.coroutine.close()
+
+    @staticmethod
+    def _check_owners(run: StrategyRun, rows: Rows, trusted: bool) -> None:
+        """Each row is charged to the methods `ops.start` gave its first ancestor (the engine's
+        own scores for selectors: to some of them, never to none)."""
+        for owners, lineage in zip(rows.owners, rows.lineage, strict=True):
+            given = run.unit.owner_of(lineage[0]) if lineage else ()
+            fits = set(owners) <= set(given) if trusted else tuple(owners) == given
+            if not (fits and owners):
+                what = (
+                    f"asked for a forward of a row charged to {list(owners)}, not to the "
+                    f"methods that own it ({list(given)}): rows are charged as ops.start "
+                    "gave them"
+                )
+                raise PluginViolation(run.strategy, run.distribution, what)
 
     def finished(self, run: StrategyRun) -> bool:
         """Count a finished run; True when it was its problem's last (the problem leaves)."""
@@ -464,8 +503,9 @@ class Scheduler:
                 self.ready.append((wait.run, wait.answer()))
         self.waiting = [w for w in self.waiting if id(w) not in done]
 
-    @staticmethod
-    def _wait(run: StrategyRun, request: Any) -> Wait:
+    def _wait(self, run: StrategyRun, request: Any) -> Wait:
+        if isinstance(request, DenoiseRequest | ScoreRequest):
+            self._check_owners(run, request.rows, self.trusted.take(request))
         if isinstance(request, DenoiseRequest):
             return DenoiseWait(run, request.rows, tuple(request.steps))
         if isinstance(request, ScoreRequest):
