@@ -107,9 +107,20 @@ class ReOwns(PeeksAtTheAnswer):
         return ops.pool(rows)
 
 
+class HashOrder(PeeksAtTheAnswer):
+    """Majority@2 whose pool is ordered by `hash()` of a string: another order in another
+    process."""
+
+    async def search(self, problem, ops):
+        rows = await ops.denoise(ops.start(problem, copies=2))
+        order = sorted(range(2), key=lambda i: hash(f"{problem.id}/{i}"))
+        return ops.pool(rows.take(order))
+
+
 @hookimpl
 def dllmbench_register_strategies(register):
     register("peeks_at_the_answer", PeeksAtTheAnswer)
+    register("hash_order", HashOrder)
     register("private_rollout", PrivateRollout)
     register("re_owns", ReOwns)
 
@@ -235,3 +246,15 @@ def test_the_same_plugin_charging_its_own_rows_runs(tmp_path, cli, registry_with
     spent = {m["id"]: m["passes_per_problem"] for m in json.loads(result.out)["methods"]}
     assert spent["re_owns:n=2,to=self+majority"] == 16
     assert spent["re_owns:n=4,to=self+majority"] == 32
+
+
+def test_the_contract_kit_fails_a_pool_ordered_by_hash(registry_with, monkeypatch):
+    from dllmbench.testing import contracts
+
+    check = contracts.test_strategy_same_result_in_another_process
+    registry_with(__name__)
+    pairs = [["hash_order", {}], ["peeks_at_the_answer", {}]]
+    monkeypatch.setattr(contracts, "strategy_pairs", lambda: [list(p) for p in pairs])
+    with pytest.raises(AssertionError, match="PYTHONHASHSEED=1 gave other records"):
+        check(("hash_order", {}))
+    check(("peeks_at_the_answer", {}))  # the same pool in its start order passes

@@ -37,6 +37,7 @@ from dllmbench.api.interfaces import (
     SearchStrategy,
     StepBatch,
     contract_backbone,
+    contract_configs,
     evidence_of,
     is_capped,
 )
@@ -47,6 +48,7 @@ from dllmbench.execution.method import Method, MethodSpec
 from dllmbench.loading.provenance import config_data
 from dllmbench.loading.registry import registry
 from dllmbench.testing.doubles import ToyBackbone, ToySum
+from dllmbench.testing.elsewhere import as_data, pair_key, records_elsewhere
 from dllmbench.testing.helpers import (
     GEN_LENGTH,
     PROBLEMS,
@@ -368,6 +370,43 @@ def test_strategy_same_seed_same_result(dllmbench_strategy):
     other = run_kit([kit_method(name, config)], steps, seed=1)
     if other.keys() != first.keys():
         raise AssertionError(f"strategy {name!r}: another seed gave records for other problems")
+
+
+def test_strategy_same_result_in_another_process(dllmbench_strategy):
+    """Two processes with other hash seeds (PYTHONHASHSEED 1 and 2) give the records this one
+    gives: a pool must not depend on `hash()` of a string or on a set's order. Every
+    registered strategy runs in each of the two processes once (`elsewhere.py`)."""
+    name, config = dllmbench_strategy
+    here = as_data(run_kit([kit_method(name, config)], (STEPS,)))
+    pairs = strategy_pairs()
+    if [name, config] not in pairs:
+        pairs.append([name, config])
+    for seed in ("1", "2"):
+        there = records_elsewhere(seed, json.dumps(pairs))[pair_key(name, config)]
+        if there != here:
+            differences = there.get("error") or diff_records(_keyed(here), _keyed(there))
+            raise AssertionError(
+                f"strategy {name!r}: a process with PYTHONHASHSEED={seed} gave other records; "
+                "does the pool depend on hash() or on a set's order? Sort by values, not "
+                f"hashes. First differences (this process != that one):\n{differences}"
+            )
+
+
+def strategy_pairs() -> list[list[Any]]:
+    """Every registered strategy with each of its contract configurations: what the other
+    processes run, once each."""
+    reg = registry()
+    return [
+        [name, dict(config)]
+        for name in reg.names("strategy")
+        for config in contract_configs(reg.info("strategy", name).factory)
+    ]
+
+
+def _keyed(data: dict[str, Any]) -> dict[Key, dict[str, Any]]:
+    """`as_data`'s records by (T, problem, method) again."""
+    keys = {k: k.split("|", 2) for k in data}
+    return {(int(t), p, m): data[k] for k, (t, p, m) in keys.items()}
 
 
 def test_strategy_independent_of_batch_size(dllmbench_strategy):
