@@ -357,6 +357,38 @@ SYSCALLS = {
             "swapon": 167,
             "swapoff": 168,
             "syslog": 103,
+            "chmod": 90,
+            "fchmod": 91,
+            "fchmodat": 268,
+            "fchmodat2": 452,
+            "chown": 92,
+            "fchown": 93,
+            "lchown": 94,
+            "fchownat": 260,
+            "utime": 132,
+            "utimes": 235,
+            "futimesat": 261,
+            "utimensat": 280,
+            "setxattr": 188,
+            "lsetxattr": 189,
+            "fsetxattr": 190,
+            "removexattr": 197,
+            "lremovexattr": 198,
+            "fremovexattr": 199,
+            "setxattrat": 463,
+            "removexattrat": 466,
+            "mq_open": 240,
+            "mq_unlink": 241,
+            "mq_timedsend": 242,
+            "mq_timedreceive": 243,
+            "mq_notify": 244,
+            "mq_getsetattr": 245,
+            "flock": 73,
+            "inotify_init": 253,
+            "inotify_init1": 294,
+            "inotify_add_watch": 254,
+            "fanotify_init": 300,
+            "fanotify_mark": 301,
         },
     ),
     "aarch64": (
@@ -431,6 +463,31 @@ SYSCALLS = {
             "swapon": 224,
             "swapoff": 225,
             "syslog": 116,
+            "fchmod": 52,
+            "fchmodat": 53,
+            "fchmodat2": 452,
+            "fchown": 55,
+            "fchownat": 54,
+            "utimensat": 88,
+            "setxattr": 5,
+            "lsetxattr": 6,
+            "fsetxattr": 7,
+            "removexattr": 14,
+            "lremovexattr": 15,
+            "fremovexattr": 16,
+            "setxattrat": 463,
+            "removexattrat": 466,
+            "mq_open": 180,
+            "mq_unlink": 181,
+            "mq_timedsend": 182,
+            "mq_timedreceive": 183,
+            "mq_notify": 184,
+            "mq_getsetattr": 185,
+            "flock": 32,
+            "inotify_init1": 26,
+            "inotify_add_watch": 27,
+            "fanotify_init": 262,
+            "fanotify_mark": 263,
         },
     ),
 }
@@ -438,8 +495,10 @@ SYSCALLS = {
 # rather than a process, a UNIX socket
 SIGNALS_TO_SELF = ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")
 # fcntl commands that aim the descriptor's SIGIO (or any signal) at a process or group:
-# F_SETOWN, F_SETSIG, F_SETOWN_EX; and the ioctl forms of F_SETOWN (FIOSETOWN, SIOCSPGRP)
-FCNTL_REFUSED = (8, 10, 15)
+# F_SETOWN, F_SETSIG, F_SETOWN_EX; those that lock or lease a file a host process may use
+# (F_SETLK, F_SETLKW, F_OFD_SETLK, F_OFD_SETLKW, F_SETLEASE: a shown file locked blocks its
+# host readers); and the ioctl forms of F_SETOWN (FIOSETOWN, SIOCSPGRP)
+FCNTL_REFUSED = (8, 10, 15, 6, 7, 37, 38, 1024)
 IOCTL_REFUSED = (0x8901, 0x8902)
 
 

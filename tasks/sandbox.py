@@ -19,8 +19,11 @@ memfds, tasks, one CPU; where cgroups are writable), whose child side (`_sandbox
   the run's cgroup, else it refuses to run); for machines without namespaces;
 - a seccomp filter: no processes (no threads either with one task), no exec, no sockets or
   socket pairs but AF_UNIX (none in "process" mode), no namespaces, mounts, ptrace, keyrings,
-  SysV IPC, memfds, bpf, io_uring, no signals, prlimit or descriptor owners (F_SETOWN,
-  F_SETSIG) aimed at other processes;
+  SysV IPC, POSIX message queues, memfds, bpf, io_uring, no signals, prlimit or descriptor
+  owners (F_SETOWN, F_SETSIG) aimed at other processes; no change to any file's metadata
+  (chmod, chown, utime and xattr families: Landlock does not cover metadata), no file locks or
+  leases (flock, F_SETLK, F_OFD_SETLK, F_SETLEASE: a shown file locked would block its host
+  readers), no inotify or fanotify;
 - resource limits: CPU seconds, address space, tasks, file size, open files, no core;
 - a guard (an audit hook) that refuses sockets, process creation and signals with a readable
   error (the filter is what holds when a program switches the guard off).

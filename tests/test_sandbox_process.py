@@ -414,3 +414,77 @@ def test_landlock_scopes_signals_and_abstract_sockets_on_its_own(victim, tmp_pat
     finally:
         listener.close()
     assert victim.poll() is None
+
+
+METADATA_AND_IPC = (
+    "import fcntl\n"
+    "done = {}\n"
+    "def attempt(name, call):\n"
+    "    try:\n"
+    "        rc = call()\n"
+    "        done[name] = 'errno %d' % errno() if rc == -1 else 'done'\n"
+    "    except OSError as exc:\n"
+    "        done[name] = 'errno %d' % exc.errno\n"
+    "attempt('chmod', lambda: os.chmod(TARGET, 0o666))\n"
+    "attempt('utime', lambda: os.utime(TARGET, (0, 0)))\n"
+    "attempt('setxattr', lambda: os.setxattr(TARGET, 'user.dllmbench', b'1'))\n"
+    "shown = os.open(SHOWN, os.O_RDONLY)\n"
+    "attempt('flock', lambda: fcntl.flock(shown, fcntl.LOCK_SH | fcntl.LOCK_NB))\n"
+    "attempt('lockf', lambda: fcntl.lockf(shown, fcntl.LOCK_SH | fcntl.LOCK_NB))\n"
+    "attempt('lease', lambda: fcntl.fcntl(shown, 1024, fcntl.F_RDLCK))\n"
+    "attempt('inotify', lambda: libc.inotify_init1(0))\n"
+    "libc.mq_open.restype = ctypes.c_int\n"
+    "attempt('mq_open', lambda: libc.mq_open(QUEUE, 0o100 | 2, 0o600, None))\n"
+    "print('attempts', sorted(done.items()), flush=True)\n"
+    "assert all(v == 'done' for v in done.values())\n"
+)
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_file_metadata_locks_leases_watches_and_queues_are_refused(isolation, tmp_path):
+    """chmod, utime and setxattr of a host file (process mode: Landlock does not cover
+    metadata), flock, a POSIX lock and a lease on a file the sandbox shows read-only (a host
+    reader would block), inotify, and a POSIX message queue that would outlive the run: each
+    refused, the file and the queue names as they were. The files and the queue name are the
+    test's own."""
+    import sysconfig
+
+    target = tmp_path / "host-file"
+    target.write_text("x")
+    target.chmod(0o600)
+    before = target.stat()
+    shown = Path(sysconfig.get_paths()["purelib"]) / f"dllmbench-test-{os.getpid()}.txt"
+    shown.write_text("shown read-only to the program")
+    queue = f"/dllmbench-test-{os.getpid()}-{isolation}".encode()
+    attack = (
+        METADATA_AND_IPC.replace("TARGET", repr(str(target)))
+        .replace("SHOWN", repr(str(shown)))
+        .replace("QUEUE", repr(queue))
+    )
+    try:
+        outcome, neighbours = _neighbours_and(attack, isolation)
+    finally:
+        shown.unlink()
+    assert not outcome.passed, outcome
+    line = next(x for x in outcome.stdout.splitlines() if x.startswith("attempts"))
+    attempts = dict(eval(line[len("attempts ") :]))  # the program's own printout
+    assert set(attempts) == {
+        "chmod",
+        "utime",
+        "setxattr",
+        "flock",
+        "lockf",
+        "lease",
+        "inotify",
+        "mq_open",
+    }, attempts
+    assert "done" not in attempts.values(), attempts
+    if isolation == "process":  # the filter refused them (the file is visible there)
+        for name in ("chmod", "utime", "setxattr", "flock", "lockf", "lease", "inotify"):
+            assert attempts[name] == "errno 1", attempts
+    after = target.stat()
+    assert (after.st_mode, after.st_mtime_ns) == (before.st_mode, before.st_mtime_ns)
+    assert "user.dllmbench" not in os.listxattr(target)
+    mqueue = Path("/dev/mqueue") / queue.decode().lstrip("/")
+    assert not mqueue.exists()
+    _assert_neighbours_right(neighbours)
