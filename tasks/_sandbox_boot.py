@@ -688,7 +688,10 @@ def _close_all(binds: list[tuple[str, int]]) -> list[tuple[str, int]]:
 #   assert would have used it, and the grader cannot;
 # - collections.UserList, UserDict, UserString: the value they hold (`data`);
 # - fractions.Fraction and decimal.Decimal as exact numbers (they compare as numbers);
-# - numpy scalars and 0-d arrays as the Python number they hold (`item()`).
+# - numpy scalars as numpy scalars of their dtype (so `is True` fails for `numpy.True_`, as
+#   Python's own assert fails it), and numpy arrays of numbers as arrays (dtype, shape, items:
+#   a one-element array compares equal to its number, a longer one cannot be asserted equal);
+# - dict views (`keys()`, `values()`, `items()`) as views (keys and items compare as sets).
 
 MAX_DEPTH = 40
 OWN_SEMANTICS = ("__eq__", "__ne__", "__bool__", "__len__")
@@ -758,6 +761,10 @@ def _encode(
     if kind in tags:
         items = [_encode(v, depth + 1) + "," for v in value]
         return "('" + tags[kind] + "',(" + "".join(items) + "))"
+    view = _VIEWS.get(kind)
+    if view is not None:
+        items = [_encode(v, depth + 1) + "," for v in value]
+        return "('" + view + "',(" + "".join(items) + "))"
     numbers = _numbers(value, kind)
     if numbers is not None:
         return numbers
@@ -792,8 +799,11 @@ def _encode(
     raise TypeError(f"the sandbox returns only builtin values, not {kind.__name__}")
 
 
+_VIEWS = {type({}.keys()): "K", type({}.values()): "V", type({}.items()): "I"}
+
+
 def _numbers(value, kind, _index=int.__index__, _str=str.__str__, _repr=str.__repr__):
-    """A Fraction, Decimal, numpy scalar or 0-d array as a tagged literal; None for others."""
+    """A Fraction, Decimal, numpy scalar or array as a tagged literal; None for others."""
     fraction = _module_class("fractions", "Fraction")
     if fraction is not None and isinstance(value, fraction):
         top, bottom = _index(value.numerator), _index(value.denominator)
@@ -804,12 +814,16 @@ def _numbers(value, kind, _index=int.__index__, _str=str.__str__, _repr=str.__re
     generic = _module_class("numpy", "generic")
     array = _module_class("numpy", "ndarray")
     scalar = generic is not None and isinstance(value, generic)
-    if not (scalar or (array is not None and isinstance(value, array) and value.ndim == 0)):
+    if not (scalar or (array is not None and isinstance(value, array))):
         return None
-    item = value.item()
-    if type(item) not in (bool, int, float, complex, str, bytes):
-        raise TypeError(f"the sandbox does not return a numpy {kind.__name__} holding that")
-    return _encode(item)
+    dtype = value.dtype
+    if dtype.kind not in "biufc":
+        raise TypeError(f"the sandbox does not return a numpy {kind.__name__} of {dtype}")
+    if scalar:
+        return "('n'," + _repr(dtype.str) + "," + _encode(value.item()) + ")"
+    items = [_encode(v) + "," for v in value.ravel().tolist()]
+    shape = _encode(tuple(int(n) for n in value.shape))
+    return "('A'," + _repr(dtype.str) + "," + shape + ",(" + "".join(items) + "))"
 
 
 def _hex_int(value, _format=format):

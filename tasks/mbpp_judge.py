@@ -215,6 +215,16 @@ def _build(node, depth: int):
             return Decimal(args[0])
         if tag == "Q" and len(args) == 1 and type(args[0]) is tuple:
             return collections.deque(_build(item, depth + 1) for item in args[0])
+        if tag in _VIEWS and len(args) == 1 and type(args[0]) is tuple:
+            return _VIEWS[tag]([_build(item, depth + 1) for item in args[0]])
+        if tag == "n" and len(args) == 2 and type(args[0]) is str:
+            return _numpy_dtype(args[0]).type(_build(args[1], depth + 1))
+        if tag == "A" and len(args) == 3 and type(args[0]) is str and type(args[2]) is tuple:
+            shape = _build(args[1], depth + 1)
+            if type(shape) is not tuple or not all(type(n) is int and n >= 0 for n in shape):
+                raise Undecodable("not an array's shape")
+            items = [_build(item, depth + 1) for item in args[2]]
+            return _numpy().array(items, dtype=_numpy_dtype(args[0])).reshape(shape)
         if tag == "d" and len(args) == 1 and type(args[0]) is tuple:
             out = {}
             for pair in args[0]:
@@ -227,8 +237,52 @@ def _build(node, depth: int):
     raise Undecodable(f"unknown tag {tag!r}")
 
 
+# dict views, rebuilt from their items: keys and items compare as sets, values with nothing
+_VIEWS = {
+    "K": lambda items: dict.fromkeys(items).keys(),
+    "V": lambda items: dict(enumerate(items)).values(),
+    "I": lambda items: dict(_pairs(items)).items(),
+}
+
+
+def _pairs(items: list) -> list:
+    if not all(type(p) is tuple and len(p) == 2 for p in items):
+        raise Undecodable("a dict's items that are not pairs")
+    return items
+
+
+def _numpy():
+    import numpy
+
+    return numpy
+
+
+def _numpy_dtype(text: str):
+    """A numpy dtype of numbers or booleans, from its `dtype.str`; anything else is refused."""
+    try:
+        dtype = _numpy().dtype(text)
+    except (TypeError, ValueError) as exc:
+        raise Undecodable(f"not a dtype: {exc}") from None
+    if dtype.kind not in "biufc" or dtype.str != text:
+        raise Undecodable(f"not a numeric dtype: {text!r}")
+    return dtype
+
+
+def _number(value):
+    """A numpy scalar or 0-d array as the Python number it holds (what `math.isclose` and
+    `abs` take from it); anything else as it is."""
+    numpy = __import__("sys").modules.get("numpy")
+    if numpy is not None and isinstance(value, numpy.generic | numpy.ndarray):
+        if isinstance(value, numpy.ndarray) and value.ndim != 0:
+            return value
+        return value.item()
+    return value
+
+
 def holds(check: Check, actual, expected) -> bool:
     """Whether the assert holds for these values: builtin values here, compared here."""
+    if check.kind in ("isclose", "abs_lt"):
+        actual, expected = _number(actual), _number(expected)
     try:
         if check.kind == "eq":
             return bool(actual == expected)

@@ -1,6 +1,7 @@
 """Values a legitimate program returns are judged as Python's own assert would judge them:
 subclasses of the builtin types through their base type, Fraction and Decimal as numbers,
-numpy scalars and 0-d arrays as the numbers they hold; a class with its own equality cannot
+numpy scalars and arrays as numpy values (a one-element array equals its number; `numpy.True_`
+is not `True`), dict views as views; a class with its own equality cannot
 pass where Python's assert fails. Each case runs twice in the sandbox: as the plain asserts,
 and through the judge outside the program."""
 
@@ -78,6 +79,15 @@ PASSING = {
         "import numpy as np\ndef f():\n    return np.array(3) * 2",
         ["assert f() == 6", "assert math.isclose(f(), 6.0)"],
     ),
+    "numpy one-element array": (
+        "import numpy as np\ndef f():\n    return np.array([5])\ndef g():\n"
+        "    return np.array([[0.5]])",
+        ["assert f() == 5", "assert f() == [5]", "assert g() == 0.5", "assert f() != 4"],
+    ),
+    "dict keys and items for sets": (
+        "def f():\n    return {1: 'a', 2: 'b'}.keys()\ndef g():\n    return {1: 'a'}.items()",
+        ["assert f() == {1, 2}", "assert g() == {(1, 'a')}", "assert f() != {1}"],
+    ),
     "numpy with threads off": (
         "import numpy as np\ndef f():\n    a = np.ones((64, 64))\n    return float((a @ a).sum())",
         ["assert f() == 262144.0"],
@@ -100,6 +110,18 @@ FAILING = {
         "class L(list):\n    def __bool__(self):\n        return False\ndef f():\n"
         "    return L([1])",
         ["assert f()"],
+    ),
+    "numpy.True_ is not True": (
+        "import numpy as np\ndef f():\n    return np.bool_(True)",
+        ["assert f() is True"],
+    ),
+    "a longer array is asserted equal to nothing": (
+        "import numpy as np\ndef f():\n    return np.array([1, 2])",
+        ["assert f() == [1, 2]"],
+    ),
+    "dict values are no list": (
+        "def f():\n    return {1: 'a'}.values()",
+        ["assert f() == ['a']"],
     ),
     "deque is no list": (
         "import collections\ndef f():\n    return collections.deque([1])",
