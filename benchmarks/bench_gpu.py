@@ -48,6 +48,12 @@ at the steady state, `peak_bytes`) and the CUDA allocator's peak are reported pe
     python benchmarks/bench_gpu.py [--models dream,llada] [--json]
     python benchmarks/bench_gpu.py --models block [--block-lengths 4,32] [--json]
     python benchmarks/bench_gpu.py --tiny --json     # a tiny shape on a CPU, in seconds
+    python benchmarks/bench_gpu.py --check           # the one GPU check, one table
+
+`--check` runs, in one table: forward, padded forward, `denoise_step` and a shorter engine run
+(8 problems × 8 copies, T=8) of Dream's and LLaDA's shapes with SDPA and with packed
+attention, then the shipped demo (every family, both budgets) on its first 20 problems in the
+dtype on the device (denoising rows per second). With `--tiny`, the same on a CPU in seconds.
 """
 
 from __future__ import annotations
@@ -166,6 +172,10 @@ FULL = Setup(rows=64, length=576, gen_length=512, repeats=3, engine_problems=16,
              engine_copies=8, engine_steps=32)  # fmt: skip
 SMALL = Setup(rows=4, length=48, gen_length=32, repeats=2, engine_problems=2,
               engine_copies=2, engine_steps=4)  # fmt: skip
+# `--check`: the real shapes with a shorter engine run (8 problems × 8 copies, T=8)
+CHECK = Setup(rows=64, length=576, gen_length=512, repeats=2, engine_problems=8,
+              engine_copies=8, engine_steps=8)  # fmt: skip
+CHECK_DEMO_PROBLEMS = 20  # the demo's first problems, both budgets, every family
 
 
 @dataclass(frozen=True)
@@ -678,6 +688,83 @@ def block_text(m: dict[str, Any]) -> list[str]:
     return lines
 
 
+def demo_rows_per_s(
+    device: torch.device, dtype: torch.dtype, limit: int, *argv: str
+) -> dict[str, Any]:
+    """The shipped demo (every family, both budgets; `argv` adds to `run`'s) on its first
+    `limit` problems with the tiny model on `device` in `dtype`: its seconds, and denoising
+    rows per second of forward (compute.json's own seconds) and of the whole run."""
+    import dataclasses
+    import tempfile
+    from pathlib import Path
+
+    from dllmbench.cli import build_parser
+    from dllmbench.cli.run import run_config
+    from dllmbench.running.runner import run
+
+    cfg = run_config(build_parser().parse_args(["run", "--limit", str(limit), *argv]))
+    options = {"device": str(device), "dtype": str(dtype).removeprefix("torch.")}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "demo"
+        cfg = dataclasses.replace(
+            cfg, backbone_config={**cfg.backbone_config, **options}, out=str(out)
+        )
+        start = time.perf_counter()
+        run(cfg)
+        seconds = time.perf_counter() - start
+        denoise = json.loads((out / "compute.json").read_text())["total"]["physical"]["denoise"]
+    return {
+        "problems": limit,
+        "seconds": sig(seconds),
+        "rows": denoise["rows"],
+        "rows_per_s_forward": sig(denoise["rows"] / denoise["seconds"]),
+        "rows_per_s": sig(denoise["rows"] / seconds),
+    }
+
+
+def check(device: torch.device, dtype: torch.dtype, peak: float | None, tiny: bool) -> dict:
+    """The one GPU check: forward, step and engine of Dream's and LLaDA's shapes in both
+    attention modes, and the demo in `dtype`."""
+    setup = SMALL if tiny else CHECK
+    out: dict[str, Any] = {"models": {}}
+    for attention in ("sdpa", "packed"):
+        for arch in ("dream", "llada"):
+            raw = {**SHAPES[arch], **(TINY[arch] if tiny else {})}
+            out["models"][f"{arch}/{attention}"] = bench(
+                arch, raw, setup, device, dtype, peak, attention
+            )
+    # --tiny: one problem at the first budget, in seconds
+    demo = (1, "--budget", "208") if tiny else (CHECK_DEMO_PROBLEMS,)
+    out["demo"] = demo_rows_per_s(device, dtype, demo[0], *demo[1:])
+    return out
+
+
+def check_text(report: dict[str, Any]) -> str:
+    """The check as one table: a row per model, attention mode and measure, then the demo."""
+    lines = [
+        f"{report['device']} · {report['dtype']} · torch {report['torch']} · transformers "
+        f"{report['transformers']} · peak {report['peak_tflops'] or '–'} TFLOP/s",
+        f"{'model':<8} {'attention':<9} {'measure':<15} {'seconds':>9} {'TFLOP/s':>9} "
+        f"{'MFU':>6} {'per second':>12}",
+    ]
+    for name, m in report["check"]["models"].items():
+        arch, attention = name.split("/")
+        for key in ("forward", "forward_padded", "denoise_step", "engine"):
+            r = m[key]
+            mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "–"
+            per_s = r.get("rows_per_s", r.get("row_passes_per_s"))
+            lines.append(
+                f"{arch:<8} {attention:<9} {key:<15} {r['seconds']:9.4g} {r['tflops']:9.4g} "
+                f"{mfu:>6} {per_s:12.4g}"
+            )
+    d = report["check"]["demo"]
+    lines.append(
+        f"demo     {report['dtype']:<9} {d['problems']} problems  {d['seconds']:9.4g} s, "
+        f"{d['rows_per_s']:.4g} rows/s ({d['rows_per_s_forward']:.4g} in the forward)"
+    )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -704,6 +791,12 @@ def main() -> None:
         "--tokens-per-step",
         type=int,
         help="block: tokens each row commits per step, block model and Dream alike (default 1)",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="the one GPU check: dream and llada in both attention modes (a shorter engine "
+        "run), and the demo in the dtype, as one table",
     )
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--json-file", help="also write the JSON report to this file")
@@ -737,6 +830,13 @@ def main() -> None:
     }
     with contextlib.suppress(AttributeError):
         torch.backends.cuda.matmul.allow_tf32 = True
+    if args.check:
+        import transformers
+
+        report.pop("attention")
+        report["transformers"] = transformers.__version__
+        report["check"] = check(device, dtype, peak, args.tiny)
+        models = []
     for arch in models:
         raw = {**SHAPES[arch], **(TINY[arch] if args.tiny else {})}
         if arch == "block":
@@ -749,7 +849,8 @@ def main() -> None:
     if args.json_file:
         with open(args.json_file, "w") as f:
             json.dump(report, f, indent=2)
-    print(json.dumps(report, indent=2) if args.json else report_text(report))
+    text = check_text(report) if args.check else report_text(report)
+    print(json.dumps(report, indent=2) if args.json else text)
 
 
 if __name__ == "__main__":

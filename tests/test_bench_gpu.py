@@ -174,3 +174,25 @@ def test_the_block_model_reports_its_kv_cache(block_report):
         assert cache["bytes"] == cache["tokens"] * cache["bytes_per_token"]
         # the block starts stored one finished block per row and call beyond it
         assert cache["peak_bytes"] > cache["bytes"]
+
+
+def test_the_gpu_check_is_one_table_of_both_models_in_both_modes_and_the_demo():
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "--tiny", "--check", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    models = report["check"]["models"]
+    assert set(models) == {f"{m}/{a}" for m in ("dream", "llada") for a in ("sdpa", "packed")}
+    for m in models.values():
+        for key in MEASURES:
+            assert positive(m[key]["seconds"]) and positive(m[key]["tflops"]), (key, m[key])
+    demo = report["check"]["demo"]
+    assert demo["problems"] == 1 and demo["rows"] > 0 and positive(demo["rows_per_s"])
+    assert report["transformers"] and report["torch"]
+    table = load_script().check_text(report).splitlines()
+    assert len(table) == 2 + 16 + 1 and table[-1].startswith("demo")
