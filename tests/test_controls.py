@@ -13,7 +13,8 @@ import torch
 from sklearn.metrics import roc_auc_score
 
 from dllmbench.analysis import controls as c
-from dllmbench.analysis.controls_markdown import markdown
+from dllmbench.analysis.controls_markdown import markdown, md_removal
+from dllmbench.analysis.controls_slicing import risk_entry
 from dllmbench.analysis.pooled import argmax_at_k
 from dllmbench.scoring.controls import readout_pairs, reversed_solution, suffix_ablated
 
@@ -96,6 +97,29 @@ def test_removal_risk_counts_the_groups_a_cut_empties_of_correct_lineages():
     assert risks[("final", 1)].mask_ratio == 0.0
 
 
+def test_removal_risk_is_over_the_groups_at_risk_and_over_all_groups_beside_it():
+    """30 problems × one group of 8, as the demo run of issue 35: 26 groups hold a trajectory
+    that ends correct, and the top-1 cut at T keeps a wrong one in 6 of them."""
+    rows, scores = [], []
+    for p in range(30):
+        correct = {7} if p < 26 else set()  # trajectory 7 alone ends correct, in 26 problems
+        best = 0 if p < 6 else 7  # the score ranks it first except in problems 0..5
+        for t in range(8):
+            rows.append((p, t, 4, 0.0, t in correct))
+            scores.append(1.0 if t == best else 0.0)
+    snaps = _snaps(rows, 4)
+    [r] = c.removal_risk(snaps, np.array(scores), 4, BOOT, width=8, keeps=(1,), states=("final",))
+    assert (r.groups, r.at_risk, r.lost) == (30, 26, 6)
+    assert r.rate.value == 6 / 26  # 23.1%: the project's reading, over the groups at risk
+    assert r.rate_all_groups.value == 6 / 30  # 20.0%: over all groups
+    assert r.rate_all_groups.low <= 0.2 <= r.rate_all_groups.high
+    entry = risk_entry("prm", r)  # as controls.json holds it
+    assert entry["rate_all_groups"]["value"] == 0.2 and entry["rate"]["value"] == 0.230769
+    text = "\n".join(md_removal({"width": 8, "slicing": "paper", "removal_risk": [entry]}))
+    assert "the project's reading of the paper's denominator" in text
+    assert "23.1 [" in text and "(6/26); all groups 20.0 [" in text and "(6/30)" in text
+
+
 def test_removal_risk_splits_a_pool_into_whole_groups():
     snaps, scores = _risk_case()
     risks = c.removal_risk(snaps, scores, 10, BOOT, width=3, keeps=(1,), states=("final",))
@@ -130,7 +154,7 @@ def test_removal_risk_agrees_with_brute_force_on_random_states():
 # -- AUC by mask, with fully decoded states apart -------------------------------------------------
 
 
-def test_auc_by_mask_keeps_fully_decoded_states_apart():
+def test_auc_by_mask_split_keeps_fully_decoded_states_apart():
     rng = np.random.default_rng(0)
     rows, scores = [], []
     for p, t in itertools.product(range(10), range(4)):
@@ -139,7 +163,7 @@ def test_auc_by_mask_keeps_fully_decoded_states_apart():
             rows.append((p, t, step, ratio, y))
             scores.append(float(rng.normal()) + (y if step == 10 else 0.0))
     snaps, scores = _snaps(rows, 10), np.array(scores)
-    curve = c.auc_by_mask(snaps, scores, BOOT)
+    curve = c.auc_by_mask(snaps, scores, BOOT, c.SPLIT)
     final = snaps.final
     assert curve.final.n == 40 and (curve.final.low, curve.final.high) == (0.0, 0.0)
     assert curve.final.auc == pytest.approx(roc_auc_score(snaps.label[final], scores[final]))
@@ -262,13 +286,19 @@ def test_diagnose_runs_every_control_on_the_demo_scorers(cli, tmp_path):
     data = json.loads((collection / "controls" / "controls.json").read_text())
     scorers = set(data["scorers"])
     assert {"prm", "orm"} <= scorers
-    assert data["collection"]["problems"] == 3 and data["collection"]["states"] == 3 * 4 * 4
+    # 3 problems × 4 trajectories × (the all-mask canvas and steps 6, 12, 18, T = 24)
+    assert data["collection"]["problems"] == 3 and data["collection"]["states"] == 3 * 4 * 5
     prm = next(r for r in data["auc_by_mask"] if r["scorer"] == "prm")
     assert prm["final"]["n"] == 12 and len(prm["buckets"]) == c.BUCKETS
-    assert sum(b["n"] for b in prm["buckets"]) == 36  # the partial states
+    assert data["slicing"] == "paper" and sum(b["n"] for b in prm["buckets"]) == 60
+    assert prm["buckets"][9]["n"] >= 12 and prm["buckets"][0]["n"] >= 12  # canvas; decoded
+    split = next(r for r in data["alternative"]["auc_by_mask"] if r["scorer"] == "prm")
+    assert sum(b["n"] for b in split["buckets"]) == 36  # steps 6, 12 and 18
     assert not any(r["scorer"] == "orm" for r in data["auc_by_mask"])  # reads final states
-    states = {(r["state"], r["keep"]) for r in data["removal_risk"] if r["scorer"] == "prm"}
-    assert states == {(s, m) for s in c.STATES for m in (1, 2)}
+    risks = [r for r in data["removal_risk"] if r["scorer"] == "prm"]
+    assert {(r["state"], r["keep"]) for r in risks} == {(s, m) for s in c.STATES for m in (1, 2)}
+    initial = next(r for r in risks if r["state"] == "initial")
+    assert (initial["step"], initial["mask_ratio"], initial["groups"]) == (0, 1.0, 3)
     assert [r["scorer"] for r in data["suffix_ablation"]] == [
         name for name in data["scorers"] if name != "orm"
     ]

@@ -58,6 +58,7 @@ OWN = {
     ("collect", "split"): "train",  # trajectories are collected on training problems
     ("collect", "n"): 4,  # trajectories per problem
     ("collect", "snapshots"): 8,  # snapshot steps per trajectory
+    ("report", "slicing"): "paper",  # the paper's snapshot slicing of the scorer controls
     ("train-scorer", "options"): "",
 }
 

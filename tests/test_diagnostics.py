@@ -16,6 +16,7 @@ from dllmbench.analysis.diagnostics import (
     auc_by_mask_bucket,
     checkpoint_stats,
     mask_bucket,
+    mask_buckets,
     pool_diversity,
     removal_risk,
     scorer_swap,
@@ -34,6 +35,17 @@ def test_mask_buckets_edges():
     for bad in (-0.01, 1.01):
         with pytest.raises(ValueError):
             mask_bucket(bad)
+
+
+def test_mask_buckets_of_ratios_from_integer_counts_are_exact():
+    """Every masked / generated fraction, generated up to 1024, in float64: its bucket is
+    ⌊10·masked / generated⌋ (9 for 1), compared in integers."""
+    generated = np.repeat(np.arange(1, 1025), np.arange(2, 1026))
+    masked = np.concatenate([np.arange(g + 1) for g in range(1, 1025)])
+    expected = np.minimum(10 * masked // generated, 9)
+    assert np.array_equal(mask_buckets(masked / generated), expected)
+    # the same fractions in float32 miss some edges: 7/10 lies below 0.7
+    assert mask_buckets([np.float32(7) / np.float32(10)])[0] == 6
 
 
 def test_weighted_auc_equals_sklearn():

@@ -4,12 +4,15 @@ hand-made report.json dict, and what it plots is compared with the dict."""
 from __future__ import annotations
 
 import copy
+from itertools import combinations
 
 import numpy as np
 import pytest
 from matplotlib.collections import PolyCollection
 from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
+from matplotlib.text import Text
+from matplotlib.transforms import Bbox
 
 from dllmbench.analysis import figures
 
@@ -176,9 +179,9 @@ def report() -> dict:
         },
         "diagnostics": {
             "discrimination": [
-                _discrimination("orm", "final", FINAL_ORM),
-                _discrimination("prm", "guided", GUIDED),
-                _discrimination("prm", "final", FINAL_PRM),
+                _discrimination("orm", "final", copy.deepcopy(FINAL_ORM)),
+                _discrimination("prm", "guided", copy.deepcopy(GUIDED)),
+                _discrimination("prm", "final", copy.deepcopy(FINAL_PRM)),
             ],
             "pools": [
                 _pool("independent:n=8", "plain", ["Majority@8", "Oracle@8"], 8, 0.8),
@@ -195,19 +198,20 @@ def report() -> dict:
     }
 
 
+def _legends(fig) -> list:
+    """Every legend of a figure, of its subfigures and of their axes."""
+    found = [*fig.legends, *(g for sub in fig.subfigs for g in _legends(sub))]
+    return found + [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+
+
 def _legend_texts(fig) -> list[list[str]]:
     """The entries of each legend of a figure and its subfigures, legend by legend."""
-    found = list(fig.legends)
-    for sub in fig.subfigs:
-        found += sub.legends
-    for ax in _axes(fig):
-        if ax.get_legend() is not None:
-            found.append(ax.get_legend())
-    return [[t.get_text() for t in legend.get_texts()] for legend in found]
+    return [[t.get_text() for t in legend.get_texts()] for legend in _legends(fig)]
 
 
 def _axes(fig) -> list:
-    return [*fig.axes, *(ax for sub in fig.subfigs for ax in _axes(sub))]
+    """Every axes of a figure and of its subfigures, once each."""
+    return list(dict.fromkeys([*fig.axes, *(ax for sub in fig.subfigs for ax in _axes(sub))]))
 
 
 def _marker_lines(ax) -> list[Line2D]:
@@ -219,6 +223,76 @@ def _inside(fig, ax, legend) -> bool:
     """Whether a legend's box overlaps the axes' data area."""
     fig.canvas.draw()
     return legend.get_window_extent().overlaps(ax.get_window_extent())
+
+
+def _drawn_tick_labels(axis) -> list[Text]:
+    """The tick labels an axis draws: visible, not empty, at a tick within its view."""
+    low, high = sorted(axis.get_view_interval())
+    slack = 1e-9 * max(1.0, high - low)
+    ticks = [
+        *zip(axis.get_major_ticks(), axis.get_majorticklocs(), strict=False),
+        *zip(axis.get_minor_ticks(), axis.get_minorticklocs(), strict=False),
+    ]
+    return [
+        tick.label1
+        for tick, loc in ticks
+        if low - slack <= loc <= high + slack
+        and tick.label1.get_visible()
+        and tick.label1.get_text().strip()
+    ]
+
+
+def _texts(fig) -> list[Text]:
+    """Every text a figure draws, once drawn: titles, axis labels, captions, annotations,
+    legend entries, and the tick labels each axis draws."""
+    fig.canvas.draw()
+    axes = [axis for ax in _axes(fig) for axis in (ax.xaxis, ax.yaxis)]
+    ticks = {
+        id(label)
+        for axis in axes
+        for tick in [*axis.get_major_ticks(), *axis.get_minor_ticks()]
+        for label in (tick.label1, tick.label2)
+    }
+    shown = [
+        t
+        for t in fig.findobj(Text)
+        if id(t) not in ticks and t.get_visible() and t.get_text().strip()
+    ]
+    return shown + [label for axis in axes for label in _drawn_tick_labels(axis)]
+
+
+def _overlap(a: Bbox, b: Bbox) -> bool:
+    """Whether two boxes share an area (more than an edge)."""
+    both = Bbox.intersection(a, b)
+    return both is not None and both.width > 0.5 and both.height > 0.5
+
+
+def _overlapping_texts(fig) -> list[tuple[str, str]]:
+    """The pairs of texts of a figure whose boxes, as the renderer lays them out, overlap."""
+    texts = _texts(fig)
+    boxes = [(t.get_text(), t.get_window_extent()) for t in texts]
+    return [(a, b) for (a, box_a), (b, box_b) in combinations(boxes, 2) if _overlap(box_a, box_b)]
+
+
+def _covered_by_legends(fig) -> list[str]:
+    """The texts of a figure outside its legends (titles, labels, ticks, captions, notes)
+    that a legend's box covers."""
+    texts = _texts(fig)
+    covered = []
+    for legend in _legends(fig):
+        own = {id(t) for t in legend.findobj(Text)}
+        box = legend.get_window_extent()
+        covered += [
+            t.get_text() for t in texts if id(t) not in own and _overlap(box, t.get_window_extent())
+        ]
+    return covered
+
+
+def _assert_readable(fig) -> None:
+    """No two texts overlap, and no legend covers a text or a panel."""
+    assert _overlapping_texts(fig) == []
+    assert _covered_by_legends(fig) == []
+    assert not [ax for ax in _axes(fig) for g in _legends(fig) if _inside(fig, ax, g)]
 
 
 def test_pareto_has_a_panel_per_selector_family_and_per_budget_with_short_legends():
@@ -248,6 +322,7 @@ def test_pareto_has_a_panel_per_selector_family_and_per_budget_with_short_legend
     (band,) = [c for c in majority.collections if isinstance(c, PolyCollection)]
     ys = band.get_paths()[0].vertices[:, 1]
     assert ys.max() == pytest.approx(100 * 0.67) and ys.min() == pytest.approx(100 * 0.45)
+    _assert_readable(fig)
 
 
 def test_pareto_marks_monte_carlo_points_hollow_and_plots_the_dicts_values():
@@ -298,30 +373,168 @@ def _segments(line: Line2D) -> list[tuple[float, float]]:
     return [(xs[i], xs[i + 1]) for i in range(len(xs) - 1) if finite[i] and finite[i + 1]]
 
 
+def _roc_axes(fig) -> tuple[list, list]:
+    """The ROC-AUC figure's strips of n (axes that show no x tick label) and its panels, each
+    left to right: (fully decoded, mask ratio) or one of them."""
+    strips = [ax for ax in fig.axes if not ax.get_xticklabels()]
+    return strips, [ax for ax in fig.axes if ax not in strips]
+
+
+def _points(ax) -> list[tuple[float, float]]:
+    """(x, AUC) of every point of a panel, in x order."""
+    return sorted(
+        (float(x), float(y))
+        for line in _marker_lines(ax)
+        for x, y in zip(line.get_xdata(), line.get_ydata(), strict=True)
+    )
+
+
+def _counts(strips) -> dict[str, list[tuple[float, str]]]:
+    """Series label → the (x, n) of its row of the strips, the panels' x left to right."""
+    rows = [t.get_text() for t in strips[0].get_yticklabels()]
+    found: dict[str, list[tuple[float, str]]] = {row: [] for row in rows}
+    for panel, strip in enumerate(strips):
+        for t in strip.texts:
+            x, row = t.get_position()
+            found[rows[round(row)]].append((panel + x, t.get_text()))
+    return {row: sorted(found[row]) for row in rows}
+
+
+def _legend_keys(fig) -> dict[str, str]:
+    """Legend label → its key's colour, over the figure's one legend."""
+    (legend,) = _legends(fig)
+    handles = legend.legend_handles
+    return {t.get_text(): h.get_color() for t, h in zip(legend.get_texts(), handles, strict=True)}
+
+
+def _controls(slicing: str | None, *scorers: str) -> dict:
+    """Scorer controls over a collection whose PRM-like scorers fill buckets 0, 3 and 9 alike
+    (n as large as the paper's) and its fully decoded states apart (n = 42208)."""
+    rows = []
+    for i, scorer in enumerate(scorers):
+        filled = {0: (0.93 - i / 100, 126624), 3: (0.7 + i / 100, 126624), 9: (0.55, 16000)}
+        rows.append(
+            {"scorer": scorer, "buckets": _buckets(filled), "final": _bucket(0, 0.9, 42208)}
+        )
+    found = {"auc_by_mask": rows}
+    if slicing is not None:
+        found["slicing"] = slicing
+    return found
+
+
 def test_roc_auc_breaks_lines_at_empty_buckets_and_draws_final_states_apart():
     fig = figures.roc_auc(report())
-    final_ax, mask_ax = fig.axes
+    _, (final_ax, mask_ax) = _roc_axes(fig)
     lines = _auc_lines(mask_ax)
-    assert set(lines) == {"ORM", "PRM", "chance (0.5)"}
+    assert set(lines) == {"PRM", "chance (0.5)"}  # the ORM has no guided states
     prm = lines["PRM"]
     # buckets 0 and 1 are joined; no segment reaches over the empty buckets 2..5 to bucket 6
     assert _segments(prm) == [pytest.approx((0.05, 0.15))]
-    spans = [x1 - x0 for label in ("ORM", "PRM") for x0, x1 in _segments(lines[label])]
-    assert all(span <= 0.1 + 1e-9 for span in spans)
     ys = np.asarray(prm.get_ydata(), float)
     np.testing.assert_allclose(ys[np.isfinite(ys)], [0.8, 0.75, 0.7])
     assert np.isnan(ys).sum() == 7  # the seven empty buckets
-    assert not _segments(lines["ORM"])  # the ORM has no guided states: nothing at a mask ratio
-    # the final candidates: their own panel, one point per scorer, none at mask ratio 0.05
+    # the final candidates: their own panel, one point per scorer
     assert [t.get_text() for t in final_ax.get_xticklabels()] == ["fully\ndecoded"]
     finals = sorted(line.get_ydata()[0] for line in _marker_lines(final_ax))
     assert finals == pytest.approx([0.85, 0.9])
-    # n beside every point, and what the bars are
-    notes = sorted(t.get_text() for ax in (final_ax, mask_ax) for t in ax.texts)
-    assert notes == ["n=20", "n=30", "n=40", "n=50", "n=50"]
     caption = fig.get_supxlabel()
     assert "95% bootstrap CIs" in caption and "clustered by problem" in caption
-    assert mask_ax.get_legend() is not None and not _inside(fig, mask_ax, mask_ax.get_legend())
+    assert mask_ax.get_legend() is not None
+    _assert_readable(fig)
+
+
+def test_roc_auc_puts_a_point_only_where_a_bucket_has_an_auc_and_n_where_it_has_states():
+    data = report()
+    guided = data["diagnostics"]["discrimination"][1]["roc_auc_by_mask"]
+    guided[3].update(n=8, positives=8)  # states of one class only: n, but no AUC
+    fig = figures.roc_auc(data)
+    strips, (final_ax, mask_ax) = _roc_axes(fig)
+    np.testing.assert_allclose(_points(mask_ax), [(0.05, 0.8), (0.15, 0.75), (0.65, 0.7)])
+    np.testing.assert_allclose(_points(final_ax), [(-1 / 15, 0.9), (1 / 15, 0.85)])  # dodged
+    # n in each series' row: at each bucket holding states, the one-class bucket included
+    assert _counts(strips) == {
+        "ORM": [(0.0, "50")],
+        "PRM": [
+            (0.0, "50"),
+            (pytest.approx(1.05), "40"),
+            (pytest.approx(1.15), "30"),
+            (pytest.approx(1.35), "8"),
+            (pytest.approx(1.65), "20"),
+        ],
+    }
+    caption = fig.get_supxlabel()
+    assert "holds no states or holds states of one class only" in caption
+
+
+def test_roc_auc_caption_says_what_a_missing_point_means():
+    # the fixture's gaps are empty buckets: none holds states of one class only
+    caption = figures.roc_auc(report()).get_supxlabel()
+    assert "No point where a bucket holds no states: a line breaks there." in caption
+    assert "class" not in caption
+
+
+def test_roc_auc_says_the_guided_runs_fully_decoded_states_are_in_the_lowest_bucket():
+    fig = figures.roc_auc(report())
+    caption = fig.get_supxlabel()
+    assert (
+        "mask buckets: scored states of guided runs, their fully decoded ones (mask ratio 0) "
+        "in [0, 0.1); fully decoded: final candidates of the independent pools" in caption
+    )
+    # no guided state is drawn as fully decoded, and no final candidate at a mask ratio
+    _, (final_ax, mask_ax) = _roc_axes(fig)
+    assert [y for _, y in _points(final_ax)] == pytest.approx([0.9, 0.85])
+    assert [y for _, y in _points(mask_ax)] == pytest.approx([0.8, 0.75, 0.7])
+
+
+def test_roc_auc_draws_a_fully_decoded_panel_only_when_the_controls_keep_them_apart():
+    data = report()
+    data["controls"] = _controls("paper", "prm", "orm")  # the paper's: in [0, 0.1)
+    fig = figures.roc_auc(data)
+    strips, (mask_ax,) = _roc_axes(fig)
+    assert all(y != pytest.approx(0.9) for _, y in _points(mask_ax))  # no final bucket
+    assert "42208" not in [n for row in _counts(strips).values() for _, n in row]
+    assert "in [0, 0.1) as the paper slices them" in fig.get_supxlabel()
+    for slicing in ("split", None):  # None: controls written before they had a slicing
+        data["controls"] = _controls(slicing, "prm", "orm")
+        fig = figures.roc_auc(data)
+        strips, (final_ax, mask_ax) = _roc_axes(fig)
+        np.testing.assert_allclose(_points(final_ax), [(-1 / 15, 0.9), (1 / 15, 0.9)])
+        assert _counts(strips)["PRM"][0] == (0.0, "42208")
+        assert "fully decoded: their fully decoded states" in fig.get_supxlabel()
+
+
+def test_roc_auc_with_controls_keeps_the_runs_final_auc_of_a_scorer_they_lack():
+    data = report()
+    data["controls"] = _controls("paper", "prm")  # the ORM scores no partial state
+    fig = figures.roc_auc(data)
+    _, (final_ax, mask_ax) = _roc_axes(fig)
+    assert _points(final_ax) == [(0.0, 0.9)]  # the ORM's final candidates in the runs
+    keys = _legend_keys(fig)
+    assert list(keys) == ["PRM", "ORM (runs' final candidates)", "chance (0.5)"]
+    assert {line.get_color() for line in _marker_lines(final_ax)} == {
+        keys["ORM (runs' final candidates)"]
+    }
+    assert {line.get_color() for line in _marker_lines(mask_ax)} == {keys["PRM"]}
+    assert "runs' final candidates: those of the runs' independent pools" in fig.get_supxlabel()
+
+
+def test_roc_auc_names_every_drawn_series_and_its_labels_do_not_overlap():
+    data = report()
+    data["controls"] = _controls("split", "prm", "prm_mean", "prm_last")
+    fig = figures.roc_auc(data)
+    _, panels = _roc_axes(fig)
+    keys = _legend_keys(fig)
+    assert list(keys) == [
+        "PRM",
+        "PRM_MEAN",
+        "PRM_LAST",
+        "ORM (runs' final candidates)",
+        "chance (0.5)",
+    ]
+    drawn = {line.get_color() for ax in panels for line in _marker_lines(ax)}
+    assert drawn == set(keys.values()) - {figures.REFERENCE}
+    # three series with n = 126624 in one bucket: their n, side by side, would collide
+    _assert_readable(fig)
 
 
 def test_roc_auc_draws_the_controls_series_when_the_report_has_them_and_extra_series():
@@ -334,16 +547,18 @@ def test_roc_auc_draws_the_controls_series_when_the_report_has_them_and_extra_se
     }
     extra = [("ORM (paper)", _buckets({8: (0.7, 5), 9: (0.72, 6)}), None)]
     fig = figures.roc_auc(data, extra=extra)
-    final_ax, mask_ax = fig.axes
+    _, (final_ax, mask_ax) = _roc_axes(fig)
     lines = _auc_lines(mask_ax)
     assert set(lines) == {"PRM", "ORM", "ORM (paper)", "chance (0.5)"}
     assert _segments(lines["PRM"]) == []  # buckets 2 and 4: two points, no line between
     assert len(_segments(lines["ORM (paper)"])) == 1
     assert [line.get_ydata()[0] for line in _marker_lines(final_ax)] == [0.9]
-    assert "snapshot" in fig.get_supxlabel()
+    assert "collected trajectories" in fig.get_supxlabel()
+    _assert_readable(fig)
     # an empty controls list falls back to the discrimination entries
     data["controls"] = {"auc_by_mask": []}
-    assert set(_auc_lines(figures.roc_auc(data).axes[1])) == {"ORM", "PRM", "chance (0.5)"}
+    _, (_, mask_ax) = _roc_axes(figures.roc_auc(data))
+    assert set(_auc_lines(mask_ax)) == {"PRM", "chance (0.5)"}
 
 
 def test_pool_diversity_uses_short_labels_and_states_units_and_intervals():
@@ -372,6 +587,7 @@ def test_pool_diversity_uses_short_labels_and_states_units_and_intervals():
         "other samplers (HEX, ensembles, remasking, …)",
     ]
     assert "95% bootstrap CIs over problems" in fig.get_supxlabel()
+    _assert_readable(fig)
 
 
 def test_short_labels_name_the_options_that_tell_pools_apart():
@@ -409,6 +625,36 @@ def test_smc_ess_plots_ess_over_k_at_the_reports_checkpoint_indices_with_thresho
     (legend,) = fig.legends
     assert len(legend.get_texts()) == 4
     assert all(len(t.get_text()) <= 30 for t in legend.get_texts())
+
+
+def test_smc_ess_draws_after_resampling_only_where_particles_resampled():
+    data = report()
+    # K=8 never resampled (after = before); K=2 resampled at its second checkpoint only
+    data["diagnostics"]["particles"] = [
+        _smc(8, [(6.0, 6.0), (7.0, 7.0)]),
+        _smc(2, [(1.8, 1.8), (0.9, 1.7)]),
+    ]
+    data["diagnostics"]["particles"][0]["resample_rate"] = 0.0
+    fig = figures.smc_ess(data)
+    never, once = fig.axes
+    labels = {line.get_label() for line in _marker_lines(never)}
+    assert labels == {"before resampling"}
+    points = {line.get_label(): line for line in _marker_lines(once)}
+    assert list(points["after resampling"].get_xdata()) == [1]
+    assert list(points["after resampling"].get_ydata()) == pytest.approx([0.85])
+    assert list(points["before resampling"].get_xdata()) == [0, 1]
+    # every drawn series named in the one legend, though the first panel lacks one
+    drawn = {line.get_label() for ax in fig.axes for line in ax.get_lines()}
+    (keys,) = _legend_texts(fig)
+    assert sorted(keys) == sorted(drawn)
+    assert "only at checkpoints where some problem's particles resampled" in fig.get_supxlabel()
+
+
+def test_smc_ess_legend_covers_no_text_with_one_panel_or_two():
+    data = report()
+    _assert_readable(figures.smc_ess(data))
+    data["diagnostics"]["particles"] = data["diagnostics"]["particles"][1:]  # a narrow figure
+    _assert_readable(figures.smc_ess(data))
 
 
 def test_particle_count_falls_back_to_the_pool_size():

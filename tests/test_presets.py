@@ -193,6 +193,7 @@ def test_preset_mistakes_are_one_line_before_any_model(cli, no_models, argv, nee
         ("backbone", presets.PAPER.backbones),
         ("task", presets.PAPER.tasks),
         ("scorer", presets.PAPER.scorers),
+        ("selector", presets.PAPER.selectors),
     ],
 )
 def test_every_preset_option_is_an_option_of_the_installed_plugin(kind, table):
@@ -280,3 +281,47 @@ def test_a_checkpoint_trained_with_turn_pooling_is_refused_before_any_model(cli,
     kept = plan_json(cli, *argv, "--scorer", f"prm=prm:checkpoint={prm},pool_stop=turn")
     assert kept["preset"]["overridden"] == {"scorers.prm.pool_stop": "turn"}
     assert kept["scorers"]["prm"]["config"]["checkpoint"] == str(prm)
+
+
+def test_the_paper_preset_counts_failed_extractions_as_a_vote_and_records_it():
+    """The paper's Majority took Counter(answers).most_common(1) over extracted strings, a
+    failed extraction being "None": `--preset paper` sets majority:invalid=vote, and the
+    record (the manifest's `preset`) says so."""
+    resolved = presets.apply(
+        "paper",
+        backbone="dream",
+        task="gsm8k",
+        flags=dict.fromkeys(presets.FLAGS),
+        backbone_config={},
+        task_config={},
+        scorers=None,
+    )
+    assert resolved.selectors == {"majority": {"invalid": "vote"}}
+    assert resolved.record["set"]["selectors.majority.invalid"] == "vote"
+    options = presets.selector_options(resolved.record)
+    assert options == {"majority": {"invalid": "vote"}}
+    assert presets.selector_options(None) == {}
+    # the options are the selector's own (tests/test_selectors.py: the bloc wins, and is wrong)
+    assert registry().selector("majority", **options["majority"]).config.invalid == "vote"
+
+
+def test_a_run_with_the_preset_counts_failed_extractions_as_the_paper_did(cli, tmp_path):
+    """Under --preset paper every Majority votes its failed extractions (the manifest's
+    methods and preset record say so, the leaderboard's note too); a spec's own option wins."""
+    out = tmp_path / "run"
+    argv = ["run", "--preset", "paper", "--task", "gsm8k", "--backbone", "dream:model=random"]
+    argv += ["--steps", "4", "--gen-length", "8", "--limit", "1", "--methods", "majority"]
+    argv += ["--method", "independent:n=2+majority:invalid=drop"]
+    argv += ["--budget", "8"]
+    result = cli(*argv, "--resamples", "10", "--out", out)
+    assert result.code == 0, result.err
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["preset"]["set"]["selectors.majority.invalid"] == "vote"
+    by_id = {m["id"]: m for m in manifest["methods"]}
+    assert by_id["Majority@2"]["selector"]["config"] == {"invalid": "vote"}
+    assert by_id["Majority@2"]["spec"] == "independent:n=2+majority:invalid=vote"
+    own = by_id["independent:n=2+majority:invalid=drop"]
+    assert own["selector"]["config"] == {"invalid": "drop"}
+    assert "failed extractions count as one answer" in (out / "leaderboard.md").read_text()
+    plan = plan_json(cli, *argv[1:])
+    assert {m["id"]: m["spec"] for m in plan["methods"]}["Majority@2"].endswith("invalid=vote")

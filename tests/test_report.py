@@ -247,11 +247,6 @@ def test_majority_invalid_vote_has_its_pooled_curve_and_agrees_at_k_equals_n(tmp
     assert "Majority (invalid answers vote)@k" in text
 
 
-def test_merge_new_counts_states_shared_by_runs_once():
-    assert sections.merge_new([[1, 1, 2], [1, 2, 3], [3, 4]]) == [1, 1, 2, 3, 4]
-    assert sections.merge_new([[1], [1, 1]]) == [1, 1]
-
-
 def test_cost_model_is_the_manifest_cost_per_candidate():
     manifest = {
         "methods": [
@@ -309,7 +304,8 @@ def test_report_json_has_exactly_the_keys_of_the_schema_and_its_doc(reported):
         for entry in diag[key]:
             _conforms(entry, kind, key)
     for entry in diag["discrimination"]:
-        _conforms(entry["kendall_tau"], schema.KendallEntry, "kendall_tau")
+        for tau in entry["kendall_tau"]:
+            _conforms(tau, schema.KendallEntry, "kendall_tau")
         for bucket in entry["roc_auc_by_mask"]:
             _conforms(bucket, schema.BucketEntry, "bucket")
     _conforms(diag["scorer_swap"], schema.ScorerSwapEntry, "scorer_swap")

@@ -207,7 +207,8 @@ def test_cli_collect_rollouts_train_and_refusal(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["trajectories"] == 8
     assert json.loads((rolled / "collect.json").read_text())["rollouts"] == 3
     _, snapshots = load(rolled)
-    assert len(snapshots) == 16 and all(s.value in (0, 1 / 3, 2 / 3, 1) for s in snapshots)
+    # 4 problems × 2 trajectories × 3 snapshots: the all-mask canvas, steps 2 and 4
+    assert len(snapshots) == 24 and all(s.value in (0, 1 / 3, 2 / 3, 1) for s in snapshots)
     # deterministic sampling: a state's rollouts retrace its trajectory's own continuation
     forced = tmp_path / "forced"
     tiny0 = "tiny:temperature=0,alg_temp=0"

@@ -42,10 +42,11 @@ def test_collect_train_and_run(tmp_path, capsys):
     counts = json.loads(capsys.readouterr().out)
     assert counts == {"problems": 6, "skipped": 0, "trajectories": 18}
     lines = [json.loads(x) for x in (data / "trajectories.jsonl").read_text().splitlines()]
-    assert len(lines) == 18 and {line["snapshots"] for line in lines} == {3}
+    # the all-mask canvas (step 0), then 3 snapshots over 1..T
+    assert len(lines) == 18 and {line["snapshots"] for line in lines} == {4}
     shard = load_file(str(data / "snapshots-00000.safetensors"))
-    assert shard["tokens"].shape[0] == 18 * 3
-    assert sorted(set(shard["steps"].tolist())) == [2, 4, 6]
+    assert shard["tokens"].shape[0] == 18 * 4
+    assert sorted(set(shard["steps"].tolist())) == [0, 2, 4, 6]
     # resuming a finished collection writes nothing more
     assert main(argv) == 0
     assert json.loads(capsys.readouterr().out)["skipped"] == 6
@@ -83,7 +84,7 @@ def test_collect_train_and_run(tmp_path, capsys):
         assert (out / "best" / "adapter.safetensors").exists()
         assert (out / "latest" / "state.pt").exists()
         snapshots_used = record["train"] + record["validation"]
-        assert snapshots_used == (54 if kind == "prm" else 18)
+        assert snapshots_used == (72 if kind == "prm" else 18)
 
     run = [
         "run",
@@ -208,3 +209,20 @@ def test_data_selection_holds_out_problems_and_keeps_what_each_kind_learns_from(
     assert select_data(data, TrainConfig(kind="prm", seed=4), mask).digest != prm.digest
     with pytest.raises(UserError, match="mixed outcomes"):  # no problem has both outcomes
         select_data(data, TrainConfig(kind="orm", groups="mixed"), mask)
+
+
+@pytest.mark.parametrize(
+    ("masked", "generated", "bucket"), [(14, 20, 7), (18, 20, 9), (21, 30, 7), (7, 10, 7)]
+)
+def test_a_state_exactly_at_a_bucket_edge_falls_in_the_bucket_it_opens(masked, generated, bucket):
+    """14 of 20 generated positions masked is 0.7 exactly: [0.7, 0.8), not [0.6, 0.7) as a
+    float32 share (0.69999999) put it when the generated length is not a power of two."""
+    import torch
+
+    from dllmbench.analysis.diagnostics import mask_bucket
+    from dllmbench.scoring.collect import Snapshot, mask_ratios
+
+    mask = 9
+    tokens = torch.tensor([1, 2, 3] + [mask] * masked + [4] * (generated - masked))
+    [ratio] = mask_ratios([Snapshot("p", tokens, 3, 1, True, False)], mask)
+    assert ratio == masked / generated and mask_bucket(ratio) == bucket

@@ -6,11 +6,16 @@ correctness as the label) and one array of scores per scorer or per variant of a
 (the suffix ablation, the reversed input). Intervals are percentile bootstraps clustered by
 problem: one draw of problems shared by every figure of one call, so differences are paired.
 
-- `auc_by_mask`: ROC-AUC in each mask-ratio bucket over every stored partial state, with the
-  fully decoded states apart (the paper's Figure A).
-- `removal_risk`: the offline counterfactual: at the initial, middle and final stored states,
-  a top-M cut by score within each group of K trajectories of a problem; how often it removes
-  every trajectory that reaches a correct answer, among the groups holding one.
+- `auc_by_mask`: ROC-AUC in each mask-ratio bucket and on the fully decoded states alone
+  (the paper's Figure A), under one of two slicings of the stored states (`SLICINGS`):
+  `paper`, the paper's: every stored state in the buckets, from the all-mask canvas (step 0)
+  to the fully decoded state (mask ratio 0, in [0, 0.1)); `split`, the project's earlier
+  one: the states at steps 0 < s < T in the buckets, the fully decoded ones only apart.
+- `removal_risk`: the offline counterfactual: at the initial, middle and final stored states
+  (`initial`: the all-mask canvas with `paper`, the first stored step after it with
+  `split`), a top-M cut by score within each group of K trajectories of a problem; how often
+  it removes every trajectory that reaches a correct answer, among the groups holding one
+  (the project's reading of the paper's denominator), and over all groups.
 - `auc_change`: the AUC of one scorer on two inputs (original against suffix-ablated, or a
   causal scorer's forward, reversed and averaged inputs), with the paired change.
 - `reranker`: best-of-N by the scorer against a uniform pick at N = 1, 2, 4, …, and the sign
@@ -46,6 +51,8 @@ from dllmbench.analysis.stats import (
 
 STATES = ("initial", "middle", "final")
 CUTS = (1, 2, 4)
+PAPER, SPLIT = "paper", "split"
+SLICINGS = (PAPER, SPLIT)  # the paper's slicing of the stored states first, the default
 
 
 @dataclass(frozen=True)
@@ -54,7 +61,7 @@ class Snapshots:
 
     problem: np.ndarray  # int: index of the problem
     trajectory: np.ndarray  # int: index of the trajectory within its problem
-    step: np.ndarray  # int: the denoising step the state was stored at (T: fully decoded)
+    step: np.ndarray  # int: the step the state was stored at (0: all-mask; T: fully decoded)
     mask_ratio: np.ndarray  # float: the share of generated positions still masked
     final: np.ndarray  # bool: the fully decoded state (step T)
     label: np.ndarray  # bool: the trajectory's final answer is correct
@@ -89,23 +96,41 @@ def _states(snaps: Snapshots, scores: np.ndarray, where: np.ndarray) -> list[Sco
 # -- ROC-AUC by mask ratio ----------------------------------------------------------------------
 
 
+def _check(slicing: str) -> None:
+    if slicing not in SLICINGS:
+        raise ValueError(f"slicing must be one of {', '.join(SLICINGS)}, got {slicing!r}")
+
+
+def bucketed(snaps: Snapshots, slicing: str = PAPER) -> np.ndarray:
+    """The states a slicing puts in the mask-ratio buckets: `paper` every stored state (the
+    all-mask canvas in [0.9, 1.0], the fully decoded state in [0, 0.1)); `split` the states
+    stored at steps 0 < s < T."""
+    _check(slicing)
+    if slicing == PAPER:
+        return np.ones(snaps.step.size, bool)
+    return ~snaps.final & (snaps.step > 0)
+
+
 @dataclass(frozen=True)
 class MaskCurve:
-    """One scorer's ROC-AUC by mask bucket over the partial states, and on the fully decoded
-    states apart (`final`: a bucket of mask ratio 0 whose low and high are 0)."""
+    """One scorer's ROC-AUC by mask bucket over the states its slicing buckets, and on the
+    fully decoded states alone (`final`: a bucket of mask ratio 0 whose low and high are 0)."""
 
     buckets: list[BucketAUC]
     final: BucketAUC
 
 
-def auc_by_mask(snaps: Snapshots, scores: np.ndarray, boot: Boot) -> MaskCurve:
-    """ROC-AUC in each of the ten mask-ratio buckets over every partial stored state, and on
-    the fully decoded ones, each with a bootstrap interval clustered by problem."""
+def auc_by_mask(
+    snaps: Snapshots, scores: np.ndarray, boot: Boot, slicing: str = PAPER
+) -> MaskCurve:
+    """ROC-AUC in each of the ten mask-ratio buckets over the states `slicing` buckets
+    (`bucketed`), and on the fully decoded ones alone, each with a bootstrap interval
+    clustered by problem."""
     opts = {"resamples": boot.resamples, "level": boot.level, "seed": boot.seed}
-    partial = auc_by_mask_bucket(_states(snaps, scores, ~snaps.final), **opts)
+    buckets = auc_by_mask_bucket(_states(snaps, scores, bucketed(snaps, slicing)), **opts)
     decoded = auc_by_mask_bucket(_states(snaps, scores, snaps.final), **opts)[0]
     final = BucketAUC(0.0, 0.0, decoded.n, decoded.positives, decoded.auc, decoded.interval)
-    return MaskCurve(partial, final)
+    return MaskCurve(buckets, final)
 
 
 def kendall_final(snaps: Snapshots, scores: np.ndarray) -> KendallSummary:
@@ -151,10 +176,12 @@ def auc_change(
 # -- the removal-risk counterfactual -------------------------------------------------------------
 
 
-def stored_state(steps: Sequence[int], total: int, which: str) -> int:
-    """The stored step of a state: `initial` the first, `middle` the one nearest T/2 (the
-    earlier on a tie), `final` T."""
-    ordered = sorted(set(int(s) for s in steps))
+def stored_state(steps: Sequence[int], total: int, which: str, slicing: str = PAPER) -> int:
+    """The stored step of a state: `initial` the first (with `paper` the all-mask canvas,
+    step 0, where it was stored; with `split` the first after step 0), `middle` the one
+    nearest T/2 (the earlier on a tie), `final` T."""
+    _check(slicing)
+    ordered = sorted({int(s) for s in steps if slicing == PAPER or int(s) > 0})
     if which == "initial":
         return ordered[0]
     if which == "final":
@@ -168,7 +195,9 @@ def stored_state(steps: Sequence[int], total: int, which: str) -> int:
 class RemovalRisk:
     """A top-M cut at one stored state: groups of K trajectories, those holding a trajectory
     that reaches a correct answer (`at_risk`), those whose cut removed every such trajectory
-    (`lost`), and the rate lost / at_risk with a bootstrap interval clustered by problem."""
+    (`lost`), the rate lost / at_risk (the project's reading of the paper's denominator) and
+    the rate over all groups lost / groups, each with a bootstrap interval clustered by
+    problem."""
 
     state: str
     step: int
@@ -179,6 +208,17 @@ class RemovalRisk:
     at_risk: int
     lost: int
     rate: Interval | None
+    rate_all_groups: Interval | None
+
+
+def _ratio(lost: np.ndarray, den: np.ndarray, counts: np.ndarray, level: float) -> Interval | None:
+    """Σ lost / Σ den over problems, with the interval of its resamples (`counts`: how often
+    each problem is drawn); None when nothing is in the denominator."""
+    if den.sum() == 0:
+        return None
+    num, draws_den = counts @ lost, counts @ den
+    draws = np.where(draws_den > 0, num / np.where(draws_den > 0, draws_den, 1), np.nan)
+    return percentile_interval(draws, float(lost.sum() / den.sum()), level)
 
 
 def _groups(traj: np.ndarray, width: int) -> np.ndarray:
@@ -198,22 +238,28 @@ def removal_risk(
     width: int,
     keeps: Sequence[int] = CUTS,
     states: Sequence[str] = STATES,
+    slicing: str = PAPER,
 ) -> list[RemovalRisk]:
     """The paper's offline counterfactual. Each problem's trajectories are split into groups
-    of `width` (0, …, K−1; K, …; a last partial group is left out). At each stored state and
-    for each M < K, every group keeps its M best-scored states (ties to the lower trajectory
-    index); the group is at risk when one of its trajectories ends correct, and lost when the
-    cut kept none of those."""
+    of `width` (0, …, K−1; K, …; a last partial group is left out). At each stored state
+    (`stored_state` under `slicing`) and for each M < K, every group keeps its M best-scored
+    states (ties to the lower trajectory index); the group is at risk when one of its
+    trajectories ends correct, and lost when the cut kept none of those. The rate is lost
+    over the groups at risk (the project's reading: the paper does not say which groups it
+    divides by) and, beside it, lost over all whole groups."""
     counts = problem_counts(snaps.problems, boot.resamples, boot.seed)
     out = []
     for which in states:
-        step = stored_state(snaps.step, total, which)
+        step = stored_state(snaps.step, total, which, slicing)
         at = np.flatnonzero(snaps.step == step)
         group = _groups(snaps.trajectory[at], width)
         members: dict[tuple[int, int], list[int]] = {}
         for i, g in zip(at, group, strict=True):
             if g >= 0:
                 members.setdefault((int(snaps.problem[i]), int(g)), []).append(int(i))
+        whole = np.zeros(snaps.problems)  # whole groups of each problem
+        for (problem, _), idx in members.items():
+            whole[problem] += len(idx) == width
         for keep in (m for m in keeps if m < width):
             lost = np.zeros(snaps.problems)
             risky = np.zeros(snaps.problems)
@@ -223,11 +269,6 @@ def removal_risk(
                 order = sorted(idx, key=lambda i: (-scores[i], snaps.trajectory[i]))
                 risky[problem] += 1
                 lost[problem] += not snaps.label[order[:keep]].any()
-            rate = None
-            if risky.sum() > 0:
-                num, den = counts @ lost, counts @ risky
-                draws = np.where(den > 0, num / np.where(den > 0, den, 1), np.nan)
-                rate = percentile_interval(draws, float(lost.sum() / risky.sum()), boot.level)
             out.append(
                 RemovalRisk(
                     state=which,
@@ -235,10 +276,11 @@ def removal_risk(
                     mask_ratio=float(snaps.mask_ratio[at].mean()) if at.size else 0.0,
                     keep=keep,
                     width=width,
-                    groups=sum(len(v) == width for v in members.values()),
+                    groups=int(whole.sum()),
                     at_risk=int(risky.sum()),
                     lost=int(lost.sum()),
-                    rate=rate,
+                    rate=_ratio(lost, risky, counts, boot.level),
+                    rate_all_groups=_ratio(lost, whole, counts, boot.level),
                 )
             )
     return out
@@ -340,6 +382,9 @@ def scorer_pools(
 __all__ = [
     "BUCKETS",
     "CUTS",
+    "PAPER",
+    "SLICINGS",
+    "SPLIT",
     "STATES",
     "AUCChange",
     "Boot",
@@ -350,6 +395,7 @@ __all__ = [
     "Snapshots",
     "auc_by_mask",
     "auc_change",
+    "bucketed",
     "final_pools",
     "kendall_final",
     "pool_sizes",

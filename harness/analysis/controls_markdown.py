@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dllmbench.analysis.leaderboard import disagree_note, disagrees
 from dllmbench.analysis.report_markdown import (
     ci_cell,
     delta_cell,
@@ -13,6 +14,18 @@ from dllmbench.analysis.report_markdown import (
     p_value,
 )
 from dllmbench.core.schema import Controls
+
+# what each snapshot slicing puts in the mask-ratio buckets (analysis.controls_slicing)
+SLICINGS = {
+    "paper": "the paper's slicing: every stored state, from the all-mask canvas (step 0, in "
+    "[0.9, 1.0]) to the fully decoded state (mask ratio 0, in [0, 0.1))",
+    "split": "the project's split slicing: the stored states at steps 0 < s < T, the fully "
+    "decoded states only apart and the all-mask canvas left out",
+}
+INITIAL = {
+    "paper": "the all-mask canvas, step 0",
+    "split": "the first stored step after the all-mask canvas",
+}
 
 
 def _opt(x: float | None, digits: int = 3) -> str:
@@ -27,12 +40,15 @@ def md_auc_by_mask(controls: Controls) -> list[str]:
     rows = controls["auc_by_mask"]
     if not rows:
         return []
+    slicing = controls["slicing"]
+    other = controls["alternative"]["slicing"]
     lines = [
         "### ROC-AUC by mask ratio, every stored state",
         "",
-        "ROC-AUC of each scorer against the trajectory's final correctness, over every stored "
-        "partial state by mask-ratio bucket, and over the fully decoded states apart; 95% "
-        "bootstrap intervals clustered by problem; – where a bucket holds one class.",
+        "ROC-AUC of each scorer against the trajectory's final correctness by mask-ratio "
+        f"bucket under {SLICINGS[slicing]}; and over the fully decoded states alone. 95% "
+        "bootstrap intervals clustered by problem; – where a bucket is empty or holds one "
+        f"class. `dllmbench report --controls DIR --slicing {other}` shows {SLICINGS[other]}.",
         "",
     ]
     headers = ["mask ratio", *(r["scorer"] for r in rows)]
@@ -61,6 +77,14 @@ def md_kendall(controls: Controls) -> list[str]:
     ]
 
 
+def _risk_cell(r: dict[str, Any]) -> str:
+    """The risk among the groups at risk, then over all groups."""
+    return (
+        f"{ci_cell(r['rate'])} ({r['lost']}/{r['at_risk']}); "
+        f"all groups {ci_cell(r['rate_all_groups'])} ({r['lost']}/{r['groups']})"
+    )
+
+
 def md_removal(controls: Controls) -> list[str]:
     rows = controls["removal_risk"]
     if not rows:
@@ -68,10 +92,12 @@ def md_removal(controls: Controls) -> list[str]:
     lines = [
         "### Removal risk: the offline counterfactual",
         "",
-        f"Each problem's trajectories in groups of K = {controls['width']}; at the initial, "
-        "middle and final stored states a top-M cut by score keeps M of each group. Risk: the "
-        "share of groups holding a trajectory that ends correct whose cut removed every such "
-        "trajectory (%, 95% bootstrap interval clustered by problem).",
+        f"Each problem's trajectories in groups of K = {controls['width']}; at the initial "
+        f"({INITIAL[controls['slicing']]}), middle and final stored states a top-M cut by "
+        "score keeps M of each group. Risk: of the groups holding a trajectory that ends "
+        "correct, the share whose cut removed every such trajectory (lost/at risk: the "
+        "project's reading of the paper's denominator); after it the same losses over all "
+        "groups (lost/groups). %, 95% bootstrap intervals clustered by problem.",
         "",
     ]
     for scorer in dict.fromkeys(r["scorer"] for r in rows):
@@ -83,11 +109,7 @@ def md_removal(controls: Controls) -> list[str]:
             cells = []
             for state in states:
                 hit = next((r for r in mine if r["state"] == state and r["keep"] == keep), None)
-                cells.append(
-                    "–"
-                    if hit is None
-                    else f"{ci_cell(hit['rate'])} ({hit['lost']}/{hit['at_risk']})"
-                )
+                cells.append("–" if hit is None else _risk_cell(hit))
             table.append([f"top-{keep}", *cells])
         headers = ["cut"]
         for state in states:
@@ -219,6 +241,11 @@ def md_swap(controls: Controls) -> list[str]:
         "",
         *md_table(("selector", "accuracy %"), acc),
         *md_table(("difference", "pp", "McNemar p"), diffs),
+        *(
+            [disagree_note(controls["level"]), ""]
+            if any(map(disagrees, swap["differences"]))
+            else []
+        ),
     ]
 
 

@@ -61,12 +61,26 @@ class BucketAUC:
     interval: Interval | None
 
 
-def mask_bucket(ratio: float) -> int:
-    """Bucket index of a mask ratio: [i/10, (i+1)/10) for i < 9, and [0.9, 1.0] is 9."""
-    if not 0.0 <= ratio <= 1.0:
-        raise ValueError(f"mask ratio must be in [0, 1], got {ratio}")
+def mask_buckets(ratios: np.ndarray | Sequence[float]) -> np.ndarray:
+    """Bucket index of each mask ratio: [i/10, (i+1)/10) for i < 9, and [0.9, 1.0] is 9.
+
+    The edges are the float64 values i/10, so a ratio computed in float64 as masked /
+    generated from integer counts falls in bucket ⌊10·masked / generated⌋ exactly (capped at
+    9): a correctly rounded division gives the edge itself when the fraction equals it (14/20
+    is 0.7, bucket 7), and a fraction short of an edge by 1/(10·generated) or more never
+    rounds up to it. A float32 ratio carries no such promise (14/20 in float32 lies below
+    0.7)."""
+    ratios = np.asarray(ratios, np.float64)
+    outside = ~((ratios >= 0.0) & (ratios <= 1.0))  # NaN included
+    if outside.any():
+        raise ValueError(f"mask ratio must be in [0, 1], got {ratios[outside][0]}")
     edges = np.arange(BUCKETS + 1) / BUCKETS
-    return min(int(np.searchsorted(edges, ratio, side="right")) - 1, BUCKETS - 1)
+    return np.minimum(np.searchsorted(edges, ratios, side="right") - 1, BUCKETS - 1)
+
+
+def mask_bucket(ratio: float) -> int:
+    """Bucket index of one mask ratio (see `mask_buckets`)."""
+    return int(mask_buckets([ratio])[0])
 
 
 def _auc_tables(
@@ -139,7 +153,7 @@ def auc_by_mask_bucket(
     problems = {r.problem_id: None for r in rows}
     index = {p: i for i, p in enumerate(problems)}
     counts = problem_counts(len(index), resamples, seed) if rows else None
-    buckets = np.array([mask_bucket(r.mask_ratio) for r in rows], np.int64)
+    buckets = mask_buckets([r.mask_ratio for r in rows])
     out = []
     for b in range(BUCKETS):
         members = [r for r, rb in zip(rows, buckets, strict=True) if rb == b]

@@ -9,9 +9,13 @@ API (every function is pure over the loaded run; nothing is written)::
     pools_by_method(run)                     # {method id: PoolSet}, every method's final pool
     scored_states(run, scorer="prm", labels="continuation", method=None)
                                              # [ScoredState]: scored states of guided runs
+    guided_states(run, ...)                  # [State]: the same, with identity and kind
     final_states(run, scorer)                # [ScoredState]: a scorer on final candidates
+    candidate_states(run, scorer)            # [State]: the same, with identity and kind
+    merge_states([states, ...])              # [State]: each distinct state once
     pruning_events(run, method=None)         # [PruningEvent]: the first cut of guided runs
     smc_checkpoints(run, method=None, final=False)   # [SMCCheckpoint]
+    recorded_ess(run, method=None)           # the ESS each checkpoint recorded, or None
     guided_methods(run)                      # method ids declaring cuts or particles
     pool_key(run.methods[method_id])         # the method's strategy without its size
 
@@ -62,8 +66,17 @@ the state leads to, and a state's future is observed only in some cases:
   children are not graded) are left out; the argmax of a `final=prune` run is labelled.
   These labels are selection-biased: a kept state carries the search's later choices.
 
-States identical across runs (the same problem, step, segment boundaries and lineage, e.g.
-the first segment of PRM Guided and Top-M at the same `every`) are counted once.
+What a state is (`State.key`). A state is identified by its problem, its history and its
+content, and two states are one only when all three agree. Its history: the steps of the cuts
+before it, its step, its lineage and, when its strategy run had edited canvases by then (a
+candidate of the record carries an edit, `edits`, at or before that step), that strategy run
+(its pool key). Its content: its mask ratio and score and, for a recorded candidate, its text
+and edits. So the first segment of PRM Guided and Top-M at the same `every` (the same rows
+under common random numbers) is counted once, within a run and across runs, while the states
+of a strategy that edits (re-masks) canvases are never merged with another strategy's, even
+at the same step and lineage. `State.kind` says which states it is of: `first_segment` (the
+first segment's children, before the first cut), `later_segment`, and `final` (the last
+segment's children: the kept branch's final states; every candidate of `final_states`).
 
 Removal risk (`pruning_events`). The first cut of a guided run (after its first segment,
 when it has more than one) keeps some first-segment children and removes the rest. A removed
@@ -77,7 +90,9 @@ every first-segment prefix whose own continuation is correct.
 SMC (`smc_checkpoints`): one `SMCCheckpoint` per intermediate checkpoint of each SMC run
 (weights before resampling, normalized; β; whether it resampled; the ancestors after
 resampling, None when it did not). The final checkpoint (β = 1, never resampled) is included
-only with `final=True`.
+only with `final=True`. The weights are recorded to 6 digits, so an ESS recomputed from them
+is not the strategy's: `recorded_ess` gives, checkpoint for checkpoint, the ESS the strategy
+computed from its unrounded weights (its `info["ess"]`), None where a record lacks it.
 
 `final_states(run, scorer)`: the scorer's score on each candidate of the independent pools
 that carries it, labelled by its correctness, mask ratio 0.
@@ -90,7 +105,7 @@ before they were recorded) are skipped.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,8 +121,43 @@ from dllmbench.storage.rundir import RunDir
 SEGMENT_FIELDS = ("step", "mask", "scores", "parent", "kept")
 CHECKPOINT_FIELDS = ("beta", "resampled", "weights", "ancestors")
 LABELS = ("continuation", "lineage")
+# the kinds of scored state, in the order the report lists them
+STATE_KINDS = ("first_segment", "later_segment", "final")
 
 Lineage = tuple[int, ...]
+Edits = tuple[tuple[int, tuple[int, ...]], ...]
+
+
+@dataclass(frozen=True)
+class State:
+    """A labelled scored state with what identifies it: `key` is (problem, history, content)
+    (see the module docstring), `kind` one of `STATE_KINDS`."""
+
+    scored: ScoredState
+    kind: str
+    key: tuple[Any, ...]
+
+
+def merge_states(lists: Sequence[Sequence[State]]) -> list[State]:
+    """Every distinct state of the lists once (the first of each key), in order: a state two
+    run directories, or two strategy runs, share counts once; different states never merge."""
+    seen: set[tuple[Any, ...]] = set()
+    out = []
+    for states in lists:
+        for state in states:
+            if state.key not in seen:
+                seen.add(state.key)
+                out.append(state)
+    return out
+
+
+def _edits(candidate: dict[str, Any], until: int | None = None) -> Edits:
+    """A candidate's canvas edits, (step, positions), those at or before `until` if given."""
+    return tuple(
+        (int(step), tuple(int(p) for p in positions))
+        for step, positions in candidate.get("edits") or ()
+        if until is None or int(step) <= until
+    )
 
 
 @dataclass(frozen=True)
@@ -269,11 +319,21 @@ def pools_by_method(run: RunData) -> dict[str, PoolSet]:
 
 def final_states(run: RunData, scorer: str) -> list[ScoredState]:
     """`scorer` on every candidate of the independent pools that carries it (mask ratio 0)."""
+    return [state.scored for state in candidate_states(run, scorer)]
+
+
+def candidate_states(run: RunData, scorer: str) -> list[State]:
+    """`final_states` with their identity, kind `final`: the problem; the pool key and
+    lineage (history); the text and edits (content)."""
     out = []
-    for pools in _shared_pools(run, plain).values():
+    for key, pools in _shared_pools(run, plain).items():
         for pid, pool in pools.items():
             out.extend(
-                ScoredState(pid, float(c["scores"][scorer]), bool(c["correct"]), 0.0)
+                State(
+                    ScoredState(pid, float(c["scores"][scorer]), bool(c["correct"]), 0.0),
+                    "final",
+                    (pid, (key, tuple(c["lineage"])), (c["text"], _edits(c))),
+                )
                 for c in pool
                 if scorer in c["scores"]
             )
@@ -409,29 +469,56 @@ def scored_states(
     run: RunData, scorer: str = "prm", labels: str = "continuation", method: str | None = None
 ) -> list[ScoredState]:
     """Every labelled state the prm_guided runs scored with `scorer`, each distinct state once
-    (which states get labels, and how: see the module docstring)."""
+    (which states get labels, and how, and what makes two states one: see the module
+    docstring)."""
+    return [state.scored for state in guided_states(run, scorer, labels, method)]
+
+
+def state_kind(segment: int, count: int) -> str:
+    """The kind of the states of segment `segment` of `count` (`STATE_KINDS`)."""
+    if segment == count - 1:
+        return "final"
+    return "first_segment" if segment == 0 else "later_segment"
+
+
+def _identity(guided: GuidedRun, segs: list[Segment], s: int, child: int) -> tuple[Any, ...]:
+    """(problem, history, content) of child `child` of segment `s` (the module docstring)."""
+    seg, candidates = segs[s], guided.record["candidates"]
+    before = tuple(earlier.step for earlier in segs[:s])  # the cuts that led here
+    # a strategy run that had edited canvases by this step: its states are its own
+    edited = any(_edits(c, seg.step) for c in candidates)
+    history = (before, seg.step, seg.lineage[child], guided.key if edited else None)
+    content: tuple[Any, ...] = (seg.mask[child], seg.scores[child])
+    if s == len(segs) - 1 and child in seg.kept:  # a recorded candidate
+        candidate = candidates[seg.kept.index(child)]
+        content = (*content, candidate["text"], _edits(candidate))
+    return (guided.problem, history, content)
+
+
+def guided_states(
+    run: RunData, scorer: str = "prm", labels: str = "continuation", method: str | None = None
+) -> list[State]:
+    """`scored_states` with each state's identity and kind (see the module docstring)."""
     if labels not in LABELS:
         raise ValueError(f"labels must be one of {', '.join(LABELS)}, got {labels!r}")
     crn = _continuations(run) if labels == "continuation" else {}
-    seen: set[tuple] = set()
     out = []
     for guided in _guided_runs(run, "cuts", method):
         segs = segments(guided)
         if segs is None or guided.scorer != scorer:
             continue
         for s, seg in enumerate(segs):
-            before = tuple(earlier.step for earlier in segs[:s])  # the cuts that led here
-            for child, lineage in enumerate(seg.lineage):
-                state = (guided.problem, before, seg.step, lineage)
+            for child in range(len(seg.lineage)):
                 if labels == "continuation":
                     label = _continuation_label(guided, segs, s, child, crn)
                 else:
                     label = _lineage_label(guided, segs, s, child)
-                if label is None or state in seen:
+                if label is None:
                     continue
-                seen.add(state)
-                out.append(ScoredState(guided.problem, seg.scores[child], label, seg.mask[child]))
-    return out
+                scored = ScoredState(guided.problem, seg.scores[child], label, seg.mask[child])
+                kind = state_kind(s, len(segs))
+                out.append(State(scored, kind, _identity(guided, segs, s, child)))
+    return merge_states([out])
 
 
 def pruning_events(run: RunData, method: str | None = None) -> list[PruningEvent]:
@@ -458,6 +545,19 @@ def checkpoints_per_run(run: RunData, method: str) -> int:
         info = guided.record.get("info") or {}
         return len(info.get("resampled", []))
     return 0
+
+
+def recorded_ess(run: RunData, method: str | None = None) -> list[float | None]:
+    """The ESS each intermediate checkpoint of `smc_checkpoints` recorded (from the
+    strategy's unrounded weights), in the same order; None where a record lacks it."""
+    out: list[float | None] = []
+    for guided in _guided_runs(run, "particles", method):
+        info = guided.record.get("info") or {}
+        if not all(name in info for name in CHECKPOINT_FIELDS):
+            continue
+        ess = info.get("ess") or []
+        out.extend(float(ess[j]) if j < len(ess) else None for j in range(len(info["resampled"])))
+    return out
 
 
 def smc_checkpoints(

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure, FigureBase
 from matplotlib.lines import Line2D
@@ -512,12 +513,25 @@ def pareto(report: Report) -> Figure | None:
 
 
 class AUCSeries(NamedTuple):
-    """One line of the ROC-AUC figure: its label, its mask-ratio buckets (`BucketEntry`
-    dicts, in mask order) and the bucket of its fully decoded states (or None)."""
+    """One series of the ROC-AUC figure: its label, its mask-ratio buckets (`BucketEntry`
+    dicts) and the bucket of the fully decoded states it keeps apart from those buckets (None
+    where it keeps none apart: they are in [0, 0.1), or it has none)."""
 
     label: str
     buckets: Sequence[Mapping[str, Any]]
     final: Mapping[str, Any] | None = None
+
+    def in_buckets(self) -> bool:
+        """Whether a bucket of the series has an AUC (a point in the mask panel)."""
+        return any(_has_auc(b) for b in self.buckets)
+
+    def in_final(self) -> bool:
+        """Whether its fully decoded states apart have an AUC (a point in their panel)."""
+        return _has_auc(self.final)
+
+
+def _has_auc(bucket: Mapping[str, Any] | None) -> bool:
+    return bucket is not None and bucket["auc"] is not None
 
 
 def _final_bucket(entry: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -525,29 +539,69 @@ def _final_bucket(entry: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return next((b for b in entry["roc_auc_by_mask"] if b["n"]), None)
 
 
-def auc_series(report: Report) -> tuple[list[AUCSeries], str]:
-    """The series the ROC-AUC figure draws, and a sentence on what their states are: the
-    per-snapshot AUC of collected trajectories (`controls.auc_by_mask`) when the report has
-    it, else the discrimination entries, one series per scorer (its guided states by mask
-    ratio, its final candidates as fully decoded)."""
-    controls = (dict(report).get("controls") or {}).get("auc_by_mask") or []
-    if controls:
-        series = [
-            AUCSeries(c["scorer"].upper(), c.get("buckets") or [], c.get("final")) for c in controls
-        ]
-        return series, "states: every snapshot of the collected trajectories"
+def _run_states(report: Report) -> dict[str, dict[str, Any]]:
+    """Scorer → the buckets of its guided runs' states (`guided`) and the bucket of the
+    independent pools' final candidates (`final`), from the discrimination entries."""
     by_scorer: dict[str, dict[str, Any]] = {}
     for e in report["diagnostics"]["discrimination"]:
-        found = by_scorer.setdefault(e["scorer"], {"buckets": [], "final": None})
+        found = by_scorer.setdefault(e["scorer"], {"guided": [], "final": None})
         if e["states"] == "final":
             found["final"] = _final_bucket(e)
         else:
-            found["buckets"] = e["roc_auc_by_mask"]
-    series = [AUCSeries(s.upper(), f["buckets"], f["final"]) for s, f in by_scorer.items()]
+            found["guided"] = e["roc_auc_by_mask"]
+    return by_scorer
+
+
+def _controls_series(controls: Mapping[str, Any]) -> tuple[list[AUCSeries], str]:
+    """The controls' series, with their fully decoded states apart only where the controls'
+    slicing keeps them apart (`split`, and controls written before they had a `slicing`)."""
+    apart = controls.get("slicing", "split") != "paper"
+    series = [
+        AUCSeries(
+            row["scorer"].upper(), row.get("buckets") or [], row.get("final") if apart else None
+        )
+        for row in controls["auc_by_mask"]
+    ]
+    if apart:
+        return series, (
+            "mask buckets: the partial states of the collected trajectories (steps 0 < s < T); "
+            "fully decoded: their fully decoded states"
+        )
     return series, (
-        "mask buckets: scored states of guided runs; "
-        "fully decoded: final candidates of the independent pools"
+        "mask buckets: every stored state of the collected trajectories, the fully decoded "
+        "ones (mask ratio 0) in [0, 0.1) as the paper slices them"
     )
+
+
+def auc_series(report: Report) -> tuple[list[AUCSeries], str]:
+    """The series the ROC-AUC figure draws, and a sentence on what their states are: the
+    per-snapshot AUC of collected trajectories (`controls.auc_by_mask`) when the report has
+    it, with the runs' final candidates of the scorers it lacks; else a series per scorer of
+    the discrimination entries: its guided states by mask ratio (their fully decoded ones in
+    [0, 0.1)) and its final candidates apart."""
+    runs = _run_states(report)
+    controls = dict(report).get("controls") or {}
+    if controls.get("auc_by_mask"):
+        series, states = _controls_series(controls)
+        covered = {row["scorer"] for row in controls["auc_by_mask"]}
+        finals = [
+            AUCSeries(f"{s.upper()} (runs' final candidates)", [], f["final"])
+            for s, f in runs.items()
+            if s not in covered and _has_auc(f["final"])
+        ]
+        if finals:
+            states += ";\nruns' final candidates: those of the runs' independent pools"
+        return series + finals, states
+    series = [AUCSeries(s.upper(), f["guided"], f["final"]) for s, f in runs.items()]
+    parts = []
+    if any(s.in_buckets() for s in series):
+        parts.append(
+            "mask buckets: scored states of guided runs, their fully decoded ones (mask ratio 0) "
+            "in [0, 0.1)"
+        )
+    if any(s.in_final() for s in series):
+        parts.append("fully decoded: final candidates of the independent pools")
+    return series, "; ".join(parts)
 
 
 def _with_gaps(buckets: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any] | None]:
@@ -570,7 +624,8 @@ def _dodge(members: Sequence[AUCSeries], s: AUCSeries, width: float) -> float:
     return (members.index(s) - (len(members) - 1) / 2) * width / (len(members) + 1)
 
 
-def _auc_point(ax: Any, x: float, bucket: Mapping[str, Any], color: str, below: bool) -> None:
+def _auc_point(ax: Axes, x: float, bucket: Mapping[str, Any], color: str) -> float:
+    """A bucket's AUC at x with its interval; the interval's low end."""
     auc = bucket["auc"]
     interval = bucket["interval"] or {"low": auc, "high": auc}
     ax.errorbar(
@@ -583,79 +638,137 @@ def _auc_point(ax: Any, x: float, bucket: Mapping[str, Any], color: str, below: 
         capsize=3,
         lw=1.2,
     )
-    y, dy, va = (interval["low"], -3, "top") if below else (interval["high"], 3, "bottom")
-    ax.annotate(
-        f"n={bucket['n']}",
-        xy=(x, y),
-        xytext=(0, dy),
-        textcoords="offset points",
-        ha="center",
-        va=va,
-        fontsize=NOTE,
-        color=color,
-    )
+    return interval["low"]
+
+
+def _count(strip: Axes, x: float, row: int, n: int, color: str) -> None:
+    """A bucket's n in its series' row of the strip above the panel."""
+    strip.text(x, row, f"{n}", ha="center", va="center", fontsize=NOTE, color=color)
+
+
+def _mask_panel(
+    ax: Axes, strip: Axes, series: Sequence[AUCSeries], colors: Sequence[str]
+) -> list[float]:
+    """Each series' AUC at its buckets' midpoints (dodged), a line through adjacent buckets
+    with an AUC, and the n of every bucket holding states; the intervals' low ends."""
+    members = [s for s in series if s.in_buckets()]
+    lows: list[float] = []
+    for row, (s, color) in enumerate(zip(series, colors, strict=True)):
+        offset = _dodge(members, s, 0.1)
+        xs: list[float] = []
+        ys: list[float] = []
+        for b in _with_gaps(s.buckets):
+            xs.append(math.nan if b is None else (b["low"] + b["high"]) / 2 + offset)
+            ys.append(math.nan if b is None else b["auc"])
+            if b is not None:
+                lows.append(_auc_point(ax, xs[-1], b, color))
+        if s in members:
+            ax.plot(xs, ys, "-", color=color, lw=1.3, label=s.label)
+        for b in s.buckets:
+            if b["n"]:
+                _count(strip, (b["low"] + b["high"]) / 2, row, b["n"], color)
+    ax.set_xlim(-0.02, 1.02)
+    ax.set_xticks([i / 10 for i in range(11)])
+    ax.set_xlabel("mask ratio of the scored state (points at bucket midpoints)", fontsize=9)
+    return lows
+
+
+def _final_panel(
+    ax: Axes, strip: Axes, series: Sequence[AUCSeries], colors: Sequence[str]
+) -> list[float]:
+    """Each series' AUC on the fully decoded states it keeps apart, and their n; the
+    intervals' low ends."""
+    members = [s for s in series if s.in_final()]
+    lows: list[float] = []
+    for row, (s, color) in enumerate(zip(series, colors, strict=True)):
+        if s.final is None or not s.final["n"]:
+            continue
+        if s in members:
+            lows.append(_auc_point(ax, _dodge(members, s, 0.4), s.final, color))
+        _count(strip, 0.0, row, s.final["n"], color)
+    ax.set_xlim(-0.25, 0.25)
+    ax.set_xticks([0], ["fully\ndecoded"])
+    ax.grid(axis="x", visible=False)
+    return lows
+
+
+def _strip(strip: Axes, series: Sequence[AUCSeries], colors: Sequence[str]) -> None:
+    """The rows of n above the panels: one per series, labelled and coloured as it is."""
+    strip.set_ylim(len(series) - 0.5, -0.5)
+    strip.set_yticks(range(len(series)), [s.label for s in series], fontsize=7)
+    for label, color in zip(strip.get_yticklabels(), colors, strict=True):
+        label.set_color(color)
+
+
+def _gap_note(series: Sequence[AUCSeries]) -> str:
+    """What a missing point means, for the kinds of bucket without an AUC the series have."""
+    buckets = [b for s in series for b in s.buckets]
+    kinds = {
+        "holds no states": any(not b["n"] for b in buckets),
+        "holds states of one class only (its n shown; no AUC)": any(
+            b["n"] and b["auc"] is None for b in [*buckets, *(s.final for s in series if s.final)]
+        ),
+    }
+    found = [kind for kind, present in kinds.items() if present]
+    return f"No point where a bucket {' or '.join(found)}: a line breaks there." if found else ""
 
 
 def roc_auc(report: Report, extra: Sequence[AUCSeries | tuple] = ()) -> Figure | None:
     """ROC-AUC by mask-ratio bucket of each series (`auc_series`, then `extra`: (label,
-    buckets, final bucket or None)), with its clustered bootstrap interval and n; fully
-    decoded states in a panel of their own at the left. A bucket without an AUC breaks its
-    line."""
+    buckets, fully decoded bucket apart or None)), with its clustered bootstrap interval, a
+    point only where a bucket has an AUC; the fully decoded states a series keeps apart in a
+    panel of their own at the left (none when no series keeps any apart); each bucket's n in
+    a row per series above the panels."""
     series, states = auc_series(report)
     series += [AUCSeries(*s) for s in extra]
-    series = [
-        s
-        for s in series
-        if any(b["auc"] is not None for b in s.buckets)
-        or (s.final is not None and s.final["auc"] is not None)
-    ]
+    series = [s for s in series if s.in_buckets() or s.in_final()]
     if not series:
         return None
-    fig = _figure(9, 4.8)
-    final_ax, mask_ax = fig.subplots(1, 2, sharey=True, width_ratios=[1, 6])
+    panels = [
+        (draw, width)
+        for draw, width, drawn in (
+            (_final_panel, 1, any(s.in_final() for s in series)),
+            (_mask_panel, 6, any(s.in_buckets() for s in series)),
+        )
+        if drawn
+    ]
+    strip_height = 0.2 + 0.14 * len(series)
+    fig = _figure(max(5.0, 2.0 + sum(w for _, w in panels)), 4.8 + strip_height)
+    grid = fig.subplots(
+        2,
+        len(panels),
+        sharex="col",
+        sharey="row",
+        squeeze=False,
+        height_ratios=[strip_height, 3.4],
+        width_ratios=[w for _, w in panels],
+    )
     colors = [f"C{i % 10}" for i in range(len(series))]
-    in_mask = [s for s in series if any(b["auc"] is not None for b in s.buckets)]
-    in_final = [s for s in series if s.final is not None and s.final["auc"] is not None]
     lows: list[float] = []
-    for i, (s, color) in enumerate(zip(series, colors, strict=True)):
-        below = i % 2 == 0
-        line = mask_ax.plot([], [], "o-", color=color, lw=1.3, ms=4.5, label=s.label)[0]
-        offset = _dodge(in_mask, s, 0.1)
-        xs: list[float] = []
-        ys: list[float] = []
-        for b in _with_gaps(s.buckets):
-            if b is None:
-                xs.append(math.nan)
-                ys.append(math.nan)
-                continue
-            x = (b["low"] + b["high"]) / 2 + offset
-            xs.append(x)
-            ys.append(b["auc"])
-            _auc_point(mask_ax, x, b, color, below)
-            lows.append((b["interval"] or {"low": b["auc"]})["low"])
-        line.set_data(xs, ys)
-        if s.final is not None and s.final["auc"] is not None:
-            _auc_point(final_ax, _dodge(in_final, s, 0.4), s.final, color, below)
-            lows.append((s.final["interval"] or {"low": s.final["auc"]})["low"])
-    for ax in (final_ax, mask_ax):
+    for (draw, _), strip, ax in zip(panels, grid[0], grid[1], strict=True):
         ax.axhline(0.5, color=REFERENCE, ls="--", lw=0.8, label="chance (0.5)")
         ax.grid(alpha=0.3)
         ax.tick_params(labelsize=8)
-    final_ax.set_xlim(-0.25, 0.25)
-    final_ax.set_xticks([0], ["fully\ndecoded"])
-    final_ax.grid(axis="x", visible=False)
-    final_ax.set_ylabel(f"ROC-AUC ({_level(report)} CI)")
-    final_ax.set_ylim(min(0.45, min(lows) - 0.03), 1.02)
-    mask_ax.set_xlim(-0.02, 1.02)
-    mask_ax.set_xticks([i / 10 for i in range(11)])
-    mask_ax.set_xlabel("mask ratio of the scored state (points at bucket midpoints)", fontsize=9)
-    mask_ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        strip.tick_params(bottom=False, left=False)
+        lows += draw(ax, strip, series, colors)
+    _strip(grid[0, 0], series, colors)
+    grid[0, -1].set_title("n: states in each bucket", fontsize=8, loc="left")
+    grid[1, 0].set_ylabel(f"ROC-AUC ({_level(report)} CI)")
+    grid[1, 0].set_ylim(min(0.45, min(lows) - 0.03), 1.02)
+    keys = [
+        Line2D(
+            [], [], color=c, marker="o", ms=4.5, ls="-" if s.in_buckets() else "none", label=s.label
+        )
+        for s, c in zip(series, colors, strict=True)
+    ]
+    keys.append(Line2D([], [], color=REFERENCE, ls="--", lw=0.8, label="chance (0.5)"))
+    grid[1, -1].legend(handles=keys, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.suptitle("Scorer discrimination by mask ratio", fontsize=10)
     _caption(
         fig,
         f"Error bars: {_level(report)} bootstrap CIs, problems resampled (clustered by problem); "
-        "n: states in the bucket.\n"
-        f"{states}. A gap in a line: a bucket without both classes (no AUC).",
+        "n (the rows above the panels): the states in each bucket.\n"
+        + "\n".join(filter(None, [f"{states}." if states else "", _gap_note(series)])),
     )
     return fig
 
@@ -728,9 +841,65 @@ def particle_count(report: Report, entry: Mapping[str, Any]) -> int | None:
     return sizes[0] if sizes else None
 
 
+def resampled_checkpoints(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The checkpoints where some problem's particles resampled: resampling sets the ESS to K
+    and happens only below the threshold, so a mean ESS after that differs from the one
+    before; where it is equal, nothing resampled and there is no 'after'."""
+    return [c for c in rows if c["ess_after"] != c["ess_before"]]
+
+
+def _ess_panel(ax: Axes, entry: Mapping[str, Any], k: int, label: str) -> None:
+    """One SMC run: ESS/K before resampling at each checkpoint, after it where a problem
+    resampled, the resampling threshold and the tempering target of its spec."""
+    options = strategy_options(entry["pool"])[1]
+    temper = _number(options.get("ess_fraction")) or ESS_FRACTION
+    resample = _number(options.get("resample_fraction"))
+    resample = RESAMPLE_FRACTION if resample is None else resample
+    rows = entry["by_checkpoint"]
+    xs = [c["index"] for c in rows]
+    ax.axhline(resample, color="tab:red", ls="--", lw=1, label=f"resample below {resample:g}·K")
+    ax.axhline(temper, color=REFERENCE, ls=":", lw=1.2, label=f"tempering target {temper:g}·K")
+    after = resampled_checkpoints(rows)
+    if after:
+        ax.plot(
+            [c["index"] for c in after],
+            [c["ess_after"] / k for c in after],
+            "s",
+            color="tab:blue",
+            ms=9,
+            mfc="white",
+            mew=1.3,
+            label="after resampling",
+        )
+    before = [c["ess_before"] / k for c in rows]
+    ax.plot(xs, before, "o-", color="tab:blue", ms=4.5, lw=1, label="before resampling")
+    ax.set_xticks(xs)
+    ax.set_xlim(min(xs) - 0.5, max(xs) + 0.5)
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("checkpoint index", fontsize=9)
+    ax.set_title(
+        f"{label} (K={k}), n = {entry['checkpoints'] // len(rows)} problems\n"
+        f"resampled at {100 * entry['resample_rate']:.0f}% of checkpoints",
+        fontsize=9,
+    )
+    ax.grid(alpha=0.3)
+    ax.tick_params(labelsize=8)
+
+
+def _named_handles(axes: Sequence[Axes]) -> dict[str, Any]:
+    """Every labelled artist of the panels, one per label, in the order first drawn with
+    "before resampling" last (after "after resampling", which a panel may lack)."""
+    found: dict[str, Any] = {}
+    for ax in axes:
+        for handle, name in zip(*ax.get_legend_handles_labels(), strict=True):
+            found.setdefault(name, handle)
+    return {name: found[name] for name in sorted(found, key=lambda n: n == "before resampling")}
+
+
 def smc_ess(report: Report) -> Figure | None:
-    """ESS/K before and after resampling at each SMC checkpoint (its report.json index), one
-    panel per SMC run, with the tempering target and the resampling threshold."""
+    """ESS/K before resampling at each SMC checkpoint (its report.json index) and after it
+    where particles resampled, one panel per SMC run, with the tempering target and the
+    resampling threshold; the legend at the right, below the title."""
     entries = [
         (e, particle_count(report, e))
         for e in report["diagnostics"]["particles"]
@@ -743,51 +912,16 @@ def smc_ess(report: Report) -> Figure | None:
     fig = _figure(3.2 * len(entries) + 2.6, 4.2)
     axes = fig.subplots(1, len(entries), sharey=True, squeeze=False)[0]
     for ax, (e, k) in zip(axes, entries, strict=True):
-        options = strategy_options(e["pool"])[1]
-        temper = _number(options.get("ess_fraction")) or ESS_FRACTION
-        resample = _number(options.get("resample_fraction"))
-        resample = RESAMPLE_FRACTION if resample is None else resample
-        rows = e["by_checkpoint"]
-        xs = [c["index"] for c in rows]
-        ax.axhline(resample, color="tab:red", ls="--", lw=1, label=f"resample below {resample:g}·K")
-        ax.axhline(temper, color=REFERENCE, ls=":", lw=1.2, label=f"tempering target {temper:g}·K")
-        ax.plot(
-            xs,
-            [c["ess_after"] / k for c in rows],
-            "s--",
-            color="tab:blue",
-            ms=9,
-            mfc="white",
-            mew=1.3,
-            lw=1,
-            label="after resampling",
-        )
-        ax.plot(
-            xs,
-            [c["ess_before"] / k for c in rows],
-            "o-",
-            color="tab:blue",
-            ms=4.5,
-            lw=1,
-            label="before resampling",
-        )
-        ax.set_xticks(xs)
-        ax.set_xlim(min(xs) - 0.5, max(xs) + 0.5)
-        ax.set_ylim(0, 1.05)
-        ax.set_xlabel("checkpoint index", fontsize=9)
-        problems = e["checkpoints"] // len(rows)
-        ax.set_title(
-            f"{labels[e['pool']]} (K={k}), n = {problems} problems\n"
-            f"resampled at {100 * e['resample_rate']:.0f}% of checkpoints",
-            fontsize=9,
-        )
-        ax.grid(alpha=0.3)
-        ax.tick_params(labelsize=8)
+        _ess_panel(ax, e, k, labels[e["pool"]])
     axes[0].set_ylabel("ESS / K (mean over problems)")
-    handles, names = axes[0].get_legend_handles_labels()
-    fig.legend(handles, names, loc="outside right upper", fontsize=8)
+    handles = _named_handles(axes)
+    fig.legend(list(handles.values()), list(handles), loc="outside right center", fontsize=8)
     fig.suptitle("SMC: effective sample size as a share of the K particles", fontsize=10)
-    _caption(fig, "ESS/K at each checkpoint, averaged over problems; 1 = uniform weights.")
+    _caption(
+        fig,
+        "ESS/K at each checkpoint, averaged over problems; 1 = uniform weights.\n"
+        "After resampling: only at checkpoints where some problem's particles resampled.",
+    )
     return fig
 
 

@@ -5,6 +5,8 @@ such table per budget."""
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any
 
 from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
@@ -43,6 +45,41 @@ APPROXIMATE_NOTE = (
 )
 
 
+# after a McNemar p-value whose test and the paired interval disagree (`mcnemar_agrees`)
+DISAGREE_MARK = "†"
+
+
+def disagree_note(level: float) -> str:
+    """Under a table where a paired interval and McNemar's test disagree: what † means."""
+    alpha = f"{100 * (1 - level):.3g}%"
+    return (
+        f"†: the Δ interval and McNemar's test disagree: the interval excludes 0 while "
+        f"p ≥ {alpha}, or holds 0 while p < {alpha}. The interval resamples every problem, "
+        "the test conditions on the problems where the two methods differ, so with few of "
+        "those they can disagree (4 better, 0 worse: the interval excludes 0, p = 0.125); "
+        "see docs/results-schema.md."
+    )
+
+
+# under a table that holds a Majority whose failed extractions vote (majority:invalid=vote)
+INVALID_VOTE_NOTE = (
+    "majority:invalid=vote: failed extractions count as one answer, never correct, that can "
+    "win the vote (the paper's scripts' count, `--preset paper`); the default, invalid=drop, "
+    "keeps them out of the vote."
+)
+
+
+def disagrees(delta: Mapping[str, Any] | None) -> bool:
+    """A paired difference whose interval and McNemar's test disagree (`mcnemar_agrees`)."""
+    return bool(delta) and delta.get("mcnemar_agrees") is False
+
+
+def invalid_votes(spec: str) -> bool:
+    """A method spec whose selector is Majority with invalid answers voting."""
+    name, _, options = spec.partition("+")[2].partition(":")
+    return name == "majority" and "invalid=vote" in options.split(",")
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:.2f}"
 
@@ -76,14 +113,27 @@ def _at(results: Results, budget: int | None) -> list[MethodResult]:
 
 def capped_note(results: Results, budget: int | None = None) -> str | None:
     """What the marks of the methods at `budget` mean (`CAPPED_NOTE` for a capped one,
-    `APPROXIMATE_NOTE` for an approximately decoded one), else None."""
+    `APPROXIMATE_NOTE` for an approximately decoded one, `disagree_note` for a † p-value,
+    `INVALID_VOTE_NOTE` for a Majority whose invalid answers vote), else None."""
     methods = _at(results, budget)
     notes = [
         note
         for note, key in ((CAPPED_NOTE, "capped"), (APPROXIMATE_NOTE, "approximate"))
         if any(m.get(key) for m in methods)
     ]
+    if any(disagrees(m.get("delta_vs_reference")) for m in methods):
+        notes.append(disagree_note(results["level"]))
+    if any(invalid_votes(m["spec"]) for m in methods):
+        notes.append(INVALID_VOTE_NOTE)
     return " ".join(notes) or None
+
+
+def p_cell(delta: Mapping[str, Any] | None, digits: str = ".2g") -> str:
+    """A paired difference's McNemar p, † when it and the interval disagree; – without."""
+    if not delta or "mcnemar_p" not in delta:
+        return "–"
+    mark = f" {DISAGREE_MARK}" if disagrees(delta) else ""
+    return f"{delta['mcnemar_p']:{digits}}{mark}"
 
 
 def rows(results: Results, budget: int | None = None) -> list[tuple[bool, list[str]]]:
@@ -116,7 +166,7 @@ def _cells(m: MethodResult) -> list[str]:
             if delta
             else "–"
         ),
-        f"{delta['mcnemar_p']:.2g}" if delta and "mcnemar_p" in delta else "–",
+        p_cell(delta),
         _pct(pool["oracle"]["value"]) if pool else "–",
         f"{pool['unique_answers']:.2f}" if pool else "–",
     ]

@@ -23,6 +23,8 @@ from typing import Any
 
 from dllmbench.analysis import evidence
 from dllmbench.analysis.agreement import agreement
+from dllmbench.analysis.controls import PAPER
+from dllmbench.analysis.controls_slicing import select_slicing
 from dllmbench.analysis.report_markdown import markdown
 from dllmbench.analysis.report_sections import (
     Options,
@@ -159,10 +161,12 @@ def build_report(
     options: Options | None = None,
     controls: str | Path | None = None,
     exact: str | Path | None = None,
+    slicing: str = PAPER,
 ) -> Report:
     """The content of report.json for the run directories at `paths`, with the scorer
-    controls in the folder `controls` (dllmbench diagnose) if given, and the first run's
-    answers beside those of the exactly decoded run `exact` if given."""
+    controls in the folder `controls` (dllmbench diagnose) if given, their snapshot
+    `slicing` in front, and the first run's answers beside those of the exactly decoded run
+    `exact` if given."""
     options = options or Options()
     runs = load_runs(paths)
     first = runs[0]
@@ -189,7 +193,9 @@ def build_report(
         methods=methods_table(runs),
         pooled=pooled_section(runs, seed, resamples, level, options),
         diagnostics=diagnostics_section(runs, seed, resamples, level),
-        controls=None if controls is None else load_controls(controls, first),
+        controls=None
+        if controls is None
+        else select_slicing(load_controls(controls, first), slicing, controls),
         agreement=None if exact is None else agreement(first, load_runs([exact])[0]),
         figures={},
     )
@@ -212,13 +218,14 @@ def write_report(
     options: Options | None = None,
     controls: str | Path | None = None,
     exact: str | Path | None = None,
+    slicing: str = PAPER,
 ) -> Written:
     """Build the report of the runs at `paths` (with the scorer controls in `controls`) and
     write report.json, report.md and the figures into `out` (default: RUN_DIR/report of the
     first run)."""
     from dllmbench.analysis import figures
 
-    report = build_report(paths, options, controls, exact)
+    report = build_report(paths, options, controls, exact, slicing)
     folder = Path(out) if out is not None else Path(paths[0]) / "report"
     try:
         folder.mkdir(parents=True, exist_ok=True)

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dllmbench.analysis.leaderboard import CAPPED_NOTE, flops_cell, passes_cell
+from dllmbench.analysis.leaderboard import (
+    CAPPED_NOTE,
+    DISAGREE_MARK,
+    INVALID_VOTE_NOTE,
+    disagree_note,
+    disagrees,
+    flops_cell,
+    invalid_votes,
+    passes_cell,
+)
 from dllmbench.analysis.report_sections import budget_text, selector_scorers
 from dllmbench.core.flops import format_flops
 from dllmbench.core.schema import (
@@ -34,10 +43,12 @@ def delta_cell(entry: IntervalEntry | None) -> str:
 
 def p_value(entry: IntervalEntry | None) -> str:
     """The exact McNemar p-value of a paired difference of 0/1 outcomes, with its
-    discordant counts (`+better/−worse`); – where the outcomes are not 0/1."""
+    discordant counts (`+better/−worse`), † when it and the interval disagree; – where the
+    outcomes are not 0/1."""
     if entry is None or "mcnemar_p" not in entry:
         return "–"
-    return f"{entry['mcnemar_p']:.3g} (+{entry['better']}/−{entry['worse']})"
+    mark = f" {DISAGREE_MARK}" if disagrees(entry) else ""
+    return f"{entry['mcnemar_p']:.3g} (+{entry['better']}/−{entry['worse']}){mark}"
 
 
 def number_cell(entry: IntervalEntry | None, digits: int = 2) -> str:
@@ -100,6 +111,10 @@ def md_methods(report: Report) -> list[str]:
         lines += [f"### Budget {at} per problem", "", *md_table(headers, rows)]
     if any(m.get("capped") for m in report["methods"]):
         lines += [CAPPED_NOTE, ""]
+    if any(disagrees(m.get("delta_vs_reference")) for m in report["methods"]):
+        lines += [disagree_note(report["level"]), ""]
+    if any(invalid_votes(m["spec"]) for m in report["methods"]):
+        lines += [INVALID_VOTE_NOTE, ""]
     return lines
 
 
@@ -187,29 +202,45 @@ def md_discrimination(report: Report) -> list[str]:
         rows.append([f"[{low:.1f}, {high:.1f}{']' if b == 9 else ')'}", *cells])
     lines += md_table(headers, rows)
     lines += [
-        "Within-problem Kendall τ-b between score and correctness, over problems with "
-        "both correct and incorrect states; the median first, the paper's headline statistic:",
+        "Within-problem Kendall τ-b between score and correctness, over problems with both "
+        "correct and incorrect states, one kind of state at a time (never mixed): a guided "
+        "run's first-segment states (partial, before the first cut) apart from its final "
+        "states (the kept branch, fully decoded). The median has a 95% bootstrap interval "
+        "over problems. The paper's statistic (median 0.44, mean 0.397) is τ on fully "
+        "decoded independent samples: here the `final` row of the `final` states (the "
+        "independent pools' candidates); the guided rows are not the paper's.",
         "",
     ]
     taus = [
         (
             e["scorer"],
             e["states"],
-            str(e["count"]),
-            str(e["kendall_tau"]["problems"]),
-            _tau(e["kendall_tau"].get("median")),
-            _tau(e["kendall_tau"]["mean"]),
-            str(e["kendall_tau"]["undefined"]),
+            KINDS.get(tau["states"], tau["states"]),
+            str(tau["count"]),
+            str(tau["problems"]),
+            _tau(tau["median"], tau["interval"]),
+            _tau(tau["mean"]),
+            str(tau["undefined"]),
         )
         for e in entries
+        for tau in e["kendall_tau"]
     ]
-    return lines + md_table(
-        ("scorer", "states", "states n", "problems", "median τ", "mean τ", "undefined"), taus
-    )
+    headers = ("scorer", "states", "kind", "states n", "problems", "median τ", "mean τ")
+    return lines + md_table((*headers, "undefined"), taus)
 
 
-def _tau(value: float | None) -> str:
-    return "–" if value is None else f"{value:.3f}"
+# the kinds of state a Kendall τ is taken over (report.json's `states` of `kendall_tau`)
+KINDS = {
+    "first_segment": "first segment",
+    "later_segment": "later segment",
+    "final": "final",
+}
+
+
+def _tau(value: float | None, ci: IntervalEntry | None = None) -> str:
+    if value is None:
+        return "–"
+    return f"{value:+.3f}" + ("" if ci is None else f" [{ci['low']:+.3f}, {ci['high']:+.3f}]")
 
 
 def md_pools(report: Report) -> list[str]:
@@ -250,7 +281,7 @@ def md_removal(report: Report) -> list[str]:
             str(e["events"]),
             str(e["at_risk"]),
             str(e["lost"]),
-            "–" if e["rate"] is None else _pct(e["rate"]),
+            "–" if e["rate"] is None else ci_cell(e["interval"]),
         )
         for e in entries
     ]
@@ -261,9 +292,10 @@ def md_removal(report: Report) -> list[str]:
         "continuation is correct (at risk), and those that removed every such lineage (lost). "
         "This is what the runs did, not the paper's offline counterfactual (top-M cuts at the "
         "initial, middle and final stored states), which `dllmbench diagnose` computes from a "
-        "collection and `report --controls` adds below.",
+        "collection and `report --controls` adds below. The rate's 95% interval resamples "
+        "the problems (one cut each).",
         "",
-        *md_table(("pool", "cuts", "at risk", "lost", "rate %"), rows),
+        *md_table(("pool", "cuts", "at risk", "lost", "rate % [95% CI]"), rows),
     ]
 
 
@@ -314,6 +346,7 @@ def md_swap(report: Report) -> list[str]:
         return []
     acc = [(name, ci_cell(ci)) for name, ci in swap["accuracy"].items()]
     diffs = [(f"{d['a']} − {d['b']}", delta_cell(d), p_value(d)) for d in swap["differences"]]
+    note = [disagree_note(report["level"]), ""] if any(map(disagrees, swap["differences"])) else []
     return [
         "### Scorer swap",
         "",
@@ -322,6 +355,7 @@ def md_swap(report: Report) -> list[str]:
         "",
         *md_table(("selector", "acc % [95% CI]"), acc),
         *md_table(("difference", "pp [95% CI]", "McNemar p"), diffs),
+        *note,
     ]
 
 

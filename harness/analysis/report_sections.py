@@ -5,14 +5,13 @@ diagnostics of `diagnostics` on the evidence `evidence` reads from the records."
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from dllmbench.analysis import diagnostics, evidence, pooled
+from dllmbench.analysis import diagnostics, evidence, pooled, stats
 from dllmbench.core.flops import format_flops
 from dllmbench.core.schema import (
     BucketEntry,
@@ -316,20 +315,6 @@ class Boot:
         return interval(pooled.bootstrap_interval(values, **opts))
 
 
-def merge_new(lists: Sequence[Sequence[Any]]) -> list[Any]:
-    """The items of the first list, then of each later list what the earlier lists do not
-    already hold (as multisets): a strategy run two run directories share counts once."""
-    out: list[Any] = []
-    for items in lists:
-        have = Counter(out)
-        for item in items:
-            if have[item] > 0:
-                have[item] -= 1
-            else:
-                out.append(item)
-    return out
-
-
 def bucket_entry(b: diagnostics.BucketAUC) -> BucketEntry:
     """A mask bucket's ROC-AUC as report.json (and controls.json) hold it."""
     return BucketEntry(
@@ -342,33 +327,51 @@ def bucket_entry(b: diagnostics.BucketAUC) -> BucketEntry:
     )
 
 
-def _discrimination(
-    scorer: str, kind: str, states: list[diagnostics.ScoredState], boot: Boot
-) -> DiscriminationEntry:
-    opts = {"resamples": boot.resamples, "level": boot.level, "seed": boot.seed}
+def kendall_entry(kind: str, states: Sequence[diagnostics.ScoredState], boot: Boot) -> KendallEntry:
+    """Within-problem Kendall τ over states of one kind: its median over problems with its
+    bootstrap interval (the medians of resampled problems), and its mean."""
     tau = diagnostics.within_problem_kendall(states)
+    defined = [t for t in tau.per_problem.values() if not np.isnan(t)]
+    opts = {"resamples": boot.resamples, "level": boot.level, "seed": boot.seed}
+    return KendallEntry(
+        states=kind,
+        count=len(states),
+        median=rounded(tau.median),
+        interval=interval(stats.median_interval(defined, **opts)),
+        mean=rounded(tau.mean),
+        problems=tau.problems,
+        undefined=tau.undefined,
+    )
+
+
+def _discrimination(
+    scorer: str, kind: str, states: Sequence[evidence.State], boot: Boot
+) -> DiscriminationEntry:
+    """ROC-AUC by mask bucket over every state; Kendall τ apart for each kind of state."""
+    opts = {"resamples": boot.resamples, "level": boot.level, "seed": boot.seed}
+    scored = [s.scored for s in states]
     return DiscriminationEntry(
         scorer=scorer,
         states=kind,
-        count=len(states),
-        positives=sum(bool(s.label) for s in states),
-        roc_auc_by_mask=[bucket_entry(b) for b in diagnostics.auc_by_mask_bucket(states, **opts)],
-        kendall_tau=KendallEntry(
-            median=None if tau.median is None else round(tau.median, DIGITS),
-            mean=None if tau.mean is None else round(tau.mean, DIGITS),
-            problems=tau.problems,
-            undefined=tau.undefined,
-        ),
+        count=len(scored),
+        positives=sum(bool(s.label) for s in scored),
+        roc_auc_by_mask=[bucket_entry(b) for b in diagnostics.auc_by_mask_bucket(scored, **opts)],
+        kendall_tau=[
+            kendall_entry(k, [s.scored for s in states if s.kind == k], boot)
+            for k in evidence.STATE_KINDS
+            if any(s.kind == k for s in states)
+        ],
     )
 
 
 def discrimination(runs: Sequence[evidence.RunData], boot: Boot) -> list[DiscriminationEntry]:
-    """Each scorer's ROC-AUC by mask bucket and within-problem Kendall τ, on the guided runs'
-    scored states and on the final candidates of the independent pools."""
+    """Each scorer's ROC-AUC by mask bucket and within-problem Kendall τ (by kind of state),
+    on the guided runs' scored states and on the final candidates of the independent pools;
+    a state the runs share counts once (`evidence.merge_states`)."""
     out = []
     for scorer in sorted(runs[0].manifest.get("scorers") or {}):
-        guided = merge_new([evidence.scored_states(run, scorer=scorer) for run in runs])
-        final = merge_new([evidence.final_states(run, scorer) for run in runs])
+        guided = evidence.merge_states([evidence.guided_states(run, scorer) for run in runs])
+        final = evidence.merge_states([evidence.candidate_states(run, scorer) for run in runs])
         for kind, states in (("guided", guided), ("final", final)):
             if states:
                 out.append(_discrimination(scorer, kind, states, boot))
@@ -437,15 +440,18 @@ def pool_kind(method: dict[str, Any]) -> str:
     return "guided" if found.get("cuts") or found.get("particles") else "other"
 
 
-def removal(runs: Sequence[evidence.RunData]) -> list[RemovalRiskEntry]:
-    """Removal risk of the first cut of each strategy run that declares pruning cuts."""
+def removal(runs: Sequence[evidence.RunData], boot: Boot) -> list[RemovalRiskEntry]:
+    """Removal risk of the first cut of each strategy run that declares pruning cuts, with
+    the bootstrap interval of its rate over the cuts (one per problem)."""
     out = []
     for run, key, mids in _shared_methods(runs, "cuts"):
         events = evidence.pruning_events(run, method=mids[0])
         if not events:
             continue
         risk = diagnostics.removal_risk(events)
-        rate = None if risk.rate is None else round(risk.rate, DIGITS)
+        each = [diagnostics.removal_risk([event]) for event in events]
+        opts = {"resamples": boot.resamples, "level": boot.level, "seed": boot.seed}
+        ci = stats.ratio_interval([r.lost for r in each], [r.at_risk for r in each], **opts)
         out.append(
             RemovalRiskEntry(
                 pool=key,
@@ -453,7 +459,8 @@ def removal(runs: Sequence[evidence.RunData]) -> list[RemovalRiskEntry]:
                 events=risk.events,
                 at_risk=risk.at_risk,
                 lost=risk.lost,
-                rate=rate,
+                rate=rounded(risk.rate),
+                interval=interval(ci),
             )
         )
     return out
@@ -479,6 +486,20 @@ def rounded(value: float | None) -> float | None:
     return None if value is None else round(value, DIGITS)
 
 
+def with_recorded_ess(
+    checkpoints: Sequence[diagnostics.CheckpointStats], recorded: Sequence[float | None]
+) -> list[diagnostics.CheckpointStats]:
+    """Each checkpoint's diagnostics with the ESS its strategy recorded (from unrounded
+    weights) in place of the one recomputed from the weights as recorded (6 digits); after
+    resampling the ESS is K either way."""
+    out = []
+    for s, ess in zip(checkpoints, recorded, strict=True):
+        if ess is not None:
+            s = replace(s, ess_before=ess, ess_after=float(s.n) if s.resampled else ess)
+        out.append(s)
+    return out
+
+
 def smc(runs: Sequence[evidence.RunData]) -> list[SMCEntry]:
     """ESS before and after each checkpoint, β, resampling and ancestors of each SMC run."""
     out = []
@@ -487,14 +508,15 @@ def smc(runs: Sequence[evidence.RunData]) -> list[SMCEntry]:
         if not checkpoints:
             continue
         summary = diagnostics.smc_diagnostics(checkpoints)
+        checked = with_recorded_ess(summary.checkpoints, evidence.recorded_ess(run, mids[0]))
         per_run = evidence.checkpoints_per_run(run, mids[0])
         out.append(
             SMCEntry(
                 pool=key,
                 methods=mids,
-                checkpoints=len(summary.checkpoints),
-                ess_before=round(summary.mean_ess_before, DIGITS),
-                ess_after=round(summary.mean_ess_after, DIGITS),
+                checkpoints=len(checked),
+                ess_before=round(float(np.mean([s.ess_before for s in checked])), DIGITS),
+                ess_after=round(float(np.mean([s.ess_after for s in checked])), DIGITS),
                 resample_rate=round(summary.resample_rate, DIGITS),
                 beta={
                     "mean": round(summary.beta_mean, DIGITS),
@@ -503,7 +525,7 @@ def smc(runs: Sequence[evidence.RunData]) -> list[SMCEntry]:
                 },
                 distinct_ancestors=rounded(summary.mean_distinct_ancestors),
                 ancestor_perplexity=rounded(summary.mean_ancestor_perplexity),
-                by_checkpoint=_by_checkpoint(summary.checkpoints, per_run),
+                by_checkpoint=_by_checkpoint(checked, per_run),
             )
         )
     return out
@@ -537,7 +559,7 @@ def diagnostics_section(
     return DiagnosticsSection(
         discrimination=discrimination(runs, boot),
         pools=pools(runs, boot),
-        removal_risk=removal(runs),
+        removal_risk=removal(runs, boot),
         particles=smc(runs),
         scorer_swap=scorer_swap(runs, boot),
     )

@@ -190,9 +190,9 @@ def _pool_entry(pools: list[list[CandidateRecord]], boot: _Bootstrap) -> PoolEnt
     answer_keys = [[c["key"] if c["valid"] else None for c in p] for p in pools]
     oracle = [float(any(c["correct"] for c in p)) for p in pools]
     return PoolEntry(
-        size=float(np.mean([len(p) for p in pools])),
+        size=round(float(np.mean([len(p) for p in pools])), 6),
         oracle=boot.interval(oracle),
-        unique_answers=float(np.mean([unique_answers(k) for k in answer_keys])),
+        unique_answers=round(float(np.mean([unique_answers(k) for k in answer_keys])), 6),
         entropy_bits=round(float(np.mean([entropy_bits(k) for k in answer_keys])), 6),
     )
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 from scipy.stats import binom
@@ -61,9 +62,30 @@ def binary(values: np.ndarray) -> bool:
     return bool(np.isin(values, (0.0, 1.0)).all())
 
 
+def tail_fraction(level: float) -> Fraction:
+    """The probability below each end of a `level` interval, exactly: (1 − level)/2 with
+    `level` read as the decimal it is written as (0.95 → 1/40), not as its binary float
+    (whose (1 − 0.95)/2 is 0.025000000000000022)."""
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    return (1 - Fraction(repr(float(level)))) / 2
+
+
 def _tails(level: float) -> tuple[float, float]:
-    tail = (1.0 - level) / 2.0
-    return tail, 1.0 - tail
+    tail = tail_fraction(level)
+    return float(tail), float(1 - tail)
+
+
+def order_ranks(count: int, level: float) -> tuple[int, int]:
+    """The 1-based ranks, among `count` ascending draws, of a `level` percentile interval's
+    ends: the inverted-CDF quantile at q is the draw of rank ⌈count·q⌉ (at least 1), taken in
+    integer arithmetic (2,000 draws at 95%: ranks 50 and 1950)."""
+    tail = tail_fraction(level)
+    ranks = []
+    for q in (tail, 1 - tail):
+        scaled = count * q
+        ranks.append(min(max(-(-scaled.numerator // scaled.denominator), 1), count))
+    return ranks[0], ranks[1]
 
 
 def exact_quantile(support: np.ndarray, probs: np.ndarray, q: float) -> float:
@@ -90,13 +112,15 @@ def mc_error(draws: np.ndarray, level: float) -> float:
 
 def percentile_interval(draws: np.ndarray, value: float, level: float) -> Interval | None:
     """The percentile interval around `value` of resampled statistics `draws` (NaN draws, a
-    resample where the statistic is undefined, left out): the inverted-CDF quantiles, so each
-    end is a value some resample gave (no interpolation), with their Monte-Carlo error; None
-    when no draw is defined."""
+    resample where the statistic is undefined, left out): the inverted-CDF quantiles, the
+    draws of ranks `order_ranks` (the 50th and the 1950th of 2,000 at 95%), so each end is a
+    value some resample gave (no interpolation), with their Monte-Carlo error; None when no
+    draw is defined."""
     draws = draws[~np.isnan(draws)]
     if draws.size == 0:
         return None
-    low, high = np.quantile(draws, _tails(level), method="inverted_cdf")
+    ordered = np.sort(draws)
+    low, high = (ordered[rank - 1] for rank in order_ranks(ordered.size, level))
     return Interval(value, float(low), float(high), False, mc_error(draws, level))
 
 
@@ -133,6 +157,45 @@ def bootstrap_ci(
         return _binomial_interval(x, level)
     idx = resample_indices(x.size, resamples, seed)
     return _resampled(x, x[idx].mean(axis=1), level)
+
+
+def median_interval(
+    values: Sequence[float] | np.ndarray,
+    *,
+    resamples: int = RESAMPLES,
+    level: float = CONFIDENCE,
+    seed: int = 0,
+) -> Interval | None:
+    """The median of per-problem values with the percentile interval of the medians of
+    `resamples` resamples of the problems (`resample_indices`); None without a value."""
+    x = np.asarray(values, dtype=np.float64)
+    if x.size == 0:
+        return None
+    draws = np.median(x[resample_indices(x.size, resamples, seed)], axis=1)
+    return percentile_interval(draws, float(np.median(x)), level)
+
+
+def ratio_interval(
+    numerators: Sequence[float] | np.ndarray,
+    denominators: Sequence[float] | np.ndarray,
+    *,
+    resamples: int = RESAMPLES,
+    level: float = CONFIDENCE,
+    seed: int = 0,
+) -> Interval | None:
+    """Σ numerators / Σ denominators over problems (a count of each per problem) with the
+    percentile interval of the same ratio over `resamples` resamples of the problems, a
+    resample whose denominators sum to 0 left out; None when they sum to 0."""
+    num = np.asarray(numerators, dtype=np.float64)
+    den = np.asarray(denominators, dtype=np.float64)
+    if num.shape != den.shape:
+        raise ValueError("ratio_interval needs one numerator and one denominator per problem")
+    if not den.sum() > 0:
+        return None
+    idx = resample_indices(num.size, resamples, seed)
+    tops, bottoms = num[idx].sum(axis=1), den[idx].sum(axis=1)
+    draws = np.where(bottoms > 0, tops / np.where(bottoms > 0, bottoms, 1.0), np.nan)
+    return percentile_interval(draws, float(num.sum() / den.sum()), level)
 
 
 @dataclass(frozen=True)
@@ -176,12 +239,24 @@ def mcnemar_p(d: Discordant) -> float:
     return float(min(1.0, 2.0 * binom.cdf(min(d.better, d.worse), m, 0.5)))
 
 
+def tests_agree(low: float, high: float, p_value: float, level: float) -> bool:
+    """Whether a paired interval and McNemar's test say the same at `level`: the interval
+    excludes 0 exactly when p < 1 − level. They can disagree: the interval is the percentile
+    bootstrap of every problem's difference, McNemar's test conditions on the discordant
+    problems alone (4 better and 0 worse: the interval excludes 0 at any number of problems,
+    p = 0.125)."""
+    excludes_zero = low > 0 or high < 0
+    return excludes_zero == (p_value < float(2 * tail_fraction(level)))
+
+
 @dataclass(frozen=True)
 class PairedInterval(Interval):
-    """A paired difference; for 0/1 outcomes also its discordant counts and McNemar p."""
+    """A paired difference; for 0/1 outcomes also its discordant counts, McNemar p and
+    whether the two agree (`tests_agree`)."""
 
     discordant: Discordant | None = None
     p_value: float | None = None
+    agrees: bool | None = None
 
     def as_dict(self, digits: int = 6) -> IntervalEntry:
         out = super().as_dict(digits)
@@ -190,6 +265,7 @@ class PairedInterval(Interval):
             out["worse"] = self.discordant.worse
             # significant digits: a p-value of 1.5e-08 is not 0
             out["mcnemar_p"] = float(f"{float(self.p_value):.{digits}g}")
+            out["mcnemar_agrees"] = bool(self.agrees)
         return out
 
 
@@ -213,8 +289,9 @@ def paired_difference(
         d = Discordant(int(((x == 1) & (y == 0)).sum()), int(((x == 0) & (y == 1)).sum()), x.size)
         support, probs = trinomial_difference(d)
         low, high = (exact_quantile(support, probs, q) for q in _tails(level))
-        value = (d.better - d.worse) / d.problems
-        return PairedInterval(value, low, high, True, None, d, mcnemar_p(d))
+        value, p = (d.better - d.worse) / d.problems, mcnemar_p(d)
+        agrees = tests_agree(low, high, p, level)
+        return PairedInterval(value, low, high, True, None, d, p, agrees)
     diff = x - y
     idx = resample_indices(diff.size, resamples, seed)
     ci = _resampled(diff, diff[idx].mean(axis=1), level)

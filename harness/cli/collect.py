@@ -31,7 +31,10 @@ def add_parser(sub: Any) -> None:
     c.add_argument("--backbone", required=True)
     c.add_argument("--n", type=positive_int, default=4, help="trajectories per problem")
     c.add_argument(
-        "--snapshots", type=positive_int, default=8, help="snapshot steps per trajectory"
+        "--snapshots",
+        type=positive_int,
+        default=8,
+        help="snapshot steps per trajectory, spread over 1..T, after the all-mask canvas (step 0)",
     )
     c.add_argument(
         "--rollouts",

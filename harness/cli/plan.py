@@ -35,6 +35,7 @@ from dllmbench.execution.engine import Sampling
 from dllmbench.execution.planner import Plan, default_budget, plan, scorer_users
 from dllmbench.execution.rates import reference
 from dllmbench.loading.registry import Registry, registry
+from dllmbench.running import presets
 from dllmbench.running.runner import RunConfig
 
 
@@ -82,7 +83,9 @@ def execute(args: argparse.Namespace) -> Reply:
     rates = None
     if unit_of([args.budget] if isinstance(args.budget, int) else args.budget) == "flops":
         rates, passes, scorers = _rates(reg, args, s)
-    result = plan(reg, args.budget, args.steps, methods_arg(args), scorers, passes, rates)
+    selectors = presets.selector_options(s.preset)  # a preset's selector options
+    entries = methods_arg(args)
+    result = plan(reg, args.budget, args.steps, entries, scorers, passes, rates, selectors)
     resolved = dry_run(reg, args, s, backbone_config) if dry else None
 
     def show(console: Console) -> None:

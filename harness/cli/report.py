@@ -13,6 +13,8 @@ from dllmbench.cli.common import Reply, add_json
 from dllmbench.cli.folders import claim
 from dllmbench.core.errors import UserError
 
+SLICINGS = ("paper", "split")  # analysis.controls.SLICINGS, without loading numpy to parse
+
 
 def add_parser(sub: Any) -> None:
     r = sub.add_parser(
@@ -31,6 +33,16 @@ def add_parser(sub: Any) -> None:
         metavar="DIR",
         help="add the scorer controls dllmbench diagnose wrote into DIR (a collection sampled "
         "as the runs were)",
+    )
+    r.add_argument(
+        "--slicing",
+        choices=SLICINGS,
+        default=SLICINGS[0],
+        help="the snapshot slicing of the controls' ROC-AUC by mask ratio and removal risk: "
+        "paper (the default), the paper's: every stored state in the mask buckets, the fully "
+        "decoded one in [0, 0.1), the initial state the all-mask canvas; or split, the "
+        "project's: the states at steps 0 < s < T in the buckets, the fully decoded ones "
+        "only apart, the initial state the first stored step after the canvas",
     )
     r.add_argument(
         "--exact",
@@ -57,7 +69,9 @@ def execute(args: argparse.Namespace) -> Reply:
         seen[where] = run
     claim(Path(args.runs[0]) / "report" if args.out is None else args.out, "report folder")
     start = time.perf_counter()
-    written = write_report(args.runs, args.out, controls=args.controls, exact=args.exact)
+    written = write_report(
+        args.runs, args.out, controls=args.controls, exact=args.exact, slicing=args.slicing
+    )
     seconds = round(time.perf_counter() - start, 2)
     data = {
         "out": str(written.out),

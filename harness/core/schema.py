@@ -157,6 +157,9 @@ class IntervalEntry(TypedDict):
     better: NotRequired[int]
     worse: NotRequired[int]
     mcnemar_p: NotRequired[float]
+    # whether the interval and McNemar's test say the same at `level`: the interval excludes
+    # 0 exactly when mcnemar_p < 1 − level (they can disagree: docs/results-schema.md)
+    mcnemar_agrees: NotRequired[bool]
 
 
 class DeltaEntry(IntervalEntry):
@@ -297,7 +300,14 @@ class BucketEntry(TypedDict):
 
 
 class KendallEntry(TypedDict):
-    median: float | None  # the paper's headline statistic
+    """Within-problem Kendall τ-b over the states of one kind."""
+
+    # "first_segment", "later_segment" or "final" (fully decoded); on the final candidates
+    # of independent pools ("final" entries) the paper's statistic
+    states: str
+    count: int  # states of this kind
+    median: float | None
+    interval: IntervalEntry | None  # the median's bootstrap interval over problems
     mean: float | None
     problems: int
     undefined: int
@@ -309,7 +319,7 @@ class DiscriminationEntry(TypedDict):
     count: int
     positives: int
     roc_auc_by_mask: list[BucketEntry]
-    kendall_tau: KendallEntry
+    kendall_tau: list[KendallEntry]  # one per kind of state, never mixed
 
 
 class PoolDiversityEntry(TypedDict):
@@ -330,6 +340,7 @@ class RemovalRiskEntry(TypedDict):
     at_risk: int
     lost: int
     rate: float | None
+    interval: IntervalEntry | None  # the rate's bootstrap interval over the cuts' problems
 
 
 class SMCEntry(TypedDict):
@@ -365,7 +376,7 @@ class RunEntry(TypedDict):
     budgets: list[int]
 
 
-CONTROLS_SCHEMA_VERSION = 1  # `schema_version` of controls.json
+CONTROLS_SCHEMA_VERSION = 2  # `schema_version` of controls.json
 
 
 class Controls(TypedDict):
@@ -380,9 +391,11 @@ class Controls(TypedDict):
     resamples: int
     level: float
     width: int  # K: trajectories per group of the removal-risk counterfactual
-    auc_by_mask: list[dict[str, Any]]  # scorer, buckets (partial states), final (decoded)
-    kendall_tau: list[dict[str, Any]]  # scorer, median, mean, problems, undefined
+    slicing: str  # the snapshot slicing of auc_by_mask and removal_risk: paper or split
+    auc_by_mask: list[dict[str, Any]]  # scorer, buckets (by `slicing`), final (decoded)
+    kendall_tau: list[dict[str, Any]]  # scorer, median, interval, mean, problems, undefined
     removal_risk: list[dict[str, Any]]  # scorer, state, step, keep (M), width, rate, …
+    alternative: dict[str, Any]  # the other slicing: slicing, auc_by_mask, removal_risk
     readout: list[dict[str, Any]]  # mean, last, mean_auc, last_auc, change
     suffix_ablation: list[dict[str, Any]]  # scorer, original, ablated, change
     reversed_input: list[dict[str, Any]]  # scorer, forward, reversed, averaged, reference

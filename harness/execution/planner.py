@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from dllmbench.api.interfaces import is_capped
 from dllmbench.core.errors import PluginError, UserError
@@ -390,6 +391,15 @@ def check_budgets(budgets: list[int]) -> list[int]:
     return sorted(budgets)
 
 
+def with_selector_options(
+    spec: MethodSpec, selectors: Mapping[str, Mapping[str, Any]] | None
+) -> MethodSpec:
+    """`spec` with a preset's options for its selector plugin (`presets.selector_options`),
+    the spec's own options winning: `independent:n=8+majority:invalid=drop` stays as given."""
+    options = (selectors or {}).get(spec.selector, {})
+    return replace(spec, selector_config={**options, **spec.selector_config})
+
+
 def _place(
     registry: Registry,
     entry: str,
@@ -399,6 +409,7 @@ def _place(
     scorers: set[str] | None,
     passes_per_step: int,
     rates: Mapping[str, int] | None = None,
+    selectors: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Method | LeftOut:
     """The method `entry` takes at `budget` (FLOPs at `rates` for a `Flops` budget), or why
     it is left out."""
@@ -409,6 +420,7 @@ def _place(
             raise PluginError(f"method family {entry!r}: {missing}")
         return LeftOut(entry, missing)
     spec, family = _spec(registry, entry, total_steps)
+    spec = with_selector_options(spec, selectors)
     label, name = (family.label, family.name) if family else (None, None)
     measure, most, unit = None, None, "passes"
     if isinstance(budget, Flops):
@@ -461,11 +473,13 @@ def plan(
     scorers: set[str] | None = None,
     passes_per_step: int = 1,
     rates: Mapping[str, int] | None = None,
+    selectors: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Plan:
     """Choose every method for `budget`, or for each of several budgets. `entries` are family
     names, `all` or method specs. Budgets are passes per problem, or FLOPs per problem
     (`Flops`), which `rates` (FLOPs per pass by kind, at the run's reference row) convert;
-    with `rates` every planned method also carries its FLOPs.
+    with `rates` every planned method also carries its FLOPs. `selectors` (selector plugin →
+    options, a preset's) fills each method's selector options its spec does not give.
 
     With `scorers` given, families that need a scorer outside it are left out. Methods are in
     entry order (an entry's sizes by budget); each carries the budgets it is planned at.
@@ -477,7 +491,7 @@ def plan(
     for entry, named in expand(registry, entries, total_steps).items():
         for at in budgets:
             placed = _place(
-                registry, entry, named, at, total_steps, scorers, passes_per_step, rates
+                registry, entry, named, at, total_steps, scorers, passes_per_step, rates, selectors
             )
             if isinstance(placed, LeftOut):
                 if placed not in result.left_out:

@@ -1,10 +1,13 @@
 """Named presets: every setting a published protocol used, as plain data.
 
 `--preset paper` sets what the paper's runs used for the chosen backbone and task. A preset
-names options only (sampling flags, the budget, backbone, task and scorer options by name); it
-imports no plugin, so an option a plugin lacks is the registry's usual one-line error when the
-run or the plan checks it. A value given explicitly on the command line wins over the preset's,
-and the record the manifest keeps says which values the preset set and which were overridden.
+names options only (sampling flags, the budget, backbone, task, scorer and selector options by
+name); it imports no plugin, so an option a plugin lacks is the registry's usual one-line error
+when the run or the plan checks it. A value given explicitly on the command line wins over the
+preset's, and the record the manifest keeps says which values the preset set and which were
+overridden. Selector options apply to every planned method whose selector is that plugin,
+unless the method's spec gives the option itself (the planner reads them back from the
+record with `selector_options`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ class Preset:
     prompts: dict[str, str]  # backbone plugin → prompt style, on every task
     tasks: dict[str, dict[str, Any]]  # task plugin → its options
     scorers: dict[str, dict[str, Any]]  # scorer plugin → its options (any run name)
+    # selector plugin → its options, for every method whose selector it is
+    selectors: dict[str, dict[str, Any]]
 
 
 # The paper's runs. Sources: its protocol and evaluation sections (T, the 512-token canvas, the
@@ -92,6 +97,11 @@ PAPER = Preset(
     # the paper's PRM (and its ORM, on final states) pooled the generated region up to the
     # first end-of-sequence token, not up to a turn-end token
     scorers={"prm": {"pool_stop": "eos"}, "orm": {"pool_stop": "eos"}},
+    # the paper's Majority counted a failed extraction as a vote: its scripts took
+    # Counter(answers).most_common(1) over the extracted strings, a failed one being "None",
+    # so the failed extractions vote as one answer, which can win and is then wrong. The
+    # default (invalid=drop) keeps them out of the vote
+    selectors={"majority": {"invalid": "vote"}},
 )
 
 PRESETS = {PAPER.name: PAPER}
@@ -105,6 +115,7 @@ class Resolved:
     backbone_config: dict[str, Any]
     task_config: dict[str, Any]
     scorers: dict[str, tuple[str, dict[str, Any]]] | None
+    selectors: dict[str, dict[str, Any]]  # selector plugin → the options it takes
     record: dict[str, Any]  # {"name", "set", "overridden"}, flat keys as in `set`
 
 
@@ -145,7 +156,8 @@ def apply(
 
     `flags` holds the command-line settings of `FLAGS`, None where not given; `scorers` maps
     run names to (plugin, options). Keys of the record: `steps`, `gen_length`, `prompt`,
-    `budget`, `backbone.OPTION`, `task.OPTION`, `scorers.NAME.OPTION`.
+    `budget`, `backbone.OPTION`, `task.OPTION`, `scorers.NAME.OPTION`, `selectors.NAME.OPTION`
+    (a selector option is set for every method whose spec does not give it).
     """
     preset = get(name)
     if backbone not in preset.backbones:
@@ -174,10 +186,27 @@ def apply(
             options = preset.scorers.get(plugin, {})
             prefix = f"scorers.{run_name}."
             scorers_out[run_name] = (plugin, _merge(prefix, options, config, done, overridden))
+    selectors = {plugin: dict(options) for plugin, options in sorted(preset.selectors.items())}
+    for plugin, options in selectors.items():
+        done.update({f"selectors.{plugin}.{key}": value for key, value in options.items()})
     return Resolved(
         flags=resolved_flags,
         backbone_config=backbone_out,
         task_config=task_out,
         scorers=scorers_out,
+        selectors=selectors,
         record={"name": name, "set": done, "overridden": overridden},
     )
+
+
+def selector_options(record: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """Selector plugin → the options a preset set, read back from the record `apply` made
+    (the manifest's `preset`; what the planner merges under each method's own selector
+    options); nothing without a preset."""
+    out: dict[str, dict[str, Any]] = {}
+    for key, value in ((record or {}).get("set") or {}).items():
+        kind, _, rest = key.partition(".")
+        plugin, _, option = rest.partition(".")
+        if kind == "selectors" and option:
+            out.setdefault(plugin, {})[option] = value
+    return out

@@ -36,6 +36,7 @@ from dllmbench.execution.planner import Plan, Planned, check_budgets, default_bu
 from dllmbench.execution.rates import Reference, reference
 from dllmbench.loading.provenance import Origins, config_data
 from dllmbench.loading.registry import Registry, registry
+from dllmbench.running import presets
 from dllmbench.running.allocator import keep_freed_memory
 from dllmbench.running.invocation import Invocation
 from dllmbench.running.launched import POLL_SECONDS, SAY_EVERY, ClaimedWork, Watch, say
@@ -368,6 +369,7 @@ def _choose(
         scorers,
         passes_per_step=passes_per_step,
         rates=rates,
+        selectors=presets.selector_options(cfg.preset),
     )
     for x in chosen.left_out if cfg.methods else ():
         if x.missing:

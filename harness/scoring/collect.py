@@ -1,10 +1,11 @@
 """On-policy trajectories for scorer training and diagnostics: `dllmbench collect`.
 
 Each problem gets `n` independent trajectories through the engine (batched like any run);
-the canvas of every trajectory is kept at chosen steps. The output directory holds:
+the canvas of every trajectory is kept at chosen steps: step 0 (the all-mask canvas, the
+paper's first snapshot), then steps spread over 1..T. The output directory holds:
 
-- `collect.json`: what was collected (task, split, backbone, sampling, n, snapshot steps,
-  rollouts R per state);
+- `collect.json`: what was collected (format, task, split, backbone, sampling, n, snapshot
+  steps, rollouts R per state);
 - `trajectories.jsonl`: one line per trajectory — problem id, index, final text, extracted
   answer, correctness, prompt length, and where its snapshots are (shard, first row);
 - `snapshots-NNNNN.safetensors`: `tokens` [rows, width] int32 padded with −1, and `steps`
@@ -50,12 +51,18 @@ from dllmbench.loading.provenance import config_data
 from dllmbench.loading.registry import Registry
 from dllmbench.storage.rundir import brief_differences, manifest_differences
 
+# collect.json's `format`: 2 stores the all-mask canvas (step 0) as every trajectory's first
+# snapshot; a collection without it (format 1, written before) is refused with one line
+FORMAT = 2
+
 
 def snapshot_steps(total_steps: int, count: int) -> list[int]:
-    """`count` steps spread over 1..T, always including T (the final state)."""
+    """Step 0 (the all-mask canvas), then `count` steps spread over 1..T, always including T
+    (the final state)."""
     if count < 1:
         raise UserError(f"--snapshots must be >= 1, got {count}")
-    return sorted({max(1, round(total_steps * (i + 1) / count)) for i in range(count)})
+    spread = {max(1, round(total_steps * (i + 1) / count)) for i in range(count)}
+    return [0, *sorted(spread)]
 
 
 @dataclass
@@ -165,7 +172,7 @@ def run_collection(
     meta_path = out / "collect.json"
     meta = json.loads(json.dumps(cfg.description))
     if meta_path.exists():
-        diffs = manifest_differences(json.loads(meta_path.read_text()), meta)
+        diffs = manifest_differences(read_meta(out), meta)
         if diffs:
             raise UserError(
                 f"{out} holds another collection; choose another --out. "
@@ -286,18 +293,26 @@ class Snapshot:
 
 
 def read_meta(path: Path) -> dict[str, Any]:
-    """A collection's collect.json; one line when `path` is not a collection."""
+    """A collection's collect.json; one line when `path` is not a collection, or is one
+    of an older format."""
     meta_path = path / "collect.json"
     if not meta_path.is_file():
         raise UserError(
             f"{path} is not a collection (no collect.json); make one with dllmbench collect"
         )
     try:
-        return json.loads(meta_path.read_text())
+        meta = json.loads(meta_path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UserError(
             f"{meta_path} cannot be read ({exc}); collect again into a new --out"
         ) from exc
+    found = meta.get("format", 1) if isinstance(meta, dict) else None
+    if found != FORMAT:
+        raise UserError(
+            f"{path} is a collection of format {found}, this dllmbench reads format {FORMAT} "
+            "(the all-mask canvas stored as step 0); collect again into a new --out"
+        )
+    return meta
 
 
 def load(path: Path) -> tuple[dict[str, Any], list[Snapshot]]:
@@ -332,9 +347,15 @@ def load(path: Path) -> tuple[dict[str, Any], list[Snapshot]]:
 
 
 def mask_ratios(snapshots: list[Snapshot], mask_id: int) -> np.ndarray:
-    return np.array(
-        [float((s.tokens[s.prompt_len :] == mask_id).float().mean()) for s in snapshots]
+    """The share of each state's generated positions still masked, in float64 from integer
+    counts (masked / generated, one correctly rounded division): a state exactly at a bucket
+    edge (14 of 20 positions: 0.7) equals the edge i/10 and falls in the bucket it opens
+    (`diagnostics.mask_buckets`). A state with no generated position has 0."""
+    masked = np.array(
+        [int((s.tokens[s.prompt_len :] == mask_id).sum()) for s in snapshots], np.int64
     )
+    generated = np.array([s.tokens.numel() - s.prompt_len for s in snapshots], np.int64)
+    return masked / np.maximum(generated, 1)
 
 
 def collection_manifest(
@@ -351,6 +372,7 @@ def collection_manifest(
 ) -> dict[str, Any]:
     """The content of collect.json: what was collected, compared on resume."""
     return {
+        "format": FORMAT,
         "task": {
             "name": task_name,
             "config": config_data(task),

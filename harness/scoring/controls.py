@@ -25,10 +25,11 @@ import numpy as np
 import torch
 
 from dllmbench.analysis import controls as c
+from dllmbench.analysis.controls_slicing import slicing_entries
 from dllmbench.analysis.diagnostics import scorer_swap
 from dllmbench.analysis.pooled import PooledCandidate
-from dllmbench.analysis.report_sections import DIGITS, bucket_entry, interval, rounded
-from dllmbench.analysis.stats import CONFIDENCE, RESAMPLES
+from dllmbench.analysis.report_sections import DIGITS, interval, rounded
+from dllmbench.analysis.stats import CONFIDENCE, RESAMPLES, median_interval
 from dllmbench.api.interfaces import ScoreBatch
 from dllmbench.core.errors import UserError
 from dllmbench.core.schema import CONTROLS_SCHEMA_VERSION, Controls
@@ -247,37 +248,18 @@ def _controls(
     boot: c.Boot,
     width: int,
 ) -> dict[str, Any]:
-    auc_rows, tau_rows, risk_rows, rerank_rows = [], [], [], []
+    tau_rows, rerank_rows = [], []
     for name, s in scores.items():
-        if partial[name]:
-            curve = c.auc_by_mask(snaps, s, boot)
-            auc_rows.append(
-                {
-                    "scorer": name,
-                    "buckets": [bucket_entry(b) for b in curve.buckets],
-                    "final": bucket_entry(curve.final),
-                }
-            )
-            for r in c.removal_risk(snaps, s, total, boot, width=width):
-                risk_rows.append(
-                    {
-                        "scorer": name,
-                        "state": r.state,
-                        "step": r.step,
-                        "mask_ratio": round(r.mask_ratio, DIGITS),
-                        "keep": r.keep,
-                        "width": r.width,
-                        "groups": r.groups,
-                        "at_risk": r.at_risk,
-                        "lost": r.lost,
-                        "rate": interval(r.rate),
-                    }
-                )
         tau = c.kendall_final(snaps, np.nan_to_num(s))
+        defined = [t for t in tau.per_problem.values() if not np.isnan(t)]
+        spread = median_interval(
+            defined, resamples=boot.resamples, level=boot.level, seed=boot.seed
+        )
         tau_rows.append(
             {
                 "scorer": name,
                 "median": rounded(tau.median),
+                "interval": interval(spread),
                 "mean": rounded(tau.mean),
                 "problems": tau.problems,
                 "undefined": tau.undefined,
@@ -302,10 +284,10 @@ def _controls(
                 ],
             }
         )
+    sliced = {name: s for name, s in scores.items() if partial[name]}
     return {
-        "auc_by_mask": auc_rows,
+        **slicing_entries(snaps, sliced, total, boot, width),
         "kendall_tau": tau_rows,
-        "removal_risk": risk_rows,
         "readout": _readout(snaps, scores, settings, boot),
         "suffix_ablation": [
             {"scorer": name, **_change(c.auc_change(snaps, scores[name], ablated, boot))}
