@@ -3,6 +3,7 @@
 API (every function is pure over the loaded run; nothing is written)::
 
     run = load_run(run_dir)                  # RunData: path, manifest, records, results
+    run = run_data(path, manifest, records)  # the same from data already read
     run.problems                             # problem ids with a record, in natural order
     independent_pools(run)                   # {pool key: PoolSet}, plain pools, largest
     nested_pools(run)                        # {pool key: PoolSet}, every nested pool
@@ -16,6 +17,9 @@ API (every function is pure over the loaded run; nothing is written)::
     pruning_events(run, method=None)         # [PruningEvent]: the first cut of guided runs
     smc_checkpoints(run, method=None, final=False)   # [SMCCheckpoint]
     recorded_ess(run, method=None)           # the ESS each checkpoint recorded, or None
+    read_method(run, method_id)              # UnreadableEvidence unless the report can read it
+    unreadable(run)                          # {method id: why}: what read_method refuses
+    leave_out(run, method_ids)               # the run without those methods
     guided_methods(run)                      # method ids declaring cuts or particles
     pool_key(run.methods[method_id])         # the method's strategy without its size
 
@@ -100,17 +104,33 @@ that carries it, labelled by its correctness, mask ratio 0.
 `method=` restricts a function to the strategy runs of one method id (its pool key); an
 unknown method id is a ValueError. Records whose `info` lacks the segment fields (made
 before they were recorded) are skipped.
+
+Evidence that cannot be read (`read_method`, `unreadable`, `leave_out`). Records whose `info`
+holds the segment or checkpoint fields but not in their layout (lists of one entry per segment
+or checkpoint, one number per child, `kept` and `parent` naming children that exist, children
+of one parent consecutive and continuing a child the cut before kept, the last `kept` giving
+the candidates' lineages in pool order), or whose shared pool differs between methods, raise
+`UnreadableEvidence` (a ValueError) in one line. `read_method(run, method)` reads all a
+method declared as the report does; `unreadable(run)` gives each method it refuses with why;
+`leave_out(run, methods)` is the run without them. The report leaves such a method out of its
+pooled curves and diagnostics; the contract kit fails a strategy whose records it refuses.
 """
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dllmbench.analysis.diagnostics import PruningEvent, ScoredState, SMCCheckpoint
+from dllmbench.analysis.diagnostics import (
+    PruningEvent,
+    ScoredState,
+    SMCCheckpoint,
+    checkpoint_stats,
+)
 from dllmbench.analysis.pooled import PooledCandidate, shared_scorers
 from dllmbench.core.errors import UserError
 from dllmbench.core.jsonfile import read_object
@@ -126,6 +146,11 @@ STATE_KINDS = ("first_segment", "later_segment", "final")
 
 Lineage = tuple[int, ...]
 Edits = tuple[tuple[int, tuple[int, ...]], ...]
+
+
+class UnreadableEvidence(ValueError):
+    """A method's records do not hold what its strategy declared in the layout this module
+    reads (one line saying what; see the module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -205,6 +230,17 @@ def load_run(run_dir: str | Path) -> RunData:
     if results_file.is_file():
         rewrite = f"rewrite it from the records with: dllmbench merge {path}"
         results = require(read_object(results_file, rewrite), Results, results_file, rewrite)
+    return run_data(path, manifest, records, results)
+
+
+def run_data(
+    path: Path,
+    manifest: dict[str, Any],
+    records: list[dict[str, Any]],
+    results: dict[str, Any] | None = None,
+) -> RunData:
+    """A run from its manifest and records as the run directory holds them (JSON data; the
+    contract kit reads a strategy's records through this)."""
     by_method: dict[str, dict[str, dict[str, Any]]] = {m["id"]: {} for m in manifest["methods"]}
     for record in records:
         if record["method"] in by_method:
@@ -260,7 +296,7 @@ def _merge(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if i == len(merged):
                 merged.append({**cand, "scores": dict(cand["scores"])})
             elif (merged[i]["lineage"], merged[i]["text"]) != (cand["lineage"], cand["text"]):
-                raise ValueError(
+                raise UnreadableEvidence(
                     f"records of one pool differ at candidate {i} of problem {record['problem']}"
                 )
             else:
@@ -396,13 +432,78 @@ class Segment:
     kept: tuple[int, ...]
 
 
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _numbers(values: Any, *, ints: bool = False) -> bool:
+    """A list of finite numbers (ints only with `ints`), bools excluded."""
+    kinds = (int,) if ints else (int, float)
+    return isinstance(values, list) and all(
+        isinstance(v, kinds) and not isinstance(v, bool) and math.isfinite(v) for v in values
+    )
+
+
+def _layout_error(
+    info: dict[str, Any], fields: Sequence[str], entries: int, each: str
+) -> str | None:
+    """Why `fields` of `info` are not lists of `entries` entries each (one per `each`), or None."""
+    lengths = {name: len(info[name]) for name in fields if isinstance(info[name], list)}
+    if len(lengths) < len(fields) or set(lengths.values()) != {entries}:
+        return f"its {', '.join(fields)} are not lists of {entries} each (one per {each})"
+    return None
+
+
+def _segment_error(info: dict[str, Any]) -> str | None:
+    """What in a record's segment layout cannot be read (docs/results-schema.md), or None."""
+    count = len(info["step"]) if isinstance(info["step"], list) else 0
+    if not count:
+        return f"its step {_short(info['step'])} is not a list of one int per segment"
+    wrong = _layout_error(info, SEGMENT_FIELDS, count, "segment")
+    if wrong is not None:
+        return wrong
+    if not _numbers(info["step"], ints=True):
+        return f"its step {_short(info['step'])} is not a list of ints"
+    for s, parents in enumerate(info["parent"]):
+        at = f"segment {s}"
+        if not _numbers(parents, ints=True) or not parents:
+            return f"{at}'s parent {_short(parents)} is not a list of ints, one per child"
+        n = len(parents)
+        mask, scores, kept = (info[name][s] for name in ("mask", "scores", "kept"))
+        if not _numbers(mask) or len(mask) != n or not all(0 <= m <= 1 for m in mask):
+            return f"{at}'s mask {_short(mask)} is not one ratio in [0, 1] per child ({n})"
+        if not _numbers(scores) or len(scores) != n:
+            return f"{at}'s scores {_short(scores)} are not one finite number per child ({n})"
+        if not _numbers(kept, ints=True) or len(set(kept)) != len(kept):
+            return f"{at}'s kept {_short(kept)} is not a list of distinct children"
+        if not all(0 <= i < n for i in kept):
+            return f"{at}'s kept {_short(kept)} names a child it does not have (0 to {n - 1})"
+        if s == 0:
+            continue
+        before = info["kept"][s - 1]
+        if not all(p in before for p in parents):
+            return (
+                f"{at}'s parent {_short(parents)} names a child the cut before did not keep "
+                f"(it kept {_short(before)})"
+            )
+        if any(p != parents[c - 1] and p in parents[:c] for c, p in enumerate(parents)):
+            return f"{at}'s children of one parent are not consecutive (parent {_short(parents)})"
+    return None
+
+
 def segments(guided: GuidedRun) -> list[Segment] | None:
     """The segments recorded in a prm_guided run's info (None when it holds none), with each
     child's lineage rebuilt: (i,) in the first segment, then the parent's lineage extended by
-    the child's place among its siblings, checked against the final candidates' lineages."""
+    the child's place among its siblings, checked against the final candidates' lineages.
+    Segment fields not in the segment layout raise `UnreadableEvidence`."""
     info = guided.record.get("info") or {}
     if not all(name in info for name in SEGMENT_FIELDS):
         return None
+    where = f"the info of {guided.record['method']!r} on problem {guided.problem}"
+    wrong = _segment_error(info)
+    if wrong is not None:
+        raise UnreadableEvidence(f"{where} is not in the segment layout: {wrong}")
     out: list[Segment] = []
     for s, parents in enumerate(info["parent"]):
         if s == 0:
@@ -414,10 +515,12 @@ def segments(guided: GuidedRun) -> list[Segment] | None:
         fields = (info[name][s] for name in ("mask", "scores", "kept"))
         out.append(Segment(info["step"][s], lineage, tuple(parents), *map(tuple, fields)))
     finals = [list(out[-1].lineage[i]) for i in out[-1].kept]
-    if finals != [c["lineage"] for c in guided.record["candidates"]]:
-        raise ValueError(
-            f"the info of {guided.record['method']!r} on problem {guided.problem} does not "
-            "match its candidates' lineages"
+    candidates = [c["lineage"] for c in guided.record["candidates"]]
+    if finals != candidates:
+        raise UnreadableEvidence(
+            f"{where} does not match its candidates' lineages: its last kept "
+            f"{_short(list(out[-1].kept), 40)} gives {_short(finals, 60)}, its candidates "
+            f"have {_short(candidates, 60)}"
         )
     return out
 
@@ -539,10 +642,61 @@ def pruning_events(run: RunData, method: str | None = None) -> list[PruningEvent
     return out
 
 
+def _checkpoint_error(info: dict[str, Any]) -> str | None:
+    """What in a record's checkpoint layout cannot be read (docs/results-schema.md), or None."""
+    count = len(info["weights"]) if isinstance(info["weights"], list) else 0
+    if not count:
+        return f"its weights {_short(info['weights'])} are not one list per checkpoint"
+    wrong = _layout_error(info, ("beta", "weights"), count, "checkpoint")
+    wrong = wrong or _layout_error(
+        info, ("resampled", "ancestors"), count - 1, "checkpoint but the last"
+    )
+    if wrong is not None:
+        return wrong
+    if not _numbers(info["beta"]):
+        return f"its beta {_short(info['beta'])} is not a list of finite numbers"
+    if not all(isinstance(r, bool) for r in info["resampled"]):
+        return f"its resampled {_short(info['resampled'])} is not a list of bools"
+    ess = info.get("ess")
+    if ess is not None and not _numbers(ess):
+        return f"its ess {_short(ess)} is not a list of finite numbers"
+    for j, weights in enumerate(info["weights"]):
+        if not _numbers(weights) or any(w < 0 for w in weights) or not sum(weights) > 0:
+            return (
+                f"checkpoint {j}'s weights {_short(weights)} are not non-negative with a "
+                "positive sum"
+            )
+        if j < count - 1 and info["resampled"][j]:
+            ancestors = info["ancestors"][j]
+            if not _numbers(ancestors, ints=True) or not ancestors:
+                return f"checkpoint {j}'s ancestors {_short(ancestors)} are not a list of ints"
+            if not all(0 <= a < len(weights) for a in ancestors):
+                return (
+                    f"checkpoint {j}'s ancestors {_short(ancestors)} name a particle it does "
+                    "not have"
+                )
+    return None
+
+
+def _checkpoints(guided: GuidedRun) -> dict[str, Any] | None:
+    """The checkpoint fields of an smc run's info (None when it holds none); fields not in the
+    checkpoint layout raise `UnreadableEvidence`."""
+    info = guided.record.get("info") or {}
+    if not all(name in info for name in CHECKPOINT_FIELDS):
+        return None
+    wrong = _checkpoint_error(info)
+    if wrong is not None:
+        raise UnreadableEvidence(
+            f"the info of {guided.record['method']!r} on problem {guided.problem} is not in "
+            f"the checkpoint layout: {wrong}"
+        )
+    return info
+
+
 def checkpoints_per_run(run: RunData, method: str) -> int:
     """Intermediate checkpoints of one strategy run of `method` (its first record's info)."""
     for guided in _guided_runs(run, "particles", method):
-        info = guided.record.get("info") or {}
+        info = _checkpoints(guided) or {}
         return len(info.get("resampled", []))
     return 0
 
@@ -552,8 +706,8 @@ def recorded_ess(run: RunData, method: str | None = None) -> list[float | None]:
     strategy's unrounded weights), in the same order; None where a record lacks it."""
     out: list[float | None] = []
     for guided in _guided_runs(run, "particles", method):
-        info = guided.record.get("info") or {}
-        if not all(name in info for name in CHECKPOINT_FIELDS):
+        info = _checkpoints(guided)
+        if info is None:
             continue
         ess = info.get("ess") or []
         out.extend(float(ess[j]) if j < len(ess) else None for j in range(len(info["resampled"])))
@@ -566,8 +720,8 @@ def smc_checkpoints(
     """Every intermediate checkpoint of every smc run (and the final one with `final`)."""
     out = []
     for guided in _guided_runs(run, "particles", method):
-        info = guided.record.get("info") or {}
-        if not all(name in info for name in CHECKPOINT_FIELDS):
+        info = _checkpoints(guided)
+        if info is None:
             continue
         for j, resampled in enumerate(info["resampled"]):
             ancestors = info["ancestors"][j] if resampled else None
@@ -575,3 +729,70 @@ def smc_checkpoints(
         if final:
             out.append(SMCCheckpoint(info["weights"][-1], False, info["beta"][-1]))
     return out
+
+
+# -- evidence that cannot be read -----------------------------------------------------------
+
+
+def leave_out(run: RunData, methods: Collection[str]) -> RunData:
+    """`run` without `methods`: their manifest entries and records left out."""
+    if not methods:
+        return run
+    manifest = {
+        **run.manifest,
+        "methods": [m for m in run.manifest["methods"] if m["id"] not in methods],
+    }
+    records = [r for r in run.records if r["method"] not in methods]
+    by_method = {mid: recs for mid, recs in run.by_method.items() if mid not in methods}
+    return RunData(run.path, manifest, records, run.results, by_method)
+
+
+def read_method(run: RunData, method: str) -> None:
+    """Read what `method`'s strategy declared as the report reads it: its candidates, its
+    shared pool (`nested`), its states and first cuts (`cuts`), its checkpoints
+    (`particles`); `UnreadableEvidence` in one line says what cannot be read."""
+    entry = run.methods[method]
+    found = declared(entry)
+    try:
+        for record in run.by_method[method].values():
+            for candidate in record["candidates"]:
+                _pooled(candidate)
+        if found.get("nested") is not None:  # merged with the methods sharing its pool
+            key = pool_key(entry)
+            _shared_pools(
+                run, lambda m: declared(m).get("nested") is not None and pool_key(m) == key
+            )
+        if found.get("cuts"):
+            for labels in LABELS:
+                guided_states(run, found["cuts"], labels, method)
+            pruning_events(run, method)
+        if found.get("particles"):
+            checkpoints = smc_checkpoints(run, method)
+            for checkpoint in checkpoints:
+                checkpoint_stats(checkpoint)
+            if len(recorded_ess(run, method)) != len(checkpoints):
+                raise UnreadableEvidence("its checkpoints and their recorded ESS differ in number")
+    except UnreadableEvidence:
+        raise
+    except (LookupError, TypeError, ValueError, ArithmeticError) as exc:
+        text = " ".join(str(exc).split())
+        text = text if len(text) <= 160 else text[:159] + "…"
+        raise UnreadableEvidence(
+            f"its records cannot be read as its strategy declares ({type(exc).__name__}: {text})"
+        ) from exc
+
+
+def unreadable(run: RunData) -> dict[str, str]:
+    """Method id → why (one line) for each method of `run` whose declared evidence
+    `read_method` refuses, in manifest order. The methods with nested pools are read first,
+    and a guided method beside the rest, since guided runs' labels read the plain pools."""
+    bad: dict[str, str] = {}
+    pools_first = sorted(
+        run.methods, key=lambda mid: declared(run.methods[mid]).get("nested") is None
+    )
+    for mid in pools_first:
+        try:
+            read_method(leave_out(run, bad), mid)
+        except UnreadableEvidence as exc:
+            bad[mid] = str(exc)
+    return {mid: bad[mid] for mid in run.methods if mid in bad}

@@ -8,6 +8,11 @@ the diagnostics of `diagnostics` on the evidence `evidence` reads from the recor
 `markdown(report)` renders `report.md` from it and `figures.render` the PNG figures, so
 every number in the Markdown and the figures is in `report.json`.
 
+A method whose records do not hold what its strategy declared (`evidence.unreadable`: cuts or
+checkpoints not in their layout, a last cut whose `kept` does not give the candidates'
+lineages) is left out of the pooled curves and the diagnostics, and listed in `skipped` with
+why; its accuracy stays in `methods`, and the rest of the report is written.
+
 Several run directories combine when they share a protocol (`PROTOCOL`: task and problems,
 sampling and seed, backbone and scorers with their weights' hashes); their methods are listed
 run by run, and a (method, budget) already listed by an earlier run is not repeated.
@@ -40,6 +45,7 @@ from dllmbench.core.schema import (
     Controls,
     Manifest,
     Report,
+    SkippedMethod,
 )
 from dllmbench.core.shape import MANIFEST_FIX, require
 from dllmbench.storage.rundir import manifest_differences
@@ -114,6 +120,29 @@ def load_runs(paths: Sequence[str | Path]) -> list[evidence.RunData]:
 # -- the report -----------------------------------------------------------------------------
 
 
+def readable(
+    runs: Sequence[evidence.RunData],
+) -> tuple[list[evidence.RunData], list[SkippedMethod]]:
+    """Each run without the methods whose declared evidence cannot be read
+    (`evidence.unreadable`), and those methods with why."""
+    out, skipped = [], []
+    for index, run in enumerate(runs):
+        bad = evidence.unreadable(run)
+        for mid, reason in bad.items():
+            strategy = run.methods[mid]["spec"].split("+")[0]
+            skipped.append(SkippedMethod(run=index, method=mid, strategy=strategy, reason=reason))
+        out.append(evidence.leave_out(run, bad))
+    return out, skipped
+
+
+def skip_line(entry: SkippedMethod) -> str:
+    """The one line saying a method was left out of the report's analyses, and why."""
+    return (
+        f"report: method {entry['method']!r} (strategy {entry['strategy']!r}) left out of the "
+        f"pooled curves and diagnostics: {entry['reason']}"
+    )
+
+
 def load_controls(folder: str | Path, run: evidence.RunData) -> Controls:
     """controls.json of `dllmbench diagnose` in `folder`, refused with one line unless its
     collection was sampled as the run was (task, backbone weights, T, generated length and
@@ -169,6 +198,7 @@ def build_report(
     `exact` if given."""
     options = options or Options()
     runs = load_runs(paths)
+    read, skipped = readable(runs)  # the pooled curves and diagnostics read the evidence
     first = runs[0]
     seed = int(first.manifest["sampling"]["seed"])
     resamples = int(first.results["resamples"])
@@ -191,8 +221,9 @@ def build_report(
         budgets=budgets_of(runs),
         budget_unit=budget_unit(first),
         methods=methods_table(runs),
-        pooled=pooled_section(runs, seed, resamples, level, options),
-        diagnostics=diagnostics_section(runs, seed, resamples, level),
+        pooled=pooled_section(read, seed, resamples, level, options),
+        diagnostics=diagnostics_section(read, seed, resamples, level),
+        skipped=skipped,
         controls=None
         if controls is None
         else select_slicing(load_controls(controls, first), slicing, controls),

@@ -410,6 +410,23 @@ def md_agreement(report: Report) -> list[str]:
     ]
 
 
+def md_skipped(report: Report) -> list[str]:
+    """The methods left out of the pooled curves and diagnostics, each with why."""
+    skipped = report.get("skipped") or []
+    if not skipped:
+        return []
+    return [
+        "Left out of the pooled curves and the diagnostics, their records not holding what "
+        "their strategies declare (their accuracy above is the run's):",
+        "",
+        *(
+            f"- `{s['method']}` (strategy `{s['strategy']}`, run {s['run']}): {s['reason']}"
+            for s in skipped
+        ),
+        "",
+    ]
+
+
 def markdown(report: Report) -> str:
     """report.md: every table of the report, and the figures it links."""
     task = report["task"]
@@ -430,6 +447,7 @@ def markdown(report: Report) -> str:
         "",
         *md_methods(report),
         *md_agreement(report),
+        *md_skipped(report),
         *md_pooled(report),
         "## Diagnostics",
         "",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -55,8 +56,9 @@ def add_parser(sub: Any) -> None:
 
 
 def execute(args: argparse.Namespace) -> Reply:
-    from dllmbench.analysis.report import (
-        write_report,  # numpy, scipy and matplotlib: only when asked
+    from dllmbench.analysis.report import (  # numpy, scipy and matplotlib: only when asked
+        skip_line,
+        write_report,
     )
 
     seen: dict[Path, str] = {}
@@ -73,6 +75,8 @@ def execute(args: argparse.Namespace) -> Reply:
         args.runs, args.out, controls=args.controls, exact=args.exact, slicing=args.slicing
     )
     seconds = round(time.perf_counter() - start, 2)
+    for entry in written.report.get("skipped", []):
+        print(f"dllmbench: {skip_line(entry)}", file=sys.stderr, flush=True)
     data = {
         "out": str(written.out),
         "files": list(written.files),

@@ -422,6 +422,16 @@ class AgreementEntry(TypedDict):
     methods: list[AgreementMethod]
 
 
+class SkippedMethod(TypedDict):
+    """A method the report's pooled curves and diagnostics leave out: its records do not hold
+    what its strategy declared (`evidence.unreadable`)."""
+
+    run: int  # the index of its run in `runs`
+    method: str  # its id
+    strategy: str  # its strategy spec
+    reason: str  # one line: what could not be read
+
+
 class Report(TypedDict):
     """report.json, written by `dllmbench report` (`report.build_report`)."""
 
@@ -439,6 +449,8 @@ class Report(TypedDict):
     methods: list[ReportMethod]
     pooled: PooledSection | None
     diagnostics: DiagnosticsSection
+    # methods left out of `pooled` and `diagnostics`: evidence that cannot be read
+    skipped: NotRequired[list[SkippedMethod]]
     # the scorer controls of `dllmbench report --controls DIR` (controls.json), or None
     controls: Controls | None
     # with `report --exact EXACT_RUN`: the first run's answers beside exact decoding's

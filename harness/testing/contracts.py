@@ -31,6 +31,7 @@ import numpy as np
 import pytest
 import torch
 
+from dllmbench.analysis.evidence import UnreadableEvidence, read_method, run_data
 from dllmbench.api.interfaces import (
     GradesMany,
     ScoreBatch,
@@ -512,6 +513,31 @@ def test_strategy_pool_scores_are_true(dllmbench_strategy):
                         f"{b:.6g} on that final candidate; a pool carries scores of exactly "
                         "its final candidates"
                     )
+
+
+def test_strategy_evidence_reads_as_the_report_reads_it(dllmbench_strategy):
+    """What the strategy declares it records (`evidence()`) is in its records as
+    `dllmbench report` reads them (`dllmbench.analysis.evidence.read_method`, on the records as
+    samples.jsonl holds them, beside a plain host): cuts and checkpoints in their layout, the
+    last cut's `kept` giving the candidates' lineages in pool order, a nested pool the same in
+    every method sharing it. The report leaves out a method whose evidence it cannot read."""
+    name, config = dllmbench_strategy
+    steps = steps_for(name, config)
+    mine = kit_method(name, config)
+    methods = [kit_method(*host("plain", 4), "majority"), mine]
+    records = run_kit(methods, steps)
+    manifest = json.loads(json.dumps({"methods": [m.manifest_entry() for m in methods]}))
+    for total in steps:
+        written = json.loads(json.dumps([r for (t, _, _), r in records.items() if t == total]))
+        try:
+            read_method(run_data(Path("kit"), manifest, written), mine.id)
+        except UnreadableEvidence as exc:
+            declared = evidence_of(mine.strategy)
+            raise AssertionError(
+                f"strategy {name!r} at T={total} declares {declared}, but the report cannot read "
+                f"its records ({exc}); dllmbench report would leave it out of the pooled curves "
+                "and diagnostics (docs/plugin-authors.md, 'What the report reads')"
+            ) from None
 
 
 # -- selectors -------------------------------------------------------------------------------
