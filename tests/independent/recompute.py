@@ -24,6 +24,7 @@ import math
 import re
 import sys
 from collections import Counter
+from collections.abc import Mapping
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -1169,11 +1170,13 @@ def load_collection(path: Path) -> tuple[dict, list[dict]]:
 
 
 def score_collection(
-    meta: dict, states: list[dict], controls: dict
+    meta: dict, states: list[dict], controls: dict, facts: dict | None = None
 ) -> tuple[int, dict[str, np.ndarray], dict]:
     """The backbone's mask token and each scorer's score of the stored states (NaN where a
     final-states scorer is not asked), through the plugin registry as a run builds them, in
-    rows of 256 in the collection's order."""
+    rows of 256 in the collection's order. `facts`, when given, receives the backbone's stop
+    tokens (`stops`) and each scorer's resolved settings (`settings`: attention, pooling, …;
+    {} for a scorer that has none)."""
     import torch
 
     from dllmbench.api.interfaces import ScoreBatch
@@ -1182,10 +1185,12 @@ def score_collection(
     reg = registry()
     backbone = reg.backbone(meta["backbone"]["name"], **dict(meta["backbone"]["config"]))
     total = int(meta["sampling"]["total_steps"])
-    scores, partial = {}, {}
+    scores, partial, settings = {}, {}, {}
     for name, entry in controls["scorers"].items():
         scorer = reg.scorer(entry["name"], shared={"backbone": backbone}, **dict(entry["config"]))
         partial[name] = bool(getattr(scorer, "reads_partial", True))
+        found = getattr(scorer, "settings", None)
+        settings[name] = dict(found) if isinstance(found, Mapping) else {}
         rows = [i for i, s in enumerate(states) if partial[name] or s["final"]]
         out = np.full(len(states), np.nan)
         for start in range(0, len(rows), 256):
@@ -1199,13 +1204,17 @@ def score_collection(
             with torch.no_grad():
                 out[chunk] = np.asarray(scorer.score(batch), np.float64)
         scores[name] = out
+    if facts is not None:
+        facts["stops"] = {int(t) for t in (getattr(backbone, "stop_ids", ()) or ())}
+        facts["settings"] = settings
     return int(backbone.mask_id), scores, partial
 
 
 def check_controls(folder: Path, theirs: dict, ck: Checker, collection: Path | None = None) -> None:
     path = collection or Path(theirs["collection"]["path"])
     meta, states = load_collection(path)
-    mask_id, scores, partial = score_collection(meta, states, theirs)
+    facts: dict = {}
+    mask_id, scores, partial = score_collection(meta, states, theirs, facts)
     total = int(meta["sampling"]["total_steps"])
     for s in states:
         gen = s["tokens"][s["prompt_len"] :]
@@ -1334,32 +1343,127 @@ def check_controls(folder: Path, theirs: dict, ck: Checker, collection: Path | N
     ck.same("controls.scorer_swap.size", min(len(p) for p in pools), theirs["scorer_swap"]["size"])
     check_swap_section("controls.scorer_swap", acc, diffs, theirs["scorer_swap"], ck)
     check_reranker(pools, list(scores), scores, finals, boot, theirs["reranker"], ck)
+    labels = np.array([s["label"] for s in states])
+    cluster = np.array([pindex[s["problem"]] for s in states])
+
+    def auc_change(a: np.ndarray, b: np.ndarray, keep: np.ndarray) -> tuple[dict, dict, dict]:
+        """ROC-AUC of scores a and b over the states `keep` and the change b − a, each with
+        its interval from the same draws (problem draw counts as state weights)."""
+        y, weights = labels[keep], counts[:, cluster[keep]].astype(float)
+        values, draws = [], []
+        for sc in (a[keep], b[keep]):
+            values.append(weighted_auc(sc, y, np.ones(int(keep.sum()))))
+            draws.append(weighted_aucs(sc, y, weights))
+        return (
+            percentile(draws[0], values[0], boot[2]),
+            percentile(draws[1], values[1], boot[2]),
+            percentile(draws[1] - draws[0], values[1] - values[0], boot[2]),
+        )
+
+    everything = np.ones(len(states), bool)
     ablated = score_ablated(meta, states, theirs, partial, mask_id)
     got = {e["scorer"]: e for e in theirs["suffix_ablation"]}
     ck.same("controls.suffix_ablation.scorers", sorted(ablated), sorted(got))
     for name, changed in ablated.items():
         where = f"controls.suffix_ablation[{name}]"
-        labels = np.array([s["label"] for s in states])
-        cluster = np.array([pindex[s["problem"]] for s in states])
-        values, draws = [], []
-        for sc in (scores[name], changed):
-            values.append(weighted_auc(sc, labels, np.ones(len(states))))
-            draws.append(weighted_aucs(sc, labels, counts[:, cluster].astype(float)))
+        original, after, change = auc_change(scores[name], changed, everything)
         ck.same(f"{where}.n", len(states), got[name]["n"])
-        ck.interval(
-            f"{where}.original", percentile(draws[0], values[0], boot[2]), got[name]["original"]
+        ck.interval(f"{where}.original", original, got[name]["original"])
+        ck.interval(f"{where}.ablated", after, got[name]["ablated"])
+        ck.interval(f"{where}.change", change, got[name]["change"])
+    settings = facts["settings"]
+    check_readout(settings, scores, np.array([s["final"] for s in states]), auc_change, theirs, ck)
+    flipped = score_reversed(meta, states, theirs, facts["stops"], settings)
+    check_reversed(settings, scores, flipped, auc_change, theirs, ck)
+
+
+def same_but(a: dict, b: dict, key: str) -> bool:
+    return {k: v for k, v in a.items() if k != key} == {k: v for k, v in b.items() if k != key}
+
+
+def check_readout(settings, scores, final, auc_change, theirs, ck: Checker) -> None:
+    """Every (mean, last) pair of scorers whose settings differ only in `pooling`: the
+    fully decoded states' ROC-AUC of each and the paired change last − mean."""
+    pairs = [
+        (a, b)
+        for a in sorted(settings)
+        for b in sorted(settings)
+        if settings[a]
+        and settings[a].get("pooling") == "mean"
+        and settings[b].get("pooling") == "last"
+        and same_but(settings[a], settings[b], "pooling")
+    ]
+    got = theirs["readout"]
+    ck.same("controls.readout.pairs", pairs, [(e["mean"], e["last"]) for e in got])
+    for (mean, last), t in zip(pairs, got, strict=False):
+        where = f"controls.readout[{mean},{last}]"
+        ck.same(f"{where}.attention", settings[mean].get("attention"), t["attention"])
+        ck.same(f"{where}.n", int(final.sum()), t["n"])
+        a, b, change = auc_change(scores[mean], scores[last], final)
+        ck.interval(f"{where}.mean_auc", a, t["mean_auc"])
+        ck.interval(f"{where}.last_auc", b, t["last_auc"])
+        ck.interval(f"{where}.change", change, t["change"])
+
+
+def reverse_solution(tokens: np.ndarray, prompt_len: int, stops: set[int]) -> np.ndarray:
+    """The generated tokens before the first stop token in reverse order; the prompt and
+    everything from the first stop token on in place."""
+    out = tokens.copy()
+    gen = tokens[prompt_len:]
+    hits = [i for i, t in enumerate(gen.tolist()) if t in stops]
+    end = hits[0] if hits else gen.size
+    out[prompt_len : prompt_len + end] = gen[:end][::-1]
+    return out
+
+
+def score_reversed(meta, states, controls, stops, settings) -> dict[str, np.ndarray]:
+    """Each causal scorer on the states it scores with the solution reversed."""
+    names = [n for n in controls["scorers"] if settings[n].get("attention") == "causal"]
+    if not names:
+        return {}
+    changed = [
+        {**s, "tokens": reverse_solution(s["tokens"], s["prompt_len"], stops)} for s in states
+    ]
+    _, out, _ = score_collection(
+        meta, changed, {"scorers": {n: controls["scorers"][n] for n in names}}
+    )
+    return out
+
+
+def check_reversed(settings, scores, flipped, auc_change, theirs, ck: Checker) -> None:
+    """Each causal scorer forward, reversed and averaged over the states it scored, and the
+    averaged score against the first (by name) bidirectional scorer of the same other
+    settings."""
+    got = {e["scorer"]: e for e in theirs["reversed_input"]}
+    ck.same("controls.reversed_input.scorers", sorted(flipped), sorted(got))
+    for name, backward in flipped.items():
+        where = f"controls.reversed_input[{name}]"
+        t = got.get(name)
+        if t is None:
+            continue
+        keep = ~np.isnan(scores[name])
+        averaged = (scores[name] + backward) / 2.0
+        forward, back, _ = auc_change(scores[name], backward, keep)
+        ck.same(f"{where}.n", int(keep.sum()), t["n"])
+        ck.interval(f"{where}.forward", forward, t["forward"])
+        ck.interval(f"{where}.reversed", back, t["reversed"])
+        ck.interval(f"{where}.averaged", auc_change(scores[name], averaged, keep)[1], t["averaged"])
+        reference = next(
+            (
+                other
+                for other in sorted(settings)
+                if settings[other].get("attention") == "bidirectional"
+                and same_but(settings[name], settings[other], "attention")
+            ),
+            None,
         )
-        ck.interval(
-            f"{where}.ablated", percentile(draws[1], values[1], boot[2]), got[name]["ablated"]
-        )
-        ck.interval(
-            f"{where}.change",
-            percentile(draws[1] - draws[0], values[1] - values[0], boot[2]),
-            got[name]["change"],
-        )
-    for key in ("readout", "reversed_input"):
-        if theirs.get(key):
-            ck.skip(f"controls.{key} (not recomputed)")
+        tr = t["reference"]
+        ck.same(f"{where}.reference.scorer", reference, tr and tr["scorer"])
+        if reference is None or tr is None:
+            continue
+        auc, _, gap = auc_change(scores[reference], averaged, keep)
+        ck.interval(f"{where}.reference.auc", auc, tr["auc"])
+        ck.interval(f"{where}.reference.gap", gap, tr["gap"])
 
 
 def score_ablated(meta, states, controls, partial, mask_id) -> dict[str, np.ndarray]:
