@@ -636,26 +636,34 @@ def report_text(report: dict[str, Any]) -> str:
             f"{name}: {m['matmul_params'] / 1e6:,.1f} M matmul parameters, {m['rows']} rows × "
             f"{m['length']} tokens, peak memory {m['peak_memory_gib']:.2f} GiB"
         )
-        for key in ("forward", "forward_padded", "denoise_step", "engine"):
+        for key in MEASURES:
             r = m[key]
-            mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "–"
-            per_s = r.get("rows_per_s", r.get("row_passes_per_s"))
             lines.append(
-                f"  {key:<15} {r['seconds']:9.4g} s  {r['tflops']:9.4g} TFLOP/s  MFU {mfu:>6}  "
-                f"{per_s:9.4g} {'row-passes' if key == 'engine' else 'rows'}/s"
+                f"  {key:<15} {r['seconds']:9.4g} s  {r['tflops']:9.4g} TFLOP/s  "
+                f"MFU {mfu_cell(r):>6}  {per_second(r):9.4g} "
+                f"{'row-passes' if key == 'engine' else 'rows'}/s"
             )
     return "\n".join(lines)
 
 
-def block_text(m: dict[str, Any]) -> list[str]:
-    def mfu(r: dict[str, Any]) -> str:
-        return f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "–"
+MEASURES = ("forward", "forward_padded", "denoise_step", "engine")  # a model's, in order
 
+
+def mfu_cell(r: dict[str, Any]) -> str:
+    return f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "–"
+
+
+def per_second(r: dict[str, Any]) -> float:
+    """Rows per second of a forward or step; row-passes per second of the engine."""
+    return r.get("rows_per_s", r.get("row_passes_per_s"))
+
+
+def block_text(m: dict[str, Any]) -> list[str]:
     def row(label: str, r: dict[str, Any]) -> str:
         fwd = r.get("forward_seconds")
         return (
             f"  {label:<18} {r['seconds']:9.4g} s {r['flops'] / 1e12:9.4g} TFLOP "
-            f"{r['tflops']:8.4g} TFLOP/s  MFU {mfu(r):>6} {r['tokens_per_s']:9.4g} tok/s"
+            f"{r['tflops']:8.4g} TFLOP/s  MFU {mfu_cell(r):>6} {r['tokens_per_s']:9.4g} tok/s"
             + (f"  forward {fwd:.4g} s" if fwd is not None else "")
         )
 
@@ -749,13 +757,11 @@ def check_text(report: dict[str, Any]) -> str:
     ]
     for name, m in report["check"]["models"].items():
         arch, attention = name.split("/")
-        for key in ("forward", "forward_padded", "denoise_step", "engine"):
+        for key in MEASURES:
             r = m[key]
-            mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "–"
-            per_s = r.get("rows_per_s", r.get("row_passes_per_s"))
             lines.append(
                 f"{arch:<8} {attention:<9} {key:<15} {r['seconds']:9.4g} {r['tflops']:9.4g} "
-                f"{mfu:>6} {per_s:12.4g}"
+                f"{mfu_cell(r):>6} {per_second(r):12.4g}"
             )
     d = report["check"]["demo"]
     lines.append(
