@@ -691,7 +691,9 @@ def _close_all(binds: list[tuple[str, int]]) -> list[tuple[str, int]]:
 # - numpy scalars as numpy scalars of their dtype (so `is True` fails for `numpy.True_`, as
 #   Python's own assert fails it), and numpy arrays of numbers as arrays (dtype, shape, items:
 #   a one-element array compares equal to its number, a longer one cannot be asserted equal);
-# - dict views (`keys()`, `values()`, `items()`) as views (keys and items compare as sets).
+# - dict views (`keys()`, `values()`, `items()`) as views (keys and items compare as sets);
+# - an iterator (`map`, `filter`, a generator…) as the items it gives, rebuilt as an iterator
+#   over them (so `tuple(f(x))` sees them, and `f(x) == [...]` is false, as in Python).
 
 MAX_DEPTH = 40
 OWN_SEMANTICS = ("__eq__", "__ne__", "__bool__", "__len__")
@@ -709,6 +711,7 @@ _WRAPPERS = (collections.UserList, collections.UserDict, collections.UserString)
 _class_dict = type.__dict__["__dict__"].__get__
 _class_mro = type.__dict__["__mro__"].__get__
 _get = object.__getattribute__
+_hasattr = hasattr
 
 
 def _base_of(kind):
@@ -717,6 +720,8 @@ def _base_of(kind):
     for cls in _class_mro(kind):
         if cls in _BUILTIN_BASES or cls in _TRUSTED:
             return cls
+        if cls is object:
+            return None
         if any(name in _class_dict(cls) for name in OWN_SEMANTICS):
             raise TypeError(
                 f"the sandbox does not return a {kind.__name__}: its class defines its own "
@@ -771,6 +776,9 @@ def _encode(
     base = _base_of(kind)
     if base in _WRAPPERS:
         return _encode(_get(value, "data"), depth + 1)
+    if base is None and _hasattr(kind, "__next__"):  # map, a generator…: the items it gives
+        items = [_encode(v, depth + 1) + "," for v in value]
+        return "('it',(" + "".join(items) + "))"
     if base is None:
         raise TypeError(f"the sandbox returns only builtin values, not {kind.__name__}")
     if base is int:
@@ -863,25 +871,106 @@ def _guard(event: str, args: tuple) -> None:
 
 def _compile(steps: list) -> list:
     """(code, kind, function) of every step: each must compile before any runs. Kinds: "exec",
-    "eval" (the value is sent back), "record" (run with `__candidate__` calling the program's
-    `function` and sending back each value it returns)."""
+    "eval" (the value is sent back), "serve" (answer calls of the program's `function` until
+    the calls' end; the source is empty) and "ask" (run with `__candidate__` asking the other
+    side of a conversation)."""
     out = []
     for step in steps:
         name, source = step[0], step[1]
         kind = step[2] if len(step) > 2 else "exec"
-        function = step[3] if kind == "record" else None
+        function = step[3] if kind == "serve" else None
         mode = "eval" if kind == "eval" else "exec"
         out.append((compile(source, f"<{name}>", mode), kind, function))
     return out
 
 
-def _recorder(function, values, _emit_, _encode_):
-    """A stand-in for the program's function that sends back each value it returns."""
+# -- a conversation ---------------------------------------------------------------------------
+# A "serve" step answers calls of the program's function: each record read on the calls
+# descriptor holds a call's arguments (`(args, kwargs)`, encoded as above), each answer written
+# on the values descriptor the value the function returned. An "ask" step is the other side,
+# in a run that holds no program: its `__candidate__` sends each call's arguments and returns
+# the value the answer holds. The grader carries records between the two and checks each.
+
+
+def _receive(fd, _read=os.read):
+    """The next record on `fd` (`<length>\n<bytes>`), or None at its end."""
+    head = b""
+    while not head.endswith(b"\n"):
+        byte = _read(fd, 1)
+        if not byte or len(head) > 12:
+            return None
+        head += byte
+    size, data = int(head), b""
+    while len(data) < size:
+        chunk = _read(fd, size - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data.decode("utf-8", "surrogatepass")
+
+
+def _rebuild(node):
+    """The value of a tagged literal (the grader checked it with its strict decoder first)."""
+    tag, args = node[0], node[1:]
+    if tag == "N":
+        return None
+    if tag == "b":
+        return bool(args[0])
+    if tag == "i":
+        return int(args[0], 16)
+    if tag == "f":
+        return float.fromhex(args[0])
+    if tag == "c":
+        return complex(float.fromhex(args[0]), float.fromhex(args[1]))
+    if tag in ("s", "y"):
+        return args[0]
+    if tag == "q":
+        return __import__("fractions").Fraction(int(args[0], 16), int(args[1], 16))
+    if tag == "D":
+        return __import__("decimal").Decimal(args[0])
+    if tag == "d":
+        return {_rebuild(k): _rebuild(v) for k, v in args[0]}
+    if tag == "n":
+        return __import__("numpy").dtype(args[0]).type(_rebuild(args[1]))
+    if tag == "A":
+        items = [_rebuild(item) for item in args[2]]
+        return __import__("numpy").array(items, dtype=args[0]).reshape(_rebuild(args[1]))
+    items = [_rebuild(item) for item in args[0]]
+    if tag == "K":
+        return dict.fromkeys(items).keys()
+    if tag == "V":
+        return dict(enumerate(items)).values()
+    if tag == "I":
+        return dict(items).items()
+    if tag == "it":
+        return iter(items)
+    kinds = {"l": list, "t": tuple, "S": set, "F": frozenset, "Q": collections.deque}
+    return kinds[tag](items)
+
+
+def _serve(function, calls, values, _emit_, _encode_):
+    """Answer each call that arrives on `calls` until its end."""
+    import ast
+
+    while True:
+        record = _receive(calls)
+        if record is None:
+            return
+        args, kwargs = _rebuild(ast.literal_eval(record))
+        _emit_(values, _encode_(function(*args, **kwargs)))
+
+
+def _asker(calls, values):
+    """A stand-in for the program's function, in a run without it: each call's arguments go
+    out as data, the value the program's function returned comes back as data."""
+    import ast
 
     def candidate(*args, **kwargs):
-        value = function(*args, **kwargs)
-        _emit_(values, _encode_(value))
-        return value
+        _emit(values, _encode((args, kwargs)))
+        record = _receive(calls)
+        if record is None:
+            raise AssertionError("the program gave no answer to a call of its function")
+        return _rebuild(ast.literal_eval(record))
 
     return candidate
 
@@ -894,9 +983,10 @@ def _finish(request: dict) -> None:
     only in this frame's locals.
     """
     _exec, _eval, _exit, _write, _encode_, _emit_ = exec, eval, os._exit, os.write, _encode, _emit
-    _recorder_ = _recorder
+    _serve_, _asker_ = _serve, _asker
     marker = f"\n{request.pop('nonce')}\n".encode()
     values = int(request.pop("values_fd"))
+    calls = request.pop("calls_fd", None)
     steps = request.pop("steps")
     request.clear()
     namespace: dict = {}
@@ -911,9 +1001,12 @@ def _finish(request: dict) -> None:
             if kind == "eval":
                 _emit_(values, _encode_(_eval(code, namespace)))
                 continue
-            if kind == "record":
-                target = namespace[function]
-                namespace["__candidate__"] = _recorder_(target, values, _emit_, _encode_)
+            if kind == "serve":  # without a conversation: no calls to answer
+                if calls is not None:
+                    _serve_(namespace[function], int(calls), values, _emit_, _encode_)
+                continue
+            if kind == "ask":
+                namespace["__candidate__"] = _asker_(int(calls), values)
             _exec(code, namespace)
     except BaseException:  # SystemExit and KeyboardInterrupt are failures too
         try:

@@ -13,11 +13,12 @@ definition of the function wins).
 `assert` of a shape the judge knows is judged outside the program's process like MBPP's
 (`dllmbench.tasks.mbpp_judge`: only the actual side runs in the sandbox, its value comes back as
 data); asserts of a constant true (`assert True, "…"`) are dropped. A check() with anything
-else (loops, helpers, asserts of other shapes) is replayed instead: the program's run calls
-check() with a stand-in that sends back every value the function returns, and a second run,
-with no program in it, runs the same check() (with `random` seeded the same way) against a
-`candidate` that returns those values in order; the second run's verdict is the grade. The
-test's top-level code (imports, `METADATA`, helpers) runs after the program as setup.
+else (loops, helpers, asserts of other shapes) is replayed instead, as a conversation
+(`Sandbox.converse`): a run with no program in it (the prompt's helpers, the setup, `random`
+seeded) runs check() with a `candidate` that sends each call's arguments out as data, and the
+program's run, holding only the program, answers each with the value its function returns, as
+data; the judge's verdict is the grade. The test's top-level code (imports, `METADATA`,
+helpers) runs after the program as setup.
 
 Prompt styles: `chat` (the prompt in a user message, asking for the completed function in one
 code block) and `fewshot`, the raw prompt to continue (HumanEval is zero-shot: the model cards'

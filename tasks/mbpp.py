@@ -24,7 +24,7 @@ from dllmbench.core.errors import UserError
 from dllmbench.core.types import Problem, Prompt
 from dllmbench.tasks.data import TaskData, need_fields
 from dllmbench.tasks.mbpp_judge import MODULES, Check, Undecodable, decode, holds, plan
-from dllmbench.tasks.sandbox import ISOLATIONS, Limits, Outcome, Sandbox
+from dllmbench.tasks.sandbox import ISOLATIONS, Conversation, Limits, Outcome, Sandbox, Steps
 
 HUB = ("google-research-datasets/mbpp", "full")
 RANGES = {"prompt": (1, 10), "test": (11, 510), "validation": (511, 600), "train": (601, 974)}
@@ -144,45 +144,9 @@ def assemble(prefix: str, answer: str) -> str:
     return prefix.rstrip("\n") + "\n\n\n" + answer
 
 
-# seeds `random` the same way before check() in the program's run and in its replay (without
-# binding a name in the program's namespace), so that tests drawing inputs from it call the
-# function with the same arguments in both
+# seeds `random` before check() in the judge's run, so that tests drawing inputs from it ask
+# the same calls of every program
 SEED_RANDOM = "__import__('random').seed(0)"
-# the replay's candidate: the recorded values, rebuilt from their tagged literals (see
-# `_sandbox_boot._encode`; each was decoded once by the strict decoder before), in call order
-REPLAY = """
-import ast as __ast, collections as __collections, decimal as __decimal, fractions as __fractions
-def __rebuild(node):
-    tag, args = node[0], node[1:]
-    if tag == "N":
-        return None
-    if tag == "b":
-        return bool(args[0])
-    if tag == "i":
-        return int(args[0], 16)
-    if tag == "f":
-        return float.fromhex(args[0])
-    if tag == "c":
-        return complex(float.fromhex(args[0]), float.fromhex(args[1]))
-    if tag in ("s", "y"):
-        return args[0]
-    if tag == "q":
-        return __fractions.Fraction(int(args[0], 16), int(args[1], 16))
-    if tag == "D":
-        return __decimal.Decimal(args[0])
-    if tag == "Q":
-        return __collections.deque(__rebuild(item) for item in args[0])
-    if tag == "d":
-        return {__rebuild(k): __rebuild(v) for k, v in args[0]}
-    kinds = {"l": list, "t": tuple, "S": set, "F": frozenset}
-    return kinds[tag](__rebuild(item) for item in args[0])
-__answers = iter([__rebuild(__ast.literal_eval(record)) for record in RECORDS])
-def candidate(*args, **kwargs):
-    for value in __answers:
-        return value
-    raise AssertionError("check() called the function more often than the program answered")
-"""
-END = "__end = object()\nassert next(__answers, __end) is __end, 'answers left over'"
 
 
 def _slim(outcome: Outcome, keep: int = 2000) -> Outcome:
@@ -314,28 +278,30 @@ class Mbpp:
         """What the sandbox runs: the program, the setup code, then each assert: its actual side
         only ("eval": the value comes back to be judged here) or, for a shape the judge does
         not know, the assert. Expected sides computed in a sandbox are not among them: they
-        come from a run of their own (`before_steps`), which no program shares."""
+        come from a run of their own (`before_steps`), which no program shares. With a
+        "replay" check, the program then answers the calls of its function that `judge_steps`
+        makes (a conversation, `Sandbox.converse`)."""
         gold: Tests = problem.gold
         checks = gold.checks or tuple(plan(t) for t in gold.asserts)
         steps: list[tuple[str, ...]] = [("program", assemble(gold.prefix, program))]
+        replay = [c for c in checks if c.kind == "replay"]
+        if replay:
+            return [*steps, ("calls", "", "serve", replay[0].actual)]
         if gold.setup.strip():
             steps.append(("setup", gold.setup))
         for i, check in enumerate(checks):
-            if check.kind == "replay":  # check(candidate), each value the function returns sent
-                source = f"{SEED_RANDOM}\n{check.source}\ncheck(__candidate__)"
-                steps.append(("check", source, "record", check.actual))
-            elif check.outside:
+            if check.outside:
                 steps.append((f"test {i + 1}", check.actual, "eval"))
             else:
                 steps.append((f"test {i + 1}", check.source))
         return steps
 
     @staticmethod
-    def replay_steps(problem: Problem, records: Sequence[str]) -> list[tuple[str, ...]]:
-        """The run that judges a "replay" check with no program in it: the prefix (the prompt's
-        helpers) and setup, then `check(candidate)` with a `candidate` that returns, call by
-        call, the values the program's function returned (the records, already decoded once
-        by the strict decoder here)."""
+    def judge_steps(problem: Problem) -> list[tuple[str, ...]]:
+        """The run that judges a "replay" check, with no program in it: the prefix (the
+        prompt's helpers) and setup, then `check(candidate)`, where each call of `candidate`
+        sends its arguments to the program's run as data and returns, as data, the value the
+        program's function returned for them."""
         gold: Tests = problem.gold
         (check,) = [c for c in gold.checks if c.kind == "replay"]
         steps: list[tuple[str, ...]] = []
@@ -343,24 +309,15 @@ class Mbpp:
             steps.append(("prompt", gold.prefix))
         if gold.setup.strip():
             steps.append(("setup", gold.setup))
-        stub = REPLAY.replace("RECORDS", repr(list(records)))
-        steps.append(("check", f"{stub}\n{SEED_RANDOM}\n{check.source}\ncheck(candidate)\n{END}"))
+        steps.append(("check", f"{SEED_RANDOM}\n{check.source}\ncheck(__candidate__)", "ask"))
         return steps
 
-    @staticmethod
-    def _replayed(outcome: Outcome, replay: Outcome | None) -> Outcome:
-        """A judged outcome with the verdict of its replay run (None: no replay needed)."""
-        if replay is None or not outcome.passed or replay.passed:
-            return outcome
-        # the values decide whatever way the replay failed (an assert, or a timeout or CPU
-        # limit that values crafted to be slow to check brought about); a sandbox that cannot
-        # start at all is the sandbox's own one-line error
-        return replace(outcome, passed=False, status="wrong")
-
-    @staticmethod
-    def _needs_replay(problem: Problem, outcome: Outcome) -> bool:
+    def _job(self, problem: Problem, program: str) -> Steps | Conversation:
+        """What the sandbox runs for a program: its steps, or a conversation with the judge."""
         gold: Tests = problem.gold
-        return outcome.passed and any(c.kind == "replay" for c in gold.checks)
+        if any(c.kind == "replay" for c in gold.checks):
+            return Conversation(self.steps(problem, program), self.judge_steps(problem), decode)
+        return self.steps(problem, program)
 
     @staticmethod
     def before_steps(problem: Problem) -> list[tuple[str, ...]]:
@@ -406,12 +363,7 @@ class Mbpp:
         checks = gold.checks or tuple(plan(t) for t in gold.asserts)
         before = [c for c in checks if c.before]
         after = [c for c in checks if c.outside]
-        if any(c.kind == "replay" for c in checks):  # every record a value; judged on replay
-            try:
-                for record in outcome.values:
-                    decode(record)
-            except Undecodable:
-                return replace(outcome, passed=False, status="wrong")
+        if any(c.kind == "replay" for c in checks):  # judged in the conversation
             return outcome
         if len(outcome.values) != len(after) or len(expected) != len(before):
             return replace(outcome, passed=False, status="wrong")
@@ -438,11 +390,12 @@ class Mbpp:
             cached = self._outcomes.get(key)
         if cached is None:
             expected = self.expected(problem)
-            outcome = self.judge(problem, self.sandbox.run(self.steps(problem, program)), expected)
-            replay = None
-            if self._needs_replay(problem, outcome):
-                replay = self.sandbox.run(self.replay_steps(problem, outcome.values))
-            cached = _slim(self._replayed(outcome, replay))
+            job = self._job(problem, program)
+            if isinstance(job, Conversation):
+                outcome = self.sandbox.converse(job)
+            else:
+                outcome = self.sandbox.run(job)
+            cached = _slim(self.judge(problem, outcome, expected))
             with self._lock:
                 self._outcomes[key] = cached
         return cached
@@ -466,21 +419,10 @@ class Mbpp:
                 if outcome.passed:
                     self._expected[problem_id] = outcome.values
         outcomes = self.sandbox.run_many(
-            [self.steps(p, a) for p, a in pending], workers=self.config.workers
+            [self._job(p, a) for p, a in pending], workers=self.config.workers
         )
-        judged = [
-            self.judge(p, o, self.expected(p)) for (p, _), o in zip(pending, outcomes, strict=True)
-        ]
-        again = [i for i, o in enumerate(judged) if self._needs_replay(pending[i][0], o)]
-        replays: list[Outcome | None] = [None] * len(pending)
-        replayed = self.sandbox.run_many(
-            [self.replay_steps(pending[i][0], judged[i].values) for i in again],
-            workers=self.config.workers,
-        )
-        for i, replay in zip(again, replayed, strict=True):
-            replays[i] = replay
-        for (p, a), outcome, replay in zip(pending, judged, replays, strict=True):
-            final = _slim(self._replayed(outcome, replay))
+        for (p, a), outcome in zip(pending, outcomes, strict=True):
+            final = _slim(self.judge(p, outcome, self.expected(p)))
             with self._lock:
                 self._outcomes[(p.id, a)] = final
         return [a is not None and self._outcomes[(p.id, a)].passed for p, a, _ in items]

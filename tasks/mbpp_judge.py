@@ -215,6 +215,8 @@ def _build(node, depth: int):
             return Decimal(args[0])
         if tag == "Q" and len(args) == 1 and type(args[0]) is tuple:
             return collections.deque(_build(item, depth + 1) for item in args[0])
+        if tag == "it" and len(args) == 1 and type(args[0]) is tuple:  # an iterator's items
+            return iter([_build(item, depth + 1) for item in args[0]])
         if tag in _VIEWS and len(args) == 1 and type(args[0]) is tuple:
             return _VIEWS[tag]([_build(item, depth + 1) for item in args[0]])
         if tag == "n" and len(args) == 2 and type(args[0]) is str:

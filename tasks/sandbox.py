@@ -31,7 +31,9 @@ memfds, tasks, one CPU; where cgroups are writable), whose child side (`_sandbox
 The grader enforces a wall-clock limit and an output cap (stdout and stderr together), and on
 either kills the control group and the process group; the PID namespace dies with its first
 process, so nothing the program started survives it. `run_many` runs programs side by side and
-runs those that timed out again, once, side by side with each other. The child imports from the
+runs those that timed out again, once, side by side with each other. `converse` runs two
+programs side by side that talk through the grader only, record by record, each record checked
+on the way (a judge without the program asking, the program answering). The child imports from the
 site-packages of the environment running dllmbench, never seeing dllmbench's own package, data
 or metadata (`hidden_paths`).
 """
@@ -42,6 +44,7 @@ import contextlib
 import fcntl
 import marshal
 import os
+import queue
 import secrets
 import selectors
 import signal
@@ -51,7 +54,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from functools import cache
@@ -100,7 +103,7 @@ class Outcome:
     stdout: str
     stderr: str
     seconds: float
-    # the encoded value of each "eval" step and of each call a "record" step made, in order
+    # the encoded value of each "eval" step and each answer of a "serve" step, in order
     # (tagged literals, see `_sandbox_boot`); written by the program's process, so data to
     # parse strictly, never to trust
     values: tuple[str, ...] = ()
@@ -108,6 +111,22 @@ class Outcome:
     memory_peak_mb: float | None = None
     # this is a second run (beside only other re-runs) of a program whose first run timed out
     reran: bool = False
+
+
+Steps = Sequence[tuple[str, ...]]
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """Two runs side by side that talk only through the grader: the program's run, whose
+    "serve" step answers calls of the program's function, and the judge's run, which holds no
+    program and whose "ask" step sends each call's arguments and waits for the answer. Each
+    record either side writes passes `check` (which raises on one that is not a value) before
+    it reaches the other; the judge's run decides the verdict."""
+
+    program: Steps
+    judge: Steps
+    check: Callable[[str], object]
 
 
 @cache
@@ -192,12 +211,19 @@ class Sandbox:
         self.isolation = isolation
         self.hide = tuple(dict.fromkeys(os.path.realpath(p) for p in hide))
 
-    def run(self, steps: Sequence[tuple[str, ...]]) -> Outcome:
+    def run(
+        self,
+        steps: Steps,
+        feed: int | None = None,
+        on_record: Callable[[str | None], None] | None = None,
+    ) -> Outcome:
         """Run (name, source) steps in order, in one namespace; pass when all complete.
 
         A step (name, source, "eval") is an expression: its value is encoded (builtin values,
         see `_sandbox_boot._encode`) and comes back in `Outcome.values`, for the caller to
-        judge outside."""
+        judge outside. `feed` is the read end of a pipe the run's "serve" or "ask" step reads
+        records from (closed here); `on_record` is called with each record of the values pipe
+        as it arrives."""
         scratch, charged = None, False
         if self.isolation == "process":
             charged = _charged_scratch()
@@ -207,8 +233,13 @@ class Sandbox:
             # it keeps this process's uid, with no capabilities (see `_sandbox_boot`).
             if self.isolation == "namespaces" and os.geteuid() == 0:
                 with allocate_uid() as uid:
-                    return self._run(steps, scratch, uid, charged)
-            return self._run(steps, scratch, None, charged)
+                    return self._run(steps, scratch, uid, charged, feed, on_record)
+            return self._run(steps, scratch, None, charged, feed, on_record)
+        except BaseException:
+            if feed is not None:
+                with contextlib.suppress(OSError):
+                    os.close(feed)
+            raise
         finally:
             if scratch is not None:
                 left = remove_tree(scratch)
@@ -219,9 +250,65 @@ class Sandbox:
                         file=sys.stderr,
                     )
 
-    def run_many(
-        self, programs: Sequence[Sequence[tuple[str, ...]]], workers: int = 0
-    ) -> list[Outcome]:
+    def converse(self, talk: Conversation) -> Outcome:
+        """Run a conversation (see `Conversation`): the program's outcome with the judge's
+        verdict. A program that fails, or answers a call that was not made or with a record
+        that is not a value, fails; a judge that times out is a timeout, any other way it
+        fails makes the program `wrong`."""
+        to_program, to_judge = os.pipe(), os.pipe()
+        program_in, judge_in = _Relay(to_program[1]), _Relay(to_judge[1])
+        asked = [0]  # calls the judge made that the program has not answered
+        lock = threading.Lock()
+
+        def from_judge(record: str | None) -> None:
+            try:
+                if record is None:
+                    raise ValueError("a malformed record")
+                talk.check(record)
+            except Exception:
+                program_in.close()
+                return
+            with lock:
+                asked[0] += 1
+            program_in.send(record)
+
+        def from_program(record: str | None) -> None:
+            with lock:
+                unasked = asked[0] == 0
+                asked[0] -= 1
+            try:
+                if record is None or unasked:
+                    raise ValueError("a malformed record, or an answer to no call")
+                talk.check(record)
+            except Exception:
+                judge_in.close()
+                return
+            judge_in.send(record)
+
+        judged: list[Outcome] = []
+
+        def judge() -> None:
+            try:
+                judged.append(self.run(talk.judge, to_judge[0], from_judge))
+            finally:
+                program_in.close()
+
+        thread = threading.Thread(target=judge, name="sandbox-judge", daemon=True)
+        thread.start()
+        try:
+            outcome = self.run(talk.program, to_program[0], from_program)
+        finally:
+            judge_in.close()
+            thread.join()
+        if not judged:  # the judge's run raised (it could not start): so does this
+            raise UserError("the code sandbox could not run a judge beside a program")
+        verdict = judged[0]
+        if not outcome.passed or verdict.passed:
+            return outcome
+        status = "timeout" if verdict.status == "timeout" else "wrong"
+        return replace(outcome, passed=False, status=status)
+
+    def run_many(self, programs: Sequence[Steps | Conversation], workers: int = 0) -> list[Outcome]:
         """Run many programs, `workers` at a time (0: two per CPU core, as a run spends part
         of its time waiting on the kernel). Programs that timed out beside others are run
         again, once, side by side with only each other (`workers` at a time), and that second
@@ -230,25 +317,31 @@ class Sandbox:
         program that only burns CPU ends on its CPU-seconds limit, not on the clock.)"""
         workers = max(1, workers or 2 * (os.cpu_count() or 1))
         with ThreadPoolExecutor(workers) as pool:
-            outcomes = list(pool.map(self.run, programs))
+            outcomes = list(pool.map(self._one, programs))
             if workers > 1 and len(programs) > 1:
                 again = [i for i, outcome in enumerate(outcomes) if outcome.status == "timeout"]
-                reruns = pool.map(self.run, [programs[i] for i in again])
+                reruns = pool.map(self._one, [programs[i] for i in again])
                 for i, outcome in zip(again, reruns, strict=True):
                     outcomes[i] = replace(outcome, reran=True)
         return outcomes
 
+    def _one(self, program: Steps | Conversation) -> Outcome:
+        return self.converse(program) if isinstance(program, Conversation) else self.run(program)
+
     def _run(
         self,
-        steps: Sequence[tuple[str, ...]],
+        steps: Steps,
         scratch: str | None,
         uid: int | None,
         charged: bool = False,
+        feed: int | None = None,
+        on_record: Callable[[str | None], None] | None = None,
     ) -> Outcome:
         limits = self.limits
         nonce = secrets.token_hex(16)
         status_r, status_w = os.pipe()
         values_r, values_w = os.pipe()
+        passed_fds = (status_w, values_w) if feed is None else (status_w, values_w, feed)
         request = {
             **asdict(limits),
             "steps": [list(s) for s in steps],
@@ -256,6 +349,7 @@ class Sandbox:
             "isolation": self.isolation,
             "status_fd": status_w,
             "values_fd": values_w,
+            "calls_fd": feed,
             "uid": uid,
             "site_packages": site_packages(),
             "hidden": [*hidden_paths(), *self.hide],
@@ -268,10 +362,8 @@ class Sandbox:
             limits.cpus,
         )
         if group is None and self._unbounded_tasks():
-            os.close(status_r)
-            os.close(values_r)
-            os.close(status_w)
-            os.close(values_w)
+            for fd in (status_r, values_r, *passed_fds):
+                os.close(fd)
             raise UserError(
                 "isolation=process as root bounds a program's threads only with a cgroup "
                 "(root is exempt from RLIMIT_NPROC) and none is writable here: use "
@@ -285,7 +377,7 @@ class Sandbox:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                pass_fds=(status_w, values_w),
+                pass_fds=passed_fds,
                 start_new_session=True,
                 cwd=scratch or "/",
                 env={**ENV, "HOME": scratch or "/", "TMPDIR": scratch or "/tmp"},
@@ -297,13 +389,18 @@ class Sandbox:
                 group.remove()
             raise
         finally:
-            os.close(status_w)
-            os.close(values_w)
+            for fd in passed_fds:
+                os.close(fd)
         try:
             if group is not None:  # it waits for the request on stdin: nothing has run yet
                 group.add(proc.pid)
             out, err, status, values, reason = _exchange(
-                proc, marshal.dumps(request), status_r, values_r, deadline, limits.output_bytes
+                proc,
+                marshal.dumps(request),
+                (status_r, values_r),
+                deadline,
+                limits.output_bytes,
+                on_record,
             )
         finally:
             os.close(status_r)
@@ -505,14 +602,52 @@ def _private_folder(directory: Path) -> None:
         )
 
 
+class _Relay:
+    """The write end of a pipe into a run, fed records by a thread of its own, so that the
+    reader of the other run's pipes never blocks on this one."""
+
+    def __init__(self, fd: int):
+        self._fd = fd
+        self._queue: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._write, name="sandbox-relay", daemon=True)
+        self._thread.start()
+
+    def send(self, record: str) -> None:
+        data = record.encode("utf-8", "surrogatepass")
+        self._queue.put(b"%d\n" % len(data) + data)
+
+    def close(self) -> None:
+        """No more records: the reader sees the end once those sent are written."""
+        self._queue.put(None)
+
+    def _write(self) -> None:
+        try:
+            while (data := self._queue.get()) is not None:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(self._fd, view) :]
+        except OSError:  # the reader is gone
+            pass
+        finally:
+            os.close(self._fd)
+
+
 def _records(data: bytes) -> tuple[str, ...]:
     """The length-prefixed records of the values pipe (`<length>\\n<bytes>` each); reading stops
     at the first malformed one, so a caller that counts them sees the damage."""
-    out, at = [], 0
+    return _parse(data)[0]
+
+
+def _parse(data: bytes | bytearray, at: int = 0) -> tuple[tuple[str, ...], int, bool]:
+    """The whole records of `data` from `at`, where the first one not whole begins, and
+    whether that one is malformed (rather than cut short)."""
+    out = []
     while at < len(data):
         newline = data.find(b"\n", at, at + 12)
-        head = data[at:newline]
-        if newline < 0 or not head.isdigit():
+        head = data[at:newline] if newline >= 0 else data[at : at + 12]
+        if not head.isdigit():
+            return tuple(out), at, bool(head) and (newline >= 0 or len(head) == 12)
+        if newline < 0:
             break
         end = newline + 1 + int(head)
         if end > len(data):
@@ -520,17 +655,25 @@ def _records(data: bytes) -> tuple[str, ...]:
         try:
             out.append(data[newline + 1 : end].decode("utf-8"))
         except UnicodeDecodeError:
-            break
+            return tuple(out), at, True
         at = end
-    return tuple(out)
+    return tuple(out), at, False
 
 
 def _exchange(
-    proc: subprocess.Popen, request: bytes, status_r: int, values_r: int, deadline: float, cap: int
+    proc: subprocess.Popen,
+    request: bytes,
+    pipes: tuple[int, int],
+    deadline: float,
+    cap: int,
+    on_record: Callable[[str | None], None] | None = None,
 ) -> tuple[bytes, bytes, bytes, bytes, str | None]:
     """Write the request, then read stdout, stderr, the status and the values pipes until all
     close, the deadline passes or the output its cap (the values count towards it); wait for
-    the exit. Never blocks past the deadline."""
+    the exit. Never blocks past the deadline. `on_record` is called with each whole record of
+    the values pipe as it arrives, and once with None at a malformed one (then no more)."""
+    status_r, values_r = pipes
+    parsed, streaming = 0, on_record is not None
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     stdin, stdout, stderr = proc.stdin.fileno(), proc.stdout.fileno(), proc.stderr.fileno()
     received = {fd: bytearray() for fd in (stdout, stderr, status_r, values_r)}
@@ -570,6 +713,13 @@ def _exchange(
                 received[fd] += chunk[: max(0, cap + 64 - len(received[fd]))]
                 if fd == values_r and len(received[fd]) > cap:
                     reason = "output_limit"
+                if fd == values_r and streaming and on_record is not None:
+                    records, parsed, broken = _parse(received[fd], parsed)
+                    for record in records:
+                        on_record(record)
+                    if broken:
+                        on_record(None)
+                        streaming = False
     while reason is None and not _exited(proc.pid):  # pipes closed: wait for the exit
         if time.monotonic() >= deadline:
             reason = "timeout"

@@ -12,7 +12,6 @@ from test_mbpp_cheats import CHEATS
 from dllmbench.tasks.data import PACKAGED
 from dllmbench.tasks.humaneval import HumanEval, extract_program
 from dllmbench.tasks.mbpp import assemble
-from dllmbench.tasks.sandbox import Limits
 
 pytestmark = pytest.mark.slow
 
@@ -116,9 +115,10 @@ def test_a_run_end_to_end(cli, tmp_path):
     assert "humaneval" in result.out and (out / "manifest.json").is_file()
 
 
-def test_a_replayed_check_judges_the_values_not_the_programs_run(task, problems):
-    """Problem 53 checks `add` on 100 random pairs in a loop. A program that fixes `random` so
-    that its run only asks easy questions passes that run; the replay asks the real ones."""
+def test_a_replayed_check_runs_where_the_program_cannot_reach_it(task, problems):
+    """Problem 53 checks `add` on 100 random pairs in a loop, in a run with no program: the
+    program only answers calls. Fixing `random` in its own process changes no question;
+    records written beside the answers (on any descriptor) end the conversation."""
     problem = next(p for p in problems if p.id == "53")
     assert problem.meta["replayed"]
     easy = (
@@ -128,10 +128,8 @@ def test_a_replayed_check_judges_the_values_not_the_programs_run(task, problems)
         "def add(x, y):\n"
         "    return {(0, 1): 1, (1, 0): 1, (2, 3): 5, (5, 7): 12, (7, 5): 12}.get((x, y), 0)\n"
     )
-    assert task.sandbox.run(task.steps(problem, easy)).passed  # its own run completes
     assert not task.grade(problem, easy, "")
     assert task.grade(problem, "def add(x, y):\n    return x + y\n", "")
-    # records forged beside the real ones put the answers out of step: wrong
     forged = (
         "import os\n"
         "def add(x, y):\n"
@@ -145,24 +143,58 @@ def test_a_replayed_check_judges_the_values_not_the_programs_run(task, problems)
     assert not task.grade(problem, forged, "")
 
 
-def test_a_replay_that_ends_on_a_limit_is_wrong_not_an_error(problems, monkeypatch):
-    """Values crafted to make the replay slow end it on its limits: the answer is wrong and the
-    run goes on (here the replay's run is made to time out)."""
-    task = HumanEval(data=str(PACKAGED), timeout=10.0)
+# Looks for check() from inside the program's function, as a program that solves nothing would:
+# up the frames (check's locals hold the expected string of 38 and 50, the sum of 151), through
+# the collector (check's code and its constants), and prints what it saw.
+PEEK = """
+import gc, sys
+def ENTRY(*args, **kwargs):
+    frame, names = sys._getframe(1), []
+    while frame is not None:
+        names.append(frame.f_code.co_name)
+        for key in ("str", "odd_sum"):
+            if frame.f_code.co_name == "check" and key in frame.f_locals:
+                return frame.f_locals[key]
+        frame = frame.f_back
+    codes = [o for o in gc.get_objects() if getattr(o, "__name__", "") == "check"]
+    print("frames:", names, "checks:", len(codes))
+    if codes:
+        return codes[0].__code__.co_consts[-1]
+    return args[0] if args else None
+"""
+
+
+def test_no_replayed_check_is_in_the_programs_reach(task, problems):
+    """A program that solves nothing and looks for check() in its own process (frames, the
+    collector) passes none of the 8 replayed problems: check() runs in a run of its own, and
+    the program sees only each call's arguments, as data."""
+    replayed = [p for p in problems if p.meta["replayed"]]
+    assert len(replayed) == 8
+    answers = [PEEK.replace("ENTRY", p.meta["entry_point"]) for p in replayed]
+    grades = task.grade_many([(p, a, "") for p, a in zip(replayed, answers, strict=True)])
+    assert grades == [False] * 8
+    outcome = task.run(replayed[0], answers[0])
+    assert "checks: 0" in outcome.stdout and "'check'" not in outcome.stdout, outcome
+
+
+def test_values_a_check_converts_are_judged_as_python_judges_them(task, problems):
+    """HumanEval/33 wraps each answer in `tuple()`: a function that returns an iterator, a
+    `map` or a generator passes as a list does; one that raises on a call fails."""
+    problem = next(p for p in problems if p.id == "33")
+    solve = "def sort_third(l):\n    l = list(l)\n    l[::3] = sorted(l[::3])\n    return WRAP\n"
+    for wrap in ("l", "iter(l)", "map(int, l)", "(v for v in l)", "tuple(l)"):
+        assert task.grade(problem, solve.replace("WRAP", wrap), ""), wrap
+    assert not task.grade(problem, solve.replace("WRAP", "map(int, l[1:])"), "")
+    assert not task.grade(problem, solve.replace("WRAP", "1 / 0"), "")
+
+
+def test_a_judge_that_ends_on_a_limit_is_a_timeout_not_an_error(problems, monkeypatch):
+    """A judge's run that ends on its limits (made here to time out) fails the answer, and the
+    run goes on."""
+    task = HumanEval(data=str(PACKAGED), timeout=2.0)
     problem = next(p for p in problems if p.id == "53")
-    real = task.sandbox.run
-    replays = []
-
-    def run(steps):
-        if steps[-1][1].lstrip().startswith("import ast as __ast"):  # the replay's stub
-            replays.append(steps)
-            return real([("blocker", "import time\ntime.sleep(60)")])
-        return real(steps)
-
-    monkeypatch.setattr(task.sandbox, "run", run)
-    monkeypatch.setattr(task.sandbox, "limits", Limits(timeout=2))
-    assert not task.grade(problem, "def add(x, y):\n    return x + y\n", "")
-    assert (
-        len(replays) == 1
-        and task.run(problem, "def add(x, y):\n    return x + y\n").status == "wrong"
+    monkeypatch.setattr(
+        task, "judge_steps", lambda problem: [("blocker", "import time\ntime.sleep(60)")]
     )
+    outcome = task.run(problem, "def add(x, y):\n    return x + y\n")
+    assert not outcome.passed and outcome.status == "timeout"
