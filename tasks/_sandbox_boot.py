@@ -19,10 +19,10 @@ With isolation "namespaces" the process unshares mount, network, PID, IPC and UT
    and closes it, and
 3. installs an audit hook that refuses sockets, new processes and signals, and runs each step.
 
-Isolation "process" has none of the namespaces or the new root: the process sets the limits,
-caps its scratch directory (the grader made it; a tmpfs mounted over it in a mount namespace of
-its own, where one can be made), confines its file access with Landlock, drops every
-capability, installs the seccomp filter and runs the program itself.
+Isolation "process" makes a mount namespace only (and a user namespace when not root): the
+process builds the same new root (with an empty /proc: there is no PID namespace to show),
+confines its file access with Landlock, sets the limits, drops privileges as in 2, installs the
+seccomp filter and runs the program itself.
 A run that completes writes the request's nonce on stdout and exits 0; anything else fails.
 """
 
@@ -134,7 +134,11 @@ def _hide(root: str, binds: list[str], hidden: list[str]) -> None:
                 _mount("/dev/null", target, None, MS_BIND)
 
 
-def _build_root(request: dict, owner: int) -> None:
+def _build_root(request: dict, owner: int, group: int | None = None, procfs: bool = True) -> None:
+    """Build the new root and pivot into it; the scratch folder owned by `owner` (and `group`,
+    else `owner`); /proc a procfs of the PID namespace, or (`procfs` false: no PID namespace of
+    its own) an empty read-only tmpfs."""
+    group = owner if group is None else group
     root = NEWROOT
     size = int(request["tmpfs_mb"])
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing propagates back to the host
@@ -146,7 +150,7 @@ def _build_root(request: dict, owner: int) -> None:
     # first: a bind below /tmp, such as a virtual environment there, goes on top of it)
     os.makedirs(root + SCRATCH)
     opts = f"size={size}m,nr_inodes=4096"
-    _mount("tmpfs", root + SCRATCH, "tmpfs", flags, f"{opts},mode=700,uid={owner},gid={owner}")
+    _mount("tmpfs", root + SCRATCH, "tmpfs", flags, f"{opts},mode=700,uid={owner},gid={group}")
     os.makedirs(root + "/tmp")
     _mount("tmpfs", root + "/tmp", "tmpfs", flags, f"{opts},mode=1777")
     for path, fd in binds:
@@ -175,7 +179,11 @@ def _build_root(request: dict, owner: int) -> None:
         if not os.path.lexists(root + link):
             os.symlink("/tmp", root + link)
     os.makedirs(root + "/proc", exist_ok=True)
-    _mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    if procfs:
+        _mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    else:
+        sealed = MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
+        _mount("tmpfs", root + "/proc", "tmpfs", sealed, "size=4k,nr_inodes=1,mode=555")
     _pivot(root)
 
 
@@ -623,7 +631,7 @@ def _read_rules(path: str, hidden: list[str], read: int) -> list[tuple[str, int]
     return out
 
 
-def _landlock(scratch: str, site_packages: list[str], hidden: list[str]) -> bool:
+def _landlock(writable: list[str], site_packages: list[str], hidden: list[str]) -> bool:
     """Confine the file system access of this process (and the threads it makes after); False
     where the kernel has no Landlock."""
     abi = _landlock_abi()
@@ -642,7 +650,7 @@ def _landlock(scratch: str, site_packages: list[str], hidden: list[str]) -> bool
         rules += _read_rules(path, hidden, read)
     rules += [("/etc/" + name, read) for name in ETC_COPIED]
     rules += [("/dev/" + name, FS_READ_FILE | FS_WRITE_FILE) for name in DEVICES]
-    rules.append((scratch, handled))
+    rules += [(folder, handled) for folder in writable]
     try:
         for path, rights in rules:
             if not os.path.exists(path):
@@ -1118,51 +1126,49 @@ def _namespaces(request: dict, status: int) -> None:
     os._exit(_exit_code(wait_status))
 
 
-def _cap_scratch(request: dict) -> bool:
-    """Mount a size-capped tmpfs over the scratch directory (the cwd) in a mount namespace of
-    this process's own (and a user namespace when not root); False where that is refused."""
-    if not request["mount_scratch"]:
-        return False
+def _own_mounts(request: dict) -> None:
+    """A mount namespace of this process's own (and a user namespace, mapping its uid and gid
+    to themselves, when not root); a SetupError where the kernel refuses."""
     root = os.geteuid() == 0
     euid, egid = os.geteuid(), os.getegid()
-    if libc.unshare(CLONE_NEWNS if root else CLONE_NEWNS | CLONE_NEWUSER) != 0:
-        return False
-    scratch = os.getcwd()
-    try:
-        if not root:
-            _write("/proc/self/setgroups", "deny")
-            _write("/proc/self/uid_map", f"{euid} {euid} 1")
-            _write("/proc/self/gid_map", f"{egid} {egid} 1")
-        _mount(None, "/", None, MS_REC | MS_PRIVATE)
-        opts = f"size={int(request['tmpfs_mb'])}m,nr_inodes=4096,mode=700,uid={euid},gid={egid}"
-        _mount("tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NODEV, opts)
-    except (SetupError, OSError):
-        return False
-    os.chdir(scratch)  # into the tmpfs, over the grader's folder
-    return True
+    refused = not request["mount_namespace"]  # the grader's switch, to test the refusal
+    if refused or libc.unshare(CLONE_NEWNS if root else CLONE_NEWNS | CLONE_NEWUSER) != 0:
+        raise SetupError(
+            "isolation=process needs a mount namespace (root, or unprivileged user "
+            "namespaces) to show the program only the files it may use; none can be made here"
+        )
+    if not root:
+        _write("/proc/self/setgroups", "deny")
+        _write("/proc/self/uid_map", f"{euid} {euid} 1")
+        _write("/proc/self/gid_map", f"{egid} {egid} 1")
 
 
 def _process(request: dict, status: int) -> None:
-    """No namespaces for the program: the limits, the scratch directory capped (a tmpfs in a
-    mount namespace of its own where one can be made; else the grader made it on a tmpfs
-    charged to the run's cgroup), Landlock (file access: the system and interpreter
-    directories and site-packages read-only, less the hidden paths; the scratch directory read
-    and write), every capability dropped, the seccomp filter (no sockets at all) and the guard.
+    """No PID, network or IPC namespace for the program: a mount namespace of its own with the
+    new root of namespaces mode (an empty /proc: it would show the host's processes), Landlock
+    (file access: the system and interpreter directories and site-packages read-only, less the
+    hidden paths; the scratch folder and /tmp read and write), the limits, as root a uid of its
+    own and otherwise every capability dropped, the seccomp filter (no sockets at all) and the
+    guard.
     """
+    root = os.geteuid() == 0
+    uid = int(request["uid"]) if root else None
     try:
-        _set_limits(request)
         _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
-        if not _cap_scratch(request) and not request["scratch_charged"]:
-            raise SetupError(
-                "isolation=process cannot cap the scratch directory's size here: it needs a "
-                "mount namespace (root, or unprivileged user namespaces) or writable cgroups"
-            )
-        if not _landlock(os.getcwd(), request["site_packages"], request["hidden"]):
+        _own_mounts(request)
+        if uid is not None:
+            _build_root(request, uid, procfs=False)
+        else:
+            _build_root(request, os.geteuid(), os.getegid(), procfs=False)
+        os.chdir(SCRATCH)
+        os.environ.update(HOME=SCRATCH, TMPDIR="/tmp")
+        if not _landlock([SCRATCH, "/tmp"], request["site_packages"], request["hidden"]):
             raise SetupError(
                 "isolation=process needs Landlock (Linux 5.13 or later) to confine the "
                 "program's file access; use isolation=namespaces"
             )
-        _drop_privileges(None)  # every capability; no_new_privs
+        _set_limits(request)
+        _drop_privileges(uid)  # as root a fresh uid; otherwise every capability
         _install_seccomp(unix_sockets=False, threads=int(request["processes"]) > 1)
     except (SetupError, OSError, ValueError) as exc:
         _report(status, f"error: {exc}")

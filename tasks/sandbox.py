@@ -13,10 +13,11 @@ memfds, tasks, one CPU; where cgroups are writable), whose child side (`_sandbox
   directories, a minimal /etc, a private /tmp and the scratch directory (cwd), each a small
   tmpfs; no network interface but a down loopback; a /proc of its own; zero SysV limits; then,
   as root, a fresh unprivileged uid, otherwise no capabilities; no_new_privs;
-- isolation "process": none of the namespaces; no capabilities, Landlock (required) confining
-  file access to the system and interpreter folders, the environment's site-packages and a
-  scratch directory capped in size (a tmpfs of its own, else a folder on /dev/shm charged to
-  the run's cgroup, else it refuses to run); for machines without namespaces;
+- isolation "process": a mount namespace only (and a user namespace when not root), holding
+  the same new root with an empty /proc; Landlock (required) confining file access to reading
+  the system and interpreter folders and the environment's site-packages and writing its
+  scratch directory and /tmp; as root a fresh unprivileged uid, otherwise no capabilities;
+  for machines where the other namespaces cannot be made;
 - a seccomp filter: no processes (no threads either with one task), no exec, no sockets or
   socket pairs but AF_UNIX (none in "process" mode), no namespaces, mounts, ptrace, keyrings,
   SysV IPC, POSIX message queues, memfds, bpf, io_uring, no signals, prlimit or descriptor
@@ -61,7 +62,6 @@ from functools import cache
 from pathlib import Path
 
 from dllmbench.core.errors import UserError
-from dllmbench.tasks import cgroups
 from dllmbench.tasks.cgroups import RunGroup
 
 ISOLATIONS = ("namespaces", "process")
@@ -163,11 +163,8 @@ ENV = {
 }
 
 
-# isolation "process": a tmpfs of the program's own over its scratch directory where the child
-# can make a mount namespace (tests turn it off to reach the fallback: a folder on /dev/shm,
-# whose pages the run's cgroup is charged for)
-MOUNT_SCRATCH = True
-SHM = "/dev/shm"
+# isolation "process" needs a mount namespace; tests turn this off to see it refuse
+MOUNT_NAMESPACE = True
 
 
 def site_packages() -> list[str]:
@@ -224,31 +221,16 @@ class Sandbox:
         judge outside. `feed` is the read end of a pipe the run's "serve" or "ask" step reads
         records from (closed here); `on_record` is called with each record of the values pipe
         as it arrives."""
-        scratch, charged = None, False
-        if self.isolation == "process":
-            charged = _charged_scratch()
-            scratch = tempfile.mkdtemp(prefix="dllmbench-sandbox-", dir=SHM if charged else None)
+        # As root the program runs as a uid no other run holds, in either isolation; otherwise
+        # it keeps this process's uid, with no capabilities (see `_sandbox_boot`).
         try:
-            # As root, in namespaces, the program runs as a uid no other run holds; otherwise
-            # it keeps this process's uid, with no capabilities (see `_sandbox_boot`).
-            if self.isolation == "namespaces" and os.geteuid() == 0:
-                with allocate_uid() as uid:
-                    return self._run(steps, scratch, uid, charged, feed, on_record)
-            return self._run(steps, scratch, None, charged, feed, on_record)
+            with allocate_uid() if os.geteuid() == 0 else contextlib.nullcontext() as uid:
+                return self._run(steps, uid, feed, on_record)
         except BaseException:
             if feed is not None:
                 with contextlib.suppress(OSError):
                     os.close(feed)
             raise
-        finally:
-            if scratch is not None:
-                left = remove_tree(scratch)
-                if left:
-                    print(
-                        f"dllmbench: could not remove {len(left)} path(s) of a sandbox's "
-                        f"scratch folder {scratch}: {left[0][:300]}",
-                        file=sys.stderr,
-                    )
 
     def converse(self, talk: Conversation) -> Outcome:
         """Run a conversation (see `Conversation`): the program's outcome with the judge's
@@ -331,9 +313,7 @@ class Sandbox:
     def _run(
         self,
         steps: Steps,
-        scratch: str | None,
         uid: int | None,
-        charged: bool = False,
         feed: int | None = None,
         on_record: Callable[[str | None], None] | None = None,
     ) -> Outcome:
@@ -353,22 +333,13 @@ class Sandbox:
             "uid": uid,
             "site_packages": site_packages(),
             "hidden": [*hidden_paths(), *self.hide],
-            "mount_scratch": MOUNT_SCRATCH,
-            "scratch_charged": charged,
+            "mount_namespace": MOUNT_NAMESPACE,
         }
         group = RunGroup.create(
             limits.memory_mb,
             limits.processes + (2 if self.isolation == "namespaces" else 0),  # + boot and init
             limits.cpus,
         )
-        if group is None and self._unbounded_tasks():
-            for fd in (status_r, values_r, *passed_fds):
-                os.close(fd)
-            raise UserError(
-                "isolation=process as root bounds a program's threads only with a cgroup "
-                "(root is exempt from RLIMIT_NPROC) and none is writable here: use "
-                "processes=1, or isolation=namespaces"
-            )
         start = time.monotonic()
         deadline = start + limits.timeout
         try:
@@ -379,8 +350,8 @@ class Sandbox:
                 stderr=subprocess.PIPE,
                 pass_fds=passed_fds,
                 start_new_session=True,
-                cwd=scratch or "/",
-                env={**ENV, "HOME": scratch or "/", "TMPDIR": scratch or "/tmp"},
+                cwd="/",
+                env=ENV,
             )
         except BaseException:
             os.close(status_r)
@@ -445,106 +416,6 @@ class Sandbox:
             _records(values),
             None if peak is None else peak / (1 << 20),
         )
-
-    def _unbounded_tasks(self) -> bool:
-        """Whether nothing but a cgroup would bound the program's tasks: isolation "process"
-        as root (exempt from RLIMIT_NPROC) with more than one task allowed (with one, the
-        seccomp filter refuses every clone)."""
-        return self.isolation == "process" and os.geteuid() == 0 and self.limits.processes > 1
-
-
-def _charged_scratch() -> bool:
-    """Whether a process-isolation scratch folder goes on /dev/shm, a tmpfs whose pages the
-    run's cgroup is charged for (its memory limit then caps the folder too): where cgroups are
-    writable and /dev/shm is a tmpfs."""
-    if cgroups.hierarchies() is None:
-        return False
-    try:
-        return os.statvfs(SHM).f_bsize > 0 and _fstype(SHM) == "tmpfs"
-    except OSError:
-        return False
-
-
-def _fstype(path: str) -> str | None:
-    best, kind = "", None
-    with open("/proc/self/mountinfo", encoding="utf-8") as fh:
-        for line in fh:
-            left, _, right = line.partition(" - ")
-            point = left.split()[4].replace("\\040", " ")
-            if (path == point or path.startswith(point.rstrip("/") + "/")) and len(point) >= len(
-                best
-            ):
-                best, kind = point, right.split()[0]
-    return kind
-
-
-def remove_tree(path: str) -> list[str]:
-    """Remove `path` and everything under it; never raises. Iterative (any depth, any path
-    length: it walks with directory descriptors, never recursion or whole paths) and without
-    following links; returns what it could not remove ("path: reason"; empty when all went).
-    Meant for a folder no live process still writes to."""
-    left: list[str] = []
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        try:
-            fd = os.open(path, flags)
-        except FileNotFoundError:
-            return left
-        except NotADirectoryError:
-            os.unlink(path)
-            return left
-        names: list[str] = []  # from `path` down to the folder `fd` is
-        pending: list[list[str]] = []  # subfolders still to empty, per level
-        while True:
-            subfolders = []
-            with os.scandir(fd) as entries:
-                for entry in entries:
-                    try:
-                        if entry.is_dir(follow_symlinks=False):
-                            subfolders.append(entry.name)
-                        else:
-                            os.unlink(entry.name, dir_fd=fd)
-                    except OSError as exc:
-                        left.append(f"{_shown(path, names, entry.name)}: {exc.strerror}")
-            pending.append(subfolders)
-            while True:
-                if pending[-1]:
-                    name = pending[-1].pop()
-                    try:
-                        child = os.open(name, flags, dir_fd=fd)
-                    except OSError as exc:
-                        left.append(f"{_shown(path, names, name)}: {exc.strerror}")
-                        continue
-                    os.close(fd)
-                    fd = child
-                    names.append(name)
-                    break  # empty the child first
-                pending.pop()
-                if not names:
-                    os.close(fd)
-                    try:
-                        os.rmdir(path)
-                    except OSError as exc:
-                        left.append(f"{path}: {exc.strerror}")
-                    return left
-                parent = os.open("..", flags, dir_fd=fd)
-                os.close(fd)
-                fd = parent
-                name = names.pop()
-                try:
-                    os.rmdir(name, dir_fd=fd)
-                except OSError as exc:
-                    left.append(f"{_shown(path, names, name)}: {exc.strerror}")
-    except Exception as exc:  # never lose the caller's result to a cleanup
-        left.append(f"{path}: {type(exc).__name__}: {exc}")
-        return left
-
-
-def _shown(path: str, names: list[str], name: str) -> str:
-    """A short form of a path deep in a tree: its top, depth and last name."""
-    if len(names) > 3:
-        return f"{path}/…({len(names)} levels)…/{name}"
-    return os.path.join(path, *names, name)
 
 
 _uids_lock = threading.Lock()

@@ -20,7 +20,7 @@ from dllmbench.tasks import cgroups
 from dllmbench.tasks import sandbox as sandbox_module
 from dllmbench.tasks.data import PACKAGED
 from dllmbench.tasks.mbpp import Mbpp
-from dllmbench.tasks.sandbox import Limits, Sandbox, remove_tree
+from dllmbench.tasks.sandbox import Limits, Sandbox
 
 pytestmark = pytest.mark.slow
 
@@ -162,55 +162,6 @@ NEST = (
 )
 
 
-def test_a_deep_tree_is_removed_without_recursion(tmp_path):
-    top = tmp_path / "top"
-    top.mkdir()
-    fd = os.open(top, os.O_RDONLY)
-    for i in range(3000):  # deeper than any path the kernel takes whole (PATH_MAX)
-        os.mkdir("d", dir_fd=fd)
-        if i % 500 == 0:
-            os.symlink("/", "link", dir_fd=fd)
-        child = os.open("d", os.O_RDONLY, dir_fd=fd)
-        os.close(fd)
-        fd = child
-        os.close(os.open("f", os.O_CREAT | os.O_WRONLY, dir_fd=fd))
-    os.close(fd)
-    assert remove_tree(str(top)) == []
-    assert not top.exists()
-    assert Path("/").exists()  # links were removed, never followed
-    assert remove_tree(str(top)) == []  # nothing there: nothing to say
-
-
-def test_the_cleanup_never_raises(tmp_path, monkeypatch):
-    (tmp_path / "a").mkdir()
-
-    def broken(*args, **kwargs):
-        raise RuntimeError("disk on fire")
-
-    monkeypatch.setattr(os, "scandir", broken)
-    left = remove_tree(str(tmp_path / "a"))
-    assert len(left) == 1 and "disk on fire" in left[0]
-
-
-@pytest.fixture
-def shm_scratch(monkeypatch):
-    """Process mode with the fallback scratch: a folder on /dev/shm charged to the run's cgroup
-    (where the child cannot make a mount namespace), so the program writes on the host."""
-    if not sandbox_module._charged_scratch():
-        pytest.skip("needs writable cgroups and a tmpfs /dev/shm")
-    monkeypatch.setattr(sandbox_module, "MOUNT_SCRATCH", False)
-
-
-@pytest.mark.usefixtures("shm_scratch")
-def test_a_deep_tree_in_scratch_leaves_neighbours_graded_and_nothing_behind():
-    outcome, neighbours = _neighbours_and(NEST + "assert False\n", "process")
-    assert "nested" in outcome.stdout and not outcome.passed, outcome
-    scratch = outcome.stdout.split()[1]
-    assert scratch.startswith("/dev/shm/dllmbench-sandbox-")
-    assert not os.path.exists(scratch)
-    _assert_neighbours_right(neighbours)
-
-
 @pytest.mark.parametrize("isolation", ISOLATIONS)
 def test_a_deep_tree_in_scratch_beside_neighbours(isolation):
     outcome, neighbours = _neighbours_and(NEST, isolation)
@@ -246,21 +197,12 @@ def test_a_gigabyte_fill_of_scratch_is_capped(isolation):
     _assert_neighbours_right(neighbours)
 
 
-@pytest.mark.usefixtures("shm_scratch")
-def test_a_gigabyte_fill_of_a_cgroup_charged_scratch_is_capped():
-    outcome, neighbours = _neighbours_and(FILL, "process", memory_mb=192, file_mb=64)
-    assert not outcome.passed, outcome
-    assert _held(outcome.stdout) <= 192, outcome.stdout[-300:]
-    _assert_neighbours_right(neighbours)
-
-
-def test_process_mode_that_cannot_cap_scratch_refuses_in_one_line(monkeypatch):
-    monkeypatch.setattr(sandbox_module, "MOUNT_SCRATCH", False)
-    monkeypatch.setattr(sandbox_module, "_charged_scratch", lambda: False)
+def test_process_mode_without_a_mount_namespace_refuses_in_one_line(monkeypatch):
+    monkeypatch.setattr(sandbox_module, "MOUNT_NAMESPACE", False)
     with pytest.raises(UserError) as info:
         Sandbox(Limits(timeout=20), "process").run(CORRECT)
     message = str(info.value)
-    assert "\n" not in message and "cannot cap the scratch directory" in message
+    assert "\n" not in message and "needs a mount namespace" in message
 
 
 THREADS = (
@@ -284,12 +226,30 @@ def test_one_task_means_no_thread(isolation, with_cgroups, monkeypatch):
     assert outcome.passed and "started 0" in outcome.stdout, outcome
 
 
-def test_process_mode_as_root_with_threads_and_no_cgroup_refuses(monkeypatch):
+SLEEPERS = (
+    "import threading, time\n"
+    "started = 0\n"
+    "for _ in range(8):\n"
+    "    try:\n"
+    "        threading.Thread(target=time.sleep, args=(3,), daemon=True).start()\n"
+    "        started += 1\n"
+    "    except RuntimeError:\n"
+    "        pass\n"
+    "print('started', started, flush=True)\n"
+)
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_without_a_cgroup_the_uid_bounds_a_programs_threads(isolation, monkeypatch):
+    """As root, in either isolation, the program runs as a uid of its own, so RLIMIT_NPROC
+    holds it to `processes` tasks where no cgroup does."""
     if os.geteuid() != 0:
-        pytest.skip("only root is exempt from RLIMIT_NPROC")
+        pytest.skip("as another user RLIMIT_NPROC counts that user's other processes too")
     monkeypatch.setattr(cgroups, "hierarchies", lambda: None)
-    with pytest.raises(UserError, match="bounds a program's threads only with a cgroup"):
-        Sandbox(Limits(timeout=20, processes=4), "process").run(CORRECT)
+    sandbox = Sandbox(Limits(timeout=20, processes=4), isolation)
+    outcome = sandbox.run([("program", UNGUARD + SLEEPERS + "print('uid', os.getuid())")])
+    assert outcome.passed and "started 3" in outcome.stdout, outcome
+    assert "uid 0" not in outcome.stdout
 
 
 # -- task 596: its expected side is computed in the sandbox ---------------------------------------
@@ -373,7 +333,7 @@ import ctypes, os, socket, sys
 from dllmbench.tasks import _sandbox_boot as boot
 victim, scratch, name = int(sys.argv[1]), sys.argv[2], chr(0) + sys.argv[3]
 abi = boot._landlock_abi()
-assert boot._landlock(scratch, [], [])
+assert boot._landlock([scratch], [], [])
 try:
     os.kill(victim, 0)
     print("signal sent")
@@ -438,6 +398,41 @@ METADATA_AND_IPC = (
     "print('attempts', sorted(done.items()), flush=True)\n"
     "assert all(v == 'done' for v in done.values())\n"
 )
+
+
+HOST = (
+    "seen = {}\n"
+    "for path in PATHS:\n"
+    "    try:\n"
+    "        os.stat(path)\n"
+    "        seen[path] = 'shown'\n"
+    "    except FileNotFoundError:\n"
+    "        seen[path] = 'absent'\n"
+    "    except OSError as exc:\n"
+    "        seen[path] = f'errno {exc.errno}'\n"
+    "    if os.access(path, os.F_OK):\n"
+    "        seen[path] += ' accessed'\n"
+    "print('seen', sorted(seen.items()), 'uid', os.getuid(), flush=True)\n"
+)
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_host_files_and_processes_are_not_even_stated(isolation, tmp_path, victim):
+    """The test's own file, folder and process do not exist for the program, to `stat`,
+    `access` or /proc: it sees a root of its own in either isolation (process mode: a mount
+    namespace of its own, an empty /proc); as root it runs as a uid of its own."""
+    (tmp_path / "host-file").write_text("x")
+    paths = [str(tmp_path / "host-file"), str(tmp_path), f"/proc/{victim.pid}", "/proc/1"]
+    outcome, neighbours = _neighbours_and(HOST.replace("PATHS", repr(paths)), isolation)
+    assert outcome.passed, outcome
+    line = next(x for x in outcome.stdout.splitlines() if x.startswith("seen"))
+    seen = dict(eval(line[len("seen ") : line.rindex(" uid ")]))  # the program's printout
+    assert seen == dict.fromkeys(paths[:3], "absent") | {"/proc/1": seen["/proc/1"]}, seen
+    if isolation == "process":  # no PID namespace: no process at all shows
+        assert seen["/proc/1"] == "absent", seen
+    if os.geteuid() == 0:
+        assert int(line.rsplit(" ", 1)[1]) >= sandbox_module.UID_BASE, line
+    _assert_neighbours_right(neighbours)
 
 
 @pytest.mark.parametrize("isolation", ISOLATIONS)
