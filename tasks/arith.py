@@ -97,6 +97,11 @@ def generate(
     return Example(" ".join(sentences), solution, value)
 
 
+# draws in a row that give no new test question: the options' questions are (nearly) all used
+EXHAUSTED = 20_000
+MAX_TEST_SIZE = 100_000
+
+
 @dataclass(frozen=True)
 class ArithConfig:
     seed: int = 0  # generator seed: the test set and the train stream both follow from it
@@ -109,8 +114,11 @@ class ArithConfig:
     shots: int = 0  # exemplars (the first train problems) before the question in `fewshot`
 
     def __post_init__(self) -> None:
-        if self.test_size < 1 or self.train_size < 1:
-            raise ValueError("test_size and train_size must be >= 1")
+        if not 1 <= self.test_size <= MAX_TEST_SIZE or self.train_size < 1:
+            raise ValueError(
+                f"test_size must be 1 to {MAX_TEST_SIZE:,} (made at load: about 50,000 a "
+                "second) and train_size >= 1"
+            )
         if not 1 <= self.max_steps <= 3:
             raise ValueError(f"max_steps must be 1, 2 or 3, got {self.max_steps}")
         if not 1 <= self.min_steps <= self.max_steps:
@@ -144,17 +152,21 @@ class Arith:
 
     @cached_property
     def _test(self) -> list[Example]:
-        out, seen, index = [], set(), 0
+        out, seen, index, last_new = [], set(), 0, 0
         while len(out) < self.config.test_size:
             example = self._generate(self._rng("test", index, 0))
             index += 1
             if example.question not in seen:
                 seen.add(example.question)
                 out.append(example)
-            if index > 50 * self.config.test_size:
+                last_new = index
+            if index - last_new > EXHAUSTED:  # the questions these options allow are used up
+                c = self.config
                 raise UserError(
-                    f"arith: cannot make {self.config.test_size} distinct test problems with "
-                    f"max_steps={self.config.max_steps}; ask for fewer"
+                    f"arith: cannot make {c.test_size} distinct test problems with "
+                    f"min_steps={c.min_steps}, max_steps={c.max_steps}, max_start={c.max_start}, "
+                    f"max_operand={c.max_operand} (about {len(out)} exist); ask for at most "
+                    f"{len(out)}, or allow more steps or larger numbers"
                 )
         return out
 

@@ -100,6 +100,15 @@ def test_config_errors():
         Arith(min_steps=3, max_steps=2)
     with pytest.raises(ValueError):
         Arith(test_size=0)
+    with pytest.raises(ValueError, match="test_size must be 1 to 100,000"):
+        Arith(test_size=1_000_000)  # made at load: it spun for minutes
+
+
+def test_a_test_split_larger_than_the_options_allow_is_refused_at_once():
+    """One-step problems with small numbers have only so many questions: asking for more
+    stops, naming how many exist, as soon as new draws stop giving new ones."""
+    with pytest.raises(UserError, match=r"about (\d+) exist\); ask for at most \1"):
+        Arith(test_size=5000, max_steps=1, max_start=3, max_operand=2).problems("test")
     with pytest.raises(ValueError):
         Arith(max_operand=0)
     with pytest.raises(UserError, match="no split"):
