@@ -1,9 +1,14 @@
 """A toy backbone that takes its time (`delay` seconds per forward), so that a test can kill a
 share of a launched run while it runs. Registered in child processes only, through
-DLLMBENCH_PLUGIN_MODULES (with this folder on PYTHONPATH)."""
+DLLMBENCH_PLUGIN_MODULES (with this folder on PYTHONPATH).
+
+With DLLMBENCH_LEDGER_LOG=FILE set, every charge of the ledger appends a line to FILE: the
+time and the passes charged so far in all, the true total a killed process's compute entry is
+checked against."""
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
@@ -11,6 +16,7 @@ import torch
 
 from dllmbench.api.hookspecs import hookimpl
 from dllmbench.api.interfaces import StepBatch
+from dllmbench.core.ledger import Ledger
 from dllmbench.testing.doubles import ToyBackbone, ToyBackboneConfig
 
 
@@ -35,3 +41,18 @@ class SlowToy(ToyBackbone):
 @hookimpl
 def dllmbench_register_backbones(register):
     register("toy_slow", SlowToy)
+
+
+def _log_charges(path: str) -> None:
+    charge = Ledger.charge
+
+    def logged(self, *args, **kwargs):
+        charge(self, *args, **kwargs)
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(f"{time.time()} {sum(self.charged.values())}\n")
+
+    Ledger.charge = logged  # type: ignore[method-assign]
+
+
+if os.environ.get("DLLMBENCH_LEDGER_LOG"):
+    _log_charges(os.environ["DLLMBENCH_LEDGER_LOG"])

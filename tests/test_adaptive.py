@@ -200,7 +200,7 @@ def test_a_strategy_over_its_cap_stops_the_run_naming_it(cli, tmp_path, monkeypa
         "--gen-length", "5", "--method", "overspends:n=2+first", "--budget", "8",
         "--resamples", "10", "--out", tmp_path / "run",
     )  # fmt: skip
-    lines = [line for line in result.err.splitlines() if "× methods" not in line]  # progress
+    lines = [line for line in result.err.splitlines() if " records (" not in line]  # progress
     assert result.code == 3, result
     assert len(lines) == 1 and "Traceback" not in result.err, result.err
     assert lines[0].startswith("dllmbench: ledger check failed: method ")

@@ -373,3 +373,81 @@ def test_an_offline_hub_model_is_one_quick_line(tmp_path):
 def test_malformed_lists_and_scorers(cli, finished_run, argv, needle):
     assert_user_error(cli("plan", "--budget", "100", *argv), needle)
     unchanged(cli, finished_run, *TOY, *argv, needles=(needle,))
+
+
+# -- sampler numbers that are no numbers, and ids outside the model -----------------------------
+
+
+@pytest.mark.parametrize(
+    "option,needle",
+    [
+        ("tiny:temperature=nan", "temperature must be a finite number >= 0 (0 draws the most"),
+        ("tiny:temperature=inf", "temperature must be a finite number >= 0"),
+        ("tiny:alg_temp=-5", "alg_temp must be a finite number >= 0 (0 or None: the most"),
+        ("tiny-block:temperature=nan", "temperature must be a finite number >= 0"),
+        ("llada:model=random,temperature=inf", "temperature must be a finite number >= 0"),
+        ("llada:model=random,cfg_scale=nan", "cfg_scale must be a finite number >= 0"),
+    ],
+)
+def test_sampler_numbers_that_cannot_sample_are_refused_before_the_model_loads(
+    cli, finished_run, no_backbone, option, needle
+):
+    unchanged(
+        cli, finished_run, *TINY, "--backbone", option, "--methods", "vanilla", needles=(needle,)
+    )
+
+
+@pytest.mark.parametrize("mask_id", ["99999", "-3"])
+def test_a_mask_id_outside_the_vocabulary_is_one_line(cli, finished_run, mask_id):
+    unchanged(
+        cli,
+        finished_run,
+        *TINY,
+        "--backbone",
+        f"tiny:mask_id={mask_id}",
+        "--methods",
+        "vanilla",
+        needles=(f"mask_id={mask_id} is outside the vocabulary", "leave mask_id out"),
+    )
+
+
+@pytest.mark.parametrize(
+    "option,needle",
+    [
+        ("lora_r=-4", "lora_r must be a whole number >= 1 (default 16), got -4"),
+        ("lora_dropout=nan", "lora_dropout must be a number in [0, 1)"),
+        ("lora_alpha=0", "lora_alpha must be a number > 0"),
+        ("head_width=0", "head_width must be a whole number >= 1"),
+        ("target_modules=q_proj+", "target_modules must name modules"),
+    ],
+)
+def test_scorer_training_options_that_cannot_build_an_adapter(cli, tmp_path, option, needle):
+    """`train-scorer --options lora_r=-4` was the built-in plugin's fault (exit 3): it is
+    the user's, one line, and nothing is written."""
+    data = tmp_path / "collection"
+    collect = [
+        *("collect", "--task", "arith:max_steps=1", "--backbone", "dream:model=random"),
+        *("--n", "2", "--snapshots", "1", "--limit", "2", "--out", data),
+        *("--steps", "6", "--gen-length", "8", "--prompt", "fewshot"),
+    ]
+    assert cli(*collect).code == 0
+    out = tmp_path / "scorer"
+    train = ["train-scorer", "--kind", "prm", "--data", data, "--steps", "1", "--out", out]
+    assert_user_error(cli(*train, "--options", option), needle)
+    assert not out.exists()
+
+
+def test_a_share_of_a_finished_whole_run_is_refused(cli, finished_run):
+    """`--resume --shard 1/2` on a run finished without shares has nothing to run: one line,
+    instead of an empty share that `status` then lists; a share that ran there before still
+    resumes (a requeued array task that had finished succeeds again)."""
+    unchanged(
+        cli,
+        finished_run,
+        *TOY_RUN,
+        "--resume",
+        "--shard",
+        "1/2",
+        needles=("holds every record of share 1/2 already", "(it is finished)", "drop --shard"),
+    )
+    assert not list(finished_run.glob("*shard*"))

@@ -104,7 +104,7 @@ def _run(cli, tmp_path, method: str, *extra: str):
 
 
 def _one_line_naming_the_plugin(result, plugin: str, raised: str) -> None:
-    lines = [line for line in result.err.splitlines() if "× methods" not in line]  # progress
+    lines = [line for line in result.err.splitlines() if " records (" not in line]  # progress
     assert result.code == 3, result
     assert "Traceback" not in result.err, result.err
     assert len(lines) == 1, result.err
@@ -145,7 +145,7 @@ def test_a_selector_changing_its_candidates_exits_3_naming_it(
 ):
     """A selector receives a tuple of read-only candidates: changing them is its fault."""
     result = _run(cli, tmp_path, f"independent:n=2+{selector}")
-    lines = [line for line in result.err.splitlines() if "× methods" not in line]
+    lines = [line for line in result.err.splitlines() if " records (" not in line]
     assert result.code == 3, result
     assert len(lines) == 1 and "Traceback" not in result.err, result.err
     assert f"selector '{selector}' (from module:faulty_plugins) raised {raised}" in lines[0]

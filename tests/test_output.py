@@ -103,12 +103,14 @@ def test_columns_80_run_prints_labels_whole(tmp_path, cli, monkeypatch):
     result = cli(*TOY_RUN, "--out", tmp_path / "r")
     assert result.code == 0, result.err
     results = json.loads((tmp_path / "r" / "results.json").read_text())
-    *table, last = result.out.splitlines()  # the last: the run directory, never cut
+    # the last two: the run directory and the next command, never cut
+    *table, last, nxt = result.out.splitlines()
     assert max(len(line) for line in table) <= 80 and last.startswith("run directory: ")
+    assert nxt.startswith("next: dllmbench report ")
     for m in results["methods"]:
         assert f"│ {m['id']} " in result.out, m["id"]
     # stderr is not a terminal here: progress came as lines
-    assert re.search(r"dllmbench: toy_sum × methods: \d+/\d+ \(\d+%\)", result.err)
+    assert re.search(r"dllmbench: toy_sum: 4 problems × 4 methods: \d+/16 records", result.err)
 
 
 def _demo_like(results: dict) -> dict:
@@ -173,9 +175,10 @@ def test_columns_40_run_prints_every_accuracy(finished_run, cli, monkeypatch):
     result = cli(*TOY_RUN, "--out", finished_run)  # a finished run: its tables again
     assert result.code == 0, result.err
     results = json.loads((finished_run / "results.json").read_text())
-    *table, last = result.out.splitlines()
+    *table, last, nxt = result.out.splitlines()
     assert max(map(cell_len, table)) <= 40
     assert last.startswith(f"run directory: {finished_run} ")  # a path is never cut
+    assert nxt.startswith(f"next: dllmbench report {finished_run} ")
     assert "acc %" in result.out and "Δ vs" in result.out
     for m in results["methods"]:
         assert re.search(rf"│ +{100 * m['accuracy']['value']:.2f} │", result.out), m["id"]
@@ -270,3 +273,32 @@ def test_the_schema_doc_lists_the_keys_of_the_schema_module_in_order():
     ]
     [entry] = [t for t in _doc_tables("`manifest.json`") if t[0] == "id"]
     assert entry == keys(schema.MethodEntry)
+
+
+def test_plan_at_80_columns_keeps_every_configuration_whole(cli, monkeypatch):
+    """What `--method` takes, as `plan` prints it: at 80 columns, too narrow for the table
+    with the demo's configurations, each method's configuration on a line of its own, whole."""
+    argv = ("plan", "--budget", "1040,4160")
+    specs = {m["spec"] for m in json.loads(cli(*argv, "--json").out)["methods"]}
+    monkeypatch.setenv("COLUMNS", "80")
+    narrow = cli(*argv)
+    assert narrow.code == 0, narrow.err
+    lines = narrow.out.splitlines()
+    assert max(map(cell_len, lines)) <= 80 and "…" not in narrow.out
+    assert specs <= {line.strip() for line in lines}
+    assert sum(line.startswith("Vanilla: passes 128, share ") for line in lines) == 2
+    monkeypatch.setenv("COLUMNS", "200")  # wide enough: the table, each configuration in a cell
+    wide = cli(*argv).out
+    assert all(f"│ {spec} " in wide for spec in specs)
+
+
+def test_plugins_at_80_columns_keep_every_name_whole(cli, monkeypatch):
+    entries = json.loads(cli("plugins", "--json").out)
+    monkeypatch.setenv("COLUMNS", "80")
+    result = cli("plugins")
+    assert result.code == 0, result.err
+    assert max(map(cell_len, result.out.splitlines())) <= 80
+    names = {e["name"] for e in entries if not e["broken"]}
+    assert "weighted_majority" in names  # a selector and a family: the widest built-in names
+    for name in names:
+        assert f"│ {name} " in result.out, name

@@ -62,6 +62,16 @@ def test_out_dev_null(cli, no_model):
     assert_user_error(cli(*TOY_RUN, "--out", "/dev/null"), "/dev/null is not a directory")
 
 
+def test_out_dot_and_root_are_one_line(cli, tmp_path, monkeypatch, no_model):
+    """`--out .` in a folder of other files and `--out /`: paths with no parent to make them
+    in, one line each (they were a StopIteration traceback)."""
+    (tmp_path / "mine.txt").write_text("x")
+    monkeypatch.chdir(tmp_path)
+    assert_user_error(cli(*TOY_RUN, "--out", "."), ". exists and is not a run directory")
+    assert_user_error(cli(*TOY_RUN, "--out", "/"), "/ exists and is not a run directory")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.txt"]
+
+
 def test_out_holding_other_files(cli, tmp_path, no_model):
     (tmp_path / "mine.txt").write_text("x")
     before = snapshot(tmp_path)
@@ -277,6 +287,9 @@ def test_two_runs_into_one_directory_the_second_names_the_first(tmp_path):
         for name in beats:
             then, now = json.loads(before.pop(name)), json.loads(after.pop(name))
             assert now["pid"] == then["pid"] == first.pid and now["token"] == then["token"]
+        # the first run saves its compute entry on each heartbeat too: still its one entry
+        then, now = (json.loads(x.pop("compute.json"))["invocations"] for x in (before, after))
+        assert [e["pid"] for e in now] == [e["pid"] for e in then] == [first.pid]
         assert after == before  # the second run changed nothing
     finally:
         first.kill()

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import assert_user_error, cli_subprocess, toy_argv
 from test_rundir import assert_same_records
@@ -34,12 +35,17 @@ LAUNCHER_VARIABLES = (
     "RANK",
     "WORLD_SIZE",
     "LOCAL_RANK",
+    "MASTER_ADDR",
+    "SLURM_JOB_ID",
+    "SLURM_STEP_ID",
     "SLURM_PROCID",
     "SLURM_NTASKS",
     "SLURM_LOCALID",
     "SLURM_ARRAY_TASK_ID",
     "SLURM_ARRAY_TASK_COUNT",
     "SLURM_ARRAY_TASK_MIN",
+    "SLURM_ARRAY_TASK_MAX",
+    "SLURM_ARRAY_TASK_STEP",
 )
 
 
@@ -106,6 +112,9 @@ def test_launcher_variables_without_their_launcher_are_one_line():
     (its environment then has MASTER_ADDR and no WORLD_SIZE): both refused, naming torchrun."""
     with pytest.raises(UserError, match="WORLD_SIZE=2 is set but no launcher started"):
         resolve(None, {"RANK": "0", "WORLD_SIZE": "2"})
+    # a rendezvous address and a world but no rank: not rank 0 of 2 running everything
+    with pytest.raises(UserError, match=r"WORLD_SIZE=2 is set but RANK is not: .* torchrun"):
+        resolve(None, {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"})
     lone = {"ACCELERATE_USE_CPU": "True", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
     with pytest.raises(UserError, match=r"accelerate launch started one process .* torchrun"):
         resolve(None, lone)
@@ -122,8 +131,18 @@ def test_slurm_tasks_and_array_jobs_give_the_share():
     array = {"SLURM_ARRAY_TASK_ID": "7", "SLURM_ARRAY_TASK_COUNT": "3", "SLURM_ARRAY_TASK_MIN": "5"}
     assert from_launcher(array) == Shard(3, 3)  # a fixed share: nobody waits, merge joins
     assert not from_launcher(array).merges
-    with pytest.raises(UserError, match=r"array task 9 .* is not one of its 3 shares"):
+    with pytest.raises(UserError, match=r"array task 9 .* is not one of its 3 evenly spaced"):
         from_launcher({**array, "SLURM_ARRAY_TASK_ID": "9"})
+    # --array=1-5:2 (tasks 1, 3, 5): shares 1, 2 and 3, each once
+    stepped = {**array, "SLURM_ARRAY_TASK_MIN": "1", "SLURM_ARRAY_TASK_MAX": "5"}
+    stepped["SLURM_ARRAY_TASK_STEP"] = "2"
+    shares = [from_launcher({**stepped, "SLURM_ARRAY_TASK_ID": str(t)}) for t in (1, 3, 5)]
+    assert shares == [Shard(1, 3), Shard(2, 3), Shard(3, 3)]
+    # --array=1,4,9 (not evenly spaced): every task refused, the first too
+    uneven = {**stepped, "SLURM_ARRAY_TASK_MAX": "9", "SLURM_ARRAY_TASK_STEP": "1"}
+    for task in (1, 4, 9):
+        with pytest.raises(UserError, match="evenly spaced shares; number the array's tasks"):
+            from_launcher({**uneven, "SLURM_ARRAY_TASK_ID": str(task)})
     with pytest.raises(UserError, match="Slurm says rank 3 of 3"):
         from_launcher({"SLURM_PROCID": "3", "SLURM_NTASKS": "3"})
 
@@ -171,6 +190,110 @@ def test_slurm_tasks_of_one_step_equal_one_process(tmp_path, whole):
     same_run(whole, out)
 
 
+def test_three_tasks_on_48_problems_write_a_third_each(tmp_path, cli):
+    """Three tasks of a Slurm step on 48 problems at the default --max-problems (32), started
+    together: each claims at most its share of what remains, so each writes 16 problems'
+    records (within a chunk of 4), where claiming 32 at once left the third with none; the
+    decisions equal one process's."""
+    argv = [*toy_argv(48, prm=False), "--methods", "vanilla,majority", "--budget", "32"]
+    argv.remove("--scorer")
+    argv.remove("orm=toy:partial=false")
+    one = cli(*argv, "--out", tmp_path / "one")
+    assert one.code == 0, one.err
+    out = tmp_path / "three"
+    slow = [*argv]
+    slow[slow.index("toy")] = "toy_slow:delay=1.0"  # 10 s of work each: they overlap
+    procs = slurm_step(*slow, "--out", out, env=slow_env(), tasks=3)
+    outputs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], outputs
+    problems = [
+        len({json.loads(x)["problem"] for x in (out / f"samples.shard-{i}-of-3.jsonl").open()})
+        for i in (1, 2, 3)
+    ]
+    assert sum(problems) == 48 and all(12 <= n <= 20 for n in problems), problems
+    assert_same_records(RunDir(tmp_path / "one"), RunDir(out))
+    accuracy = [
+        [(m["id"], m["accuracy"]) for m in json.loads((d / "results.json").read_text())["methods"]]
+        for d in (tmp_path / "one", out)
+    ]
+    assert accuracy[0] == accuracy[1]
+
+
+SCALING = TESTS.parent / "docs" / "scaling.md"
+
+
+def sbatch_script() -> str:
+    """The sbatch script of docs/scaling.md's "64 GPUs under Slurm"."""
+    text = SCALING.read_text(encoding="utf-8")
+    section = text.split("## 64 GPUs under Slurm", 1)[1].split("\n## ", 1)[0]
+    return section.split("```bash\n", 1)[1].split("```", 1)[0]
+
+
+def script_commands(script: str) -> tuple[dict[str, str], list[list[str]]]:
+    """The script's #SBATCH options, and its command lines (continuations joined) that start
+    with `srun` or run `dllmbench`, as words."""
+    import shlex
+
+    options = {}
+    for line in script.splitlines():
+        if line.startswith("#SBATCH "):
+            key, _, value = line.removeprefix("#SBATCH ").partition("=")
+            options[key] = value
+    joined = script.replace("\\\n", " ")
+    commands = []
+    for line in joined.splitlines():
+        if line.startswith("#") or "dllmbench" not in line:
+            continue
+        line = line.split("||", 1)[1] if "||" in line else line
+        commands.append(shlex.split(line))
+    return options, commands
+
+
+def test_the_sbatch_script_of_the_docs_runs(tmp_path, cli, whole, monkeypatch):
+    """docs/scaling.md's sbatch script for 64 GPUs: its #SBATCH lines ask for 64 tasks of one
+    GPU each, SIGTERM to the tasks (not `B:`) before the time limit, and requeue; its `srun`
+    line keeps the step alive when one task fails; and its `srun … dllmbench run` and
+    `dllmbench merge` lines, run as written for two tasks with Slurm's variables set by hand
+    (task 1 in a child process, task 0 here) on the test doubles, equal one process."""
+    options, commands = script_commands(sbatch_script())
+    assert int(options["--nodes"]) * int(options["--ntasks-per-node"]) == 64
+    assert options["--gpus-per-task"] == "1" and "--requeue" in options
+    assert options["--signal"].startswith("TERM@") and int(options["--signal"][5:]) > 30
+    (srun, merge) = commands
+    at = srun.index("dllmbench")
+    assert srun[0] == "srun" and "--kill-on-bad-exit=0" in srun[:at]
+    run, merging = srun[at + 1 :], merge[1:]
+    assert run == ["run", "${ARGS[@]}", "--out", "$RUN"] and merging == ["merge", "$RUN"]
+    out = tmp_path / "slurm"
+    words = {"${ARGS[@]}": RUN[1:], "$RUN": [str(out)]}
+    argv = [w for word in run for w in words.get(word, [word])]
+    step = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2"}
+    task1 = subprocess.Popen(
+        [sys.executable, "-m", "dllmbench", *argv],
+        env=child_env(**step, SLURM_PROCID="1", SLURM_LOCALID="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    for name in LAUNCHER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in {**step, "SLURM_PROCID": "0", "SLURM_LOCALID": "0"}.items():
+        monkeypatch.setenv(name, value)
+    # task 0 runs in this process, which started long before: it starts with the launch now
+    started = time.time()
+    monkeypatch.setattr(psutil.Process, "create_time", lambda self: started)
+    try:
+        task0 = cli(*argv)
+    finally:
+        _, err1 = task1.communicate(timeout=600)
+    assert (task0.code, task1.returncode) == (0, 0), [*task0.err.splitlines()[-1:], err1]
+    monkeypatch.delenv("SLURM_NTASKS")
+    merged = cli(*[w for word in merging for w in words.get(word, [word])])
+    assert merged.code == 0, merged.err
+    assert len(lines(out)) == RECORDS
+    same_run(whole, out)
+
+
 def test_shares_then_merge_equal_one_process(tmp_path, cli, whole):
     out = tmp_path / "sharded"
     first = cli(*RUN, "--out", out, "--shard", "2/2")
@@ -185,8 +308,105 @@ def test_shares_then_merge_equal_one_process(tmp_path, cli, whole):
     same_run(whole, out)
 
 
+def test_a_rank_refused_for_another_budget_stops_the_others(tmp_path, cli, monkeypatch):
+    """A process of a launch started with another --budget than the run its directory holds
+    (started first by another process of the launch, or earlier) is refused, and leaves its
+    heartbeat saying so: the other processes' watches stop them with its line, instead of
+    one of them running the whole launch at its own budget."""
+    from dllmbench.running.launched import Watch
+    from dllmbench.storage.heartbeat import read_beats
+
+    out = tmp_path / "r"
+    started = time.time()
+    assert cli(*RUN, "--out", out, "--shard", "2/2").code == 0  # the run, at --budget 72
+    other = [*RUN]
+    other[other.index("72")] = "80"
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    monkeypatch.setenv("SLURM_NTASKS", "2")
+    refused = cli(*other, "--out", out)
+    assert_user_error(refused, "was run at --budget 72, not --budget 80")
+    beat = read_beats(out)["1/2"]
+    assert beat.state == "stopped" and "--budget 72, not --budget 80" in str(beat.reason)
+    watch = Watch(RunDir(out), Shard(2, 2, launched=True), None, started=started)
+    error = watch.check(time.time())
+    assert error is not None and str(error).startswith("share 1/2 (pid")
+    assert "of this launch was refused: " in str(error) and "--budget 72" in str(error)
+
+
+def test_status_of_a_merged_run_whose_samples_were_cut_is_not_merged(cli, finished_run):
+    """results.json written, then samples.jsonl cut mid-line: the records are missing, and
+    `status` says so instead of `merged`."""
+    samples = finished_run / "samples.jsonl"
+    data = samples.read_bytes()
+    samples.write_bytes(data[: len(data) // 2])
+    shown = cli("status", finished_run)
+    assert shown.code == 0 and "records missing (results.json is older" in shown.out
+    assert "), merged" not in shown.out
+    found = json.loads(cli("status", finished_run, "--json").out)
+    assert (found["merged"], found["stale"], found["complete"]) == (False, True, False)
+
+
+def test_status_is_not_merged_when_a_share_went_on_after_the_merge(tmp_path, cli):
+    """A process that was stuck when the run was merged and moves again changes its compute
+    entry (and, before it checked its claims under the lock, wrote records twice): `status`
+    no longer says `merged` but names what changed and says to merge again; the merge then
+    counts the duplicates. A share run again after the merge counts itself in compute.json."""
+    out = tmp_path / "r"
+    for share in ("1/2", "2/2"):
+        assert cli(*RUN, "--out", out, "--shard", share).code == 0
+    assert cli("merge", out).code == 0
+    assert json.loads(cli("status", out, "--json").out)["merged"] is True
+    again = cli(*RUN, "--out", out, "--shard", "2/2")  # late: resumes, writes nothing
+    assert again.code == 0, again.err
+    total = json.loads((out / "compute.json").read_text())
+    assert [e["shard"] for e in total["invocations"]] == ["1/2", "2/2", "2/2"]
+    assert json.loads(cli("status", out, "--json").out)["merged"] is True
+    compute = out / "compute.shard-2-of-2.json"
+    entries = json.loads(compute.read_text())
+    entries["invocations"][-1]["passes"] = {"denoise": 40}  # it moved again and spent more
+    compute.write_text(json.dumps(entries))
+    found = json.loads(cli("status", out, "--json").out)
+    assert (found["merged"], found["complete"], found["changed"]) == (False, True, ["share 2/2"])
+    first = (out / "samples.shard-1-of-2.jsonl").read_text().splitlines(keepends=True)[0]
+    with open(out / "samples.shard-2-of-2.jsonl", "a") as fh:
+        fh.write(first)  # a record written twice
+    shown = cli("status", out)
+    assert "share 2/2, records changed after" in shown.out and "), merged" not in shown.out
+    assert f"run dllmbench merge {out} again" in shown.out
+    assert cli("merge", out).code == 0
+    assert json.loads(cli("status", out, "--json").out)["merged"] is True
+    duplicates = json.loads((out / "compute.json").read_text())["total"]["duplicates"]
+    assert duplicates["records"] == 1 and duplicates["passes"]
+
+
 def test_merge_of_a_directory_without_a_run_is_one_line(tmp_path, cli):
     assert_user_error(cli("merge", tmp_path), "no manifest.json")
+
+
+def test_merge_wait_waits_for_a_run_directory_that_is_not_made_yet(
+    tmp_path, cli, finished_run, monkeypatch
+):
+    """A merge job that starts with its array, before any task made the run directory: it
+    waits for it (bounded by --wait-timeout), then merges."""
+    import threading
+
+    import dllmbench.running.merge as merge_module
+
+    monkeypatch.setattr(merge_module, "POLL_SECONDS", 0.05)
+    out = tmp_path / "later"
+    started = time.monotonic()
+    absent = cli("merge", out, "--wait", "--wait-timeout", "0.5")
+    assert_user_error(absent, f"{out} holds no run after --wait-timeout 0.5 s")
+    assert time.monotonic() - started >= 0.5  # it waited
+    (finished_run / "results.json").unlink()
+    maker = threading.Timer(0.3, finished_run.rename, [out])
+    maker.start()
+    try:
+        merged = cli("merge", out, "--wait", "--wait-timeout", "60")
+    finally:
+        maker.join()
+    assert merged.code == 0, merged.err
+    assert "merged:" in merged.out and (out / "results.json").exists()
 
 
 def test_two_shares_run_at_once_and_the_same_share_twice_is_refused(tmp_path, cli):
@@ -272,21 +492,36 @@ def torchrun(*argv: object, env: dict[str, str], cwd: Path) -> subprocess.Popen[
     )
 
 
-def dllmbench_process(*argv: object, env: dict[str, str]) -> subprocess.Popen[str]:
-    """`python -m dllmbench ARGV` in the background, its output captured."""
+def ignore_sigint() -> None:
+    """What a non-interactive shell does for `cmd &`: the child starts with SIGINT ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def dllmbench_process(
+    *argv: object, env: dict[str, str], background: bool = False
+) -> subprocess.Popen[str]:
+    """`python -m dllmbench ARGV` in the background, its output captured; `background`: as
+    a batch script's `cmd &` starts it (SIGINT ignored)."""
     return subprocess.Popen(
         [sys.executable, "-m", "dllmbench", *map(str, argv)],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=ignore_sigint if background else None,
     )
 
 
-def slurm_step(*argv: object, env: dict[str, str], tasks: int = 2) -> list[subprocess.Popen]:
+def slurm_step(
+    *argv: object, env: dict[str, str], tasks: int = 2, background: bool = False
+) -> list[subprocess.Popen]:
     """The tasks of one Slurm job step, with Slurm's variables set by hand."""
     return [
-        dllmbench_process(*argv, env={**env, "SLURM_PROCID": str(rank), "SLURM_NTASKS": str(tasks)})
+        dllmbench_process(
+            *argv,
+            env={**env, "SLURM_PROCID": str(rank), "SLURM_NTASKS": str(tasks)},
+            background=background,
+        )
         for rank in range(tasks)
     ]
 
@@ -422,7 +657,9 @@ def test_a_process_killed_holding_chunks_is_taken_over(tmp_path):
         "2/2": "running",
     }
     chunks = running["chunks"]
-    assert chunks["held"] >= 1 and chunks["held"] + chunks["done"] == chunks["total"] == 2
+    # 7 problems for 2 processes: chunks of 3 (a share of 3 each), 3 and 1
+    assert chunks["held"] >= 1 and chunks["total"] == 3
+    assert chunks["held"] + chunks["done"] + chunks["free"] == 3
     assert not running["complete"]
     os.kill(beat["pid"], signal.SIGKILL)
     _, stderr = procs[0].communicate(timeout=600)
@@ -445,20 +682,26 @@ def test_a_process_killed_holding_chunks_is_taken_over(tmp_path):
         "1/2": "finished",
         "2/2": "dead",
     }
-    assert after["complete"] and after["merged"] and after["chunks"]["done"] == 2
+    assert after["complete"] and after["merged"] and after["chunks"]["done"] == 3
 
 
 def test_a_process_that_dies_before_claiming_stops_the_first(tmp_path):
     """The second task dies while its model loads (before it claims anything): the first,
-    watching from the start, stops with one line naming it instead of waiting."""
+    watching from the start, stops with one line naming it instead of waiting, at once,
+    though it is itself loading its model (a sleep here) and was started as a batch script's
+    `cmd &` starts it, with SIGINT ignored."""
     out = tmp_path / "early"
-    argv = slow_run("toy_slow:delay=0.1,load_delay=20")
-    procs = slurm_step(*argv, "--out", out, env=slow_env())
+    argv = slow_run("toy_slow:delay=0.1,load_delay=300")
+    procs = slurm_step(*argv, "--out", out, env=slow_env(), background=True)
     beat = out / "heartbeat.shard-2-of-2.json"
     wait_until(beat.exists, procs, seconds=120)
     os.kill(json.loads(beat.read_text())["pid"], signal.SIGKILL)
-    _, stderr = procs[0].communicate(timeout=60)
-    procs[1].wait()
+    try:
+        _, stderr = procs[0].communicate(timeout=120)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
     assert procs[0].returncode == 2, stderr
     errors = [x for x in stderr.splitlines() if x.startswith("dllmbench: error:")]
     assert len(errors) == 1 and "Traceback" not in stderr, stderr
@@ -500,6 +743,39 @@ def test_a_killed_share_resumes_and_compute_json_counts_every_invocation(tmp_pat
         assert killed["passes"][kind] >= n  # saved before each record: never less
     for entry in (compute["invocations"][0], compute["invocations"][2]):
         assert entry["recorded"]["passes"] == entry["passes"]
+
+
+def test_after_sigkill_compute_json_lacks_at_most_one_heartbeat_of_passes(tmp_path):
+    """The compute entry is saved on each heartbeat, whatever the main thread does: killed
+    with SIGKILL in the middle of a problem (no record written yet), compute.json holds
+    every pass the ledger had charged one heartbeat before the kill (the ledger logs each
+    charge with its time, tests/shard_doubles.py)."""
+    from dllmbench.storage.heartbeat import BEAT_SECONDS
+
+    out, log = tmp_path / "killed", tmp_path / "ledger.log"
+    argv = ["run", "--task", "toy_sum:size=2", "--backbone", "toy_slow:delay=2", "--steps"]
+    argv += ["8", "--gen-length", "5", "--methods", "vanilla", "--budget", "8", "--out", out]
+    env = {**slow_env(), "DLLMBENCH_LEDGER_LOG": str(log)}
+    proc = dllmbench_process(*argv, "--max-problems", "1", env=env)
+
+    def charged() -> list[tuple[float, int]]:
+        text = log.read_text() if log.exists() else ""
+        lines = [x.split() for x in text.splitlines()]
+        return [(float(x[0]), int(x[1])) for x in lines if len(x) == 2]
+
+    # charges for more than two heartbeats, and a problem takes 8 forwards of 2 s
+    wait_until(
+        lambda: len(charged()) > 1 and time.time() - charged()[0][0] > 2 * BEAT_SECONDS, [proc]
+    )
+    proc.kill()
+    killed = time.time()
+    proc.communicate()
+    assert not (out / "samples.jsonl").exists()  # no record: only the beats saved its passes
+    (entry,) = json.loads((out / "compute.json").read_text())["invocations"]
+    saved = sum(entry["passes"].values())
+    true = charged()
+    before = max(n for t, n in true if t <= killed - BEAT_SECONDS - 1.0)
+    assert 0 < before <= saved <= true[-1][1], (before, saved, true)
 
 
 def test_sigterm_saves_and_says_so(tmp_path):

@@ -21,7 +21,7 @@ run by run, and a (method, budget) already listed by an earlier run is not repea
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -191,12 +191,15 @@ def build_report(
     controls: str | Path | None = None,
     exact: str | Path | None = None,
     slicing: str = PAPER,
+    say: Callable[[str], None] | None = None,
 ) -> Report:
     """The content of report.json for the run directories at `paths`, with the scorer
     controls in the folder `controls` (dllmbench diagnose) if given, their snapshot
     `slicing` in front, and the first run's answers beside those of the exactly decoded run
-    `exact` if given."""
+    `exact` if given. `say` hears the name of each stage as it begins."""
     options = options or Options()
+    tell = say or _quiet
+    tell(f"reading {len(paths)} run director{'y' if len(paths) == 1 else 'ies'}")
     runs = load_runs(paths)
     read, skipped = readable(runs)  # the pooled curves and diagnostics read the evidence
     first = runs[0]
@@ -208,6 +211,10 @@ def build_report(
         "split": first.manifest["task"]["split"],
         "problems": first.manifest["task"]["problems"],
     }
+    tell("the pooled curves (most of a report's time: every k of the largest pool)")
+    pooled = pooled_section(read, seed, resamples, level, options)
+    tell("the diagnostics")
+    diagnostics = diagnostics_section(read, seed, resamples, level)
     return Report(
         schema_version=REPORT_SCHEMA_VERSION,
         task=task,
@@ -221,8 +228,8 @@ def build_report(
         budgets=budgets_of(runs),
         budget_unit=budget_unit(first),
         methods=methods_table(runs),
-        pooled=pooled_section(read, seed, resamples, level, options),
-        diagnostics=diagnostics_section(read, seed, resamples, level),
+        pooled=pooled,
+        diagnostics=diagnostics,
         skipped=skipped,
         controls=None
         if controls is None
@@ -230,6 +237,10 @@ def build_report(
         agreement=None if exact is None else agreement(first, load_runs([exact])[0]),
         figures={},
     )
+
+
+def _quiet(stage: str) -> None:
+    """Hears nothing: a report built without `say`."""
 
 
 def write_json(path: Path, report: Report) -> None:
@@ -250,15 +261,17 @@ def write_report(
     controls: str | Path | None = None,
     exact: str | Path | None = None,
     slicing: str = PAPER,
+    say: Callable[[str], None] | None = None,
 ) -> Written:
     """Build the report of the runs at `paths` (with the scorer controls in `controls`) and
     write report.json, report.md and the figures into `out` (default: RUN_DIR/report of the
-    first run)."""
+    first run); `say` hears the name of each stage as it begins."""
     from dllmbench.analysis import figures
 
-    report = build_report(paths, options, controls, exact, slicing)
+    report = build_report(paths, options, controls, exact, slicing, say)
     folder = Path(out) if out is not None else Path(paths[0]) / "report"
     try:
+        (say or _quiet)("the figures")
         folder.mkdir(parents=True, exist_ok=True)
         report["figures"] = figures.render(report, folder)
         write_json(folder / "report.json", report)

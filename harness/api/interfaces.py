@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
-import numpy as np
-import torch
-
 from dllmbench.core.flops import ModelShape, Work, shape_of
 from dllmbench.core.types import Candidate, Pool, Problem, Prompt
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # in annotations only: the command line reads these without loading torch
+    import numpy as np
+    import torch
+
     from dllmbench.api.ops import Ops
 
 

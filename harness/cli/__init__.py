@@ -4,6 +4,11 @@ train-scorer | diagnose | demo`.
 One module per command, each with its own parser (`add_parser`) and an `execute(args)` that
 returns a `Reply`: the data `--json` prints, and how to show it to a person. `main` parses,
 dispatches, prints one or the other, and turns errors into one line and an exit status.
+
+Importing this package and building the parser load neither torch nor transformers (nor the
+plugins): `--help`, `--version`, an argument error, `status` and `merge` answer at once. A
+command imports what it runs on (the registry, the engine, the models) inside `execute`;
+tests/test_startup.py holds every command module to that.
 """
 
 from __future__ import annotations
@@ -30,8 +35,6 @@ from dllmbench.cli import (
 )
 from dllmbench.cli.common import Interrupted, Parser, Reply, stdout_console
 from dllmbench.core.errors import CostMismatch, PluginViolation, Terminated, UserError
-from dllmbench.loading.manager import PluginSelection
-from dllmbench.loading.registry import use_plugins
 
 COMMANDS = (run, merge, status, report, plan, plugins, tasks, collect, train_scorer, diagnose, demo)
 
@@ -104,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return USER_ERROR
     debug = _debugging(args)
+    from dllmbench.loading.manager import PluginSelection  # pluggy: once a command runs
+    from dllmbench.loading.registry import use_plugins
+
     use_plugins(PluginSelection.from_environment(os.environ))
     try:
         return _reply(args)

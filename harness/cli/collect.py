@@ -8,20 +8,19 @@ from typing import Any
 from rich.console import Console
 
 from dllmbench.cli.argtypes import natural_int, positive_int
-from dllmbench.cli.common import Reply, add_json, add_limit, add_sampling, field_default
+from dllmbench.cli.common import (
+    CAPACITY,
+    Reply,
+    add_json,
+    add_limit,
+    add_sampling,
+    declared_default,
+)
 from dllmbench.cli.folders import claim
 from dllmbench.cli.progress import Progress
 from dllmbench.core.errors import UserError
-from dllmbench.execution.engine import Capacity, Sampling
-from dllmbench.execution.method import parse_part
-from dllmbench.loading.registry import registry
-from dllmbench.scoring.collect import (
-    CollectConfig,
-    collection_manifest,
-    done_problems,
-    run_collection,
-    snapshot_steps,
-)
+
+COLLECT_CONFIG = "dllmbench.scoring.collect.CollectConfig"
 
 
 def add_parser(sub: Any) -> None:
@@ -39,19 +38,32 @@ def add_parser(sub: Any) -> None:
     c.add_argument(
         "--rollouts",
         type=natural_int,
-        default=field_default(CollectConfig, "rollouts"),
+        default=declared_default(COLLECT_CONFIG, "rollouts"),
         help="R continuations to T of every snapshot state before T, graded by the task; "
         "each snapshot stores how many were correct (train-scorer --labels rollout)",
     )
     add_sampling(c, defaults=True)
     add_limit(c)
-    c.add_argument("--batch-rows", type=positive_int, default=field_default(Capacity, "batch_rows"))
+    c.add_argument(
+        "--batch-rows", type=positive_int, default=declared_default(CAPACITY, "batch_rows")
+    )
     c.add_argument("--out", required=True, help="collection directory (resumed if it exists)")
     add_json(c)
     c.set_defaults(execute=execute)
 
 
 def execute(args: argparse.Namespace) -> Reply:
+    from dllmbench.execution.engine import Capacity, Sampling
+    from dllmbench.execution.method import parse_part
+    from dllmbench.loading.registry import registry
+    from dllmbench.scoring.collect import (
+        CollectConfig,
+        collection_manifest,
+        done_problems,
+        run_collection,
+        snapshot_steps,
+    )
+
     reg = registry()
     out = claim(args.out, "collection")  # before the backbone loads
     task_name, task_config = parse_part(args.task)

@@ -11,23 +11,26 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
 
-from dllmbench.api.interfaces import positions
 from dllmbench.cli.argtypes import name_list, natural_int, positive_int, scorer_entry
+from dllmbench.cli.defaults import declared_default
 from dllmbench.core.errors import UserError
-from dllmbench.execution.engine import Sampling
-from dllmbench.execution.method import parse_part
-from dllmbench.loading.registry import options, registry
 from dllmbench.running import presets
 
-# every run but the demo: the paper's T and canvas; `--preset` and explicit flags come first
+# the configuration dataclasses whose defaults the parsers show (`declared_default` reads them
+# without importing their modules, which import torch)
+SAMPLING = "dllmbench.execution.engine.Sampling"
+CAPACITY = "dllmbench.execution.scheduler.Capacity"
+RUN_CONFIG = "dllmbench.running.runner.RunConfig"
 
 
 def field_default(cls: type, name: str) -> Any:
     """The default of dataclass `cls`'s field `name`: the one source of a command-line default
-    that a configuration dataclass also has (tests/test_defaults.py checks every one)."""
+    that a configuration dataclass also has (tests/test_defaults.py checks every one). For a
+    dataclass whose module imports torch, `declared_default` reads the same from its source."""
     for f in dataclasses.fields(cls):
         if f.name == name:
             if f.default is not dataclasses.MISSING:
@@ -37,11 +40,12 @@ def field_default(cls: type, name: str) -> Any:
     raise KeyError(f"{cls.__name__} has no field {name!r} with a default")
 
 
-# the sampling protocol when neither a preset nor the command line sets it: `Sampling`'s
+# the sampling protocol when neither a preset, the backbone's own protocol (the shipped tiny
+# models') nor the command line sets it: `Sampling`'s; the paper's T and canvas
 GENERAL: dict[str, Any] = {
-    "steps": field_default(Sampling, "total_steps"),
-    "gen_length": field_default(Sampling, "gen_length"),
-    "prompt": field_default(Sampling, "prompt_style"),
+    "steps": declared_default(SAMPLING, "total_steps"),
+    "gen_length": declared_default(SAMPLING, "gen_length"),
+    "prompt": declared_default(SAMPLING, "prompt_style"),
 }
 PROMPT_STYLES = ("chat", "fewshot")
 
@@ -96,13 +100,33 @@ def stdout_console() -> Console:
     return Console(width=stdout_width() or UNLIMITED)
 
 
-def table(title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> Table:
+def table(
+    title: str,
+    columns: tuple[str, ...],
+    rows: list[tuple[str, ...]],
+    whole: tuple[str, ...] = (),
+) -> Table:
+    """A table whose columns in `whole` (names a person copies into a command: a plugin's, a
+    method family's) are never wrapped or cut: the other columns make room."""
     out = Table(title=title)
-    for column in columns:
-        out.add_column(column)
+    for i, column in enumerate(columns):
+        if column in whole:
+            widest = max((cell_len(row[i]) for row in rows), default=0)
+            out.add_column(column, no_wrap=True, min_width=max(widest, cell_len(column)))
+        else:
+            out.add_column(column)
     for row in rows:
         out.add_row(*row)
     return out
+
+
+def natural_width(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> int:
+    """How wide `table(...)` of these columns and rows is with no cell wrapped: each column's
+    widest cell, its padding and the borders."""
+    widths = [
+        max(cell_len(str(cell)) for cell in cells) for cells in zip(columns, *rows, strict=True)
+    ]
+    return sum(widths) + 3 * len(widths) + 1
 
 
 def add_json(parser: argparse.ArgumentParser, what: str = "print JSON instead of text") -> None:
@@ -114,32 +138,34 @@ def add_sampling(
     parser: argparse.ArgumentParser, *, seed: bool = True, defaults: bool = False
 ) -> None:
     """--steps, --gen-length, --prompt (and --seed): the sampling protocol every method of a
-    run shares. Without `defaults` they stay None, so that --preset and the demo fill them
-    before `GENERAL` does (`settings`)."""
+    run shares. Without `defaults` they stay None, so that --preset, the demo and a shipped
+    demo model's own protocol fill them before `GENERAL` does (`settings`)."""
 
     def default(key: str) -> Any:
         return GENERAL[key] if defaults else None
+
+    own = "" if defaults else "; a shipped demo model's own with --backbone tiny or tiny-block"
 
     parser.add_argument(
         "--steps",
         type=positive_int,
         default=default("steps"),
-        help=f"denoising steps T (default {GENERAL['steps']})",
+        help=f"denoising steps T (default {GENERAL['steps']}{own})",
     )
     parser.add_argument(
         "--gen-length",
         type=positive_int,
         default=default("gen_length"),
-        help=f"generated tokens per canvas (default {GENERAL['gen_length']})",
+        help=f"generated tokens per canvas (default {GENERAL['gen_length']}{own})",
     )
     parser.add_argument(
         "--prompt",
         choices=PROMPT_STYLES,
         default=default("prompt"),
-        help=f"prompt style (default {GENERAL['prompt']})",
+        help=f"prompt style (default {GENERAL['prompt']}{own})",
     )
     if seed:
-        parser.add_argument("--seed", type=natural_int, default=field_default(Sampling, "seed"))
+        parser.add_argument("--seed", type=natural_int, default=declared_default(SAMPLING, "seed"))
 
 
 def add_limit(parser: argparse.ArgumentParser) -> None:
@@ -192,6 +218,9 @@ def plugin_arg(kind: str, text: str) -> tuple[str, dict[str, Any]]:
     """`--task arith:test_size=50` and the like → (name, options): an unknown plugin is one
     line listing the known ones, an option that is not key=value one naming the plugin's
     options."""
+    from dllmbench.execution.method import parse_part
+    from dllmbench.loading.registry import options, registry
+
     name = text.partition(":")[0].strip()
     info = registry().info(kind, name) if name else None  # unknown: the registry's line
     try:
@@ -258,6 +287,8 @@ def check_canvas(backbone: str | None, config: Any, gen_length: int) -> None:
     """A canvas of `gen_length` positions must leave room for the prompt in the backbone's
     model (`KnowsPositions`, read from its config.json before any weights load): one line
     instead of a run that crawls over a canvas the model was never trained on."""
+    from dllmbench.api.interfaces import positions
+
     limit = positions(config) if backbone else None
     if limit is not None and gen_length >= limit:
         raise UserError(

@@ -9,12 +9,12 @@ from typing import Any
 from rich.console import Console
 
 from dllmbench.cli.argtypes import natural_int, positive_int
-from dllmbench.cli.common import Reply, add_json, add_scorers, field_default, scorers_arg
+from dllmbench.cli.common import Reply, add_json, add_scorers, declared_default, scorers_arg
 from dllmbench.cli.folders import claim
 from dllmbench.cli.progress import Progress
 from dllmbench.core.errors import UserError
-from dllmbench.execution.method import parse_part
-from dllmbench.scoring.controls import ControlsConfig
+
+CONTROLS_CONFIG = "dllmbench.scoring.controls.ControlsConfig"
 
 
 def add_parser(sub: Any) -> None:
@@ -42,13 +42,13 @@ def add_parser(sub: Any) -> None:
     d.add_argument(
         "--width",
         type=positive_int,
-        default=field_default(ControlsConfig, "width"),
+        default=declared_default(CONTROLS_CONFIG, "width"),
         help="K: trajectories per group of the removal-risk counterfactual (the paper's 8)",
     )
     d.add_argument(
         "--seed",
         type=natural_int,
-        default=field_default(ControlsConfig, "seed"),
+        default=declared_default(CONTROLS_CONFIG, "seed"),
         help="seed of the bootstrap",
     )
     d.add_argument(
@@ -75,9 +75,10 @@ def default_scorers(backbone: str, config: dict[str, Any]) -> dict[str, tuple[st
 
 def execute(args: argparse.Namespace) -> Reply:
     from dllmbench.analysis.controls_markdown import markdown
+    from dllmbench.execution.method import parse_part
     from dllmbench.loading.registry import registry
     from dllmbench.scoring.collect import read_meta
-    from dllmbench.scoring.controls import run_controls, write
+    from dllmbench.scoring.controls import ControlsConfig, run_controls, write
 
     path = Path(args.collection)
     meta = read_meta(path)

@@ -22,7 +22,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--wait",
         action="store_true",
-        help="wait until every share is done (stops with one line if a process died)",
+        help=(
+            "wait until every share is done, and for RUN_DIR to be made if it is not yet "
+            "(stops with one line if a process died)"
+        ),
     )
     p.add_argument(
         "--wait-timeout",

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from dllmbench.api.interfaces import passes_per_step, shipped_scorers
 from dllmbench.cli.argtypes import budgets
 from dllmbench.cli.common import (
     GENERAL,
+    RUN_CONFIG,
     Reply,
     Settings,
     add_json,
@@ -24,19 +24,20 @@ from dllmbench.cli.common import (
     add_sampling,
     add_scorers,
     check_canvas,
-    field_default,
+    declared_default,
     methods_arg,
+    natural_width,
     settings,
     table,
 )
+from dllmbench.cli.run import DEMO_PROTOCOLS, fill_unset, shipped_model
 from dllmbench.core.errors import UserError
 from dllmbench.core.flops import format_flops, unit_of
-from dllmbench.execution.engine import Sampling
-from dllmbench.execution.planner import Plan, default_budget, plan, scorer_users
-from dllmbench.execution.rates import reference
-from dllmbench.loading.registry import Registry, registry
 from dllmbench.running import presets
-from dllmbench.running.runner import RunConfig
+
+if TYPE_CHECKING:  # the planner's and the registry's modules: imported when the plan is made
+    from dllmbench.execution.planner import Plan
+    from dllmbench.loading.registry import Registry
 
 
 def add_parser(sub: Any) -> None:
@@ -52,7 +53,7 @@ def add_parser(sub: Any) -> None:
     add_sampling(p, seed=False)
     p.add_argument(
         "--split",
-        default=field_default(RunConfig, "split"),
+        default=declared_default(RUN_CONFIG, "split"),
         help="with a FLOP budget: the split whose prompts price a pass",
     )
     add_limit(p)
@@ -64,8 +65,15 @@ def add_parser(sub: Any) -> None:
 
 
 def execute(args: argparse.Namespace) -> Reply:
+    from dllmbench.api.interfaces import passes_per_step
+    from dllmbench.execution.planner import default_budget, plan, scorer_users
+    from dllmbench.loading.registry import registry
+
     reg = registry()
     dry = bool(args.preset or args.task or args.backbone)
+    model = shipped_model(args) if args.backbone else None
+    if model is not None:  # a shipped demo model samples as `run` samples it: its own way
+        fill_unset(args, DEMO_PROTOCOLS[model])
     # a dry run without --scorer shows the scorers the methods use, as `run` would need them
     args.scorer_assumed = dry and args.scorer is None
     if args.scorer_assumed:
@@ -101,6 +109,9 @@ def _rates(
 ) -> tuple[dict[str, int], int, set[str]]:
     """FLOPs per pass by kind at the reference row of the task's problems, with the passes
     per step and the scorers of the built models (a FLOP budget's price)."""
+    from dllmbench.api.interfaces import passes_per_step, shipped_scorers
+    from dllmbench.execution.rates import reference
+
     if not (s.task and s.backbone):
         raise UserError(
             "a FLOP budget needs --task and --backbone (a pass's FLOPs depend on the model and "
@@ -135,6 +146,8 @@ def dry_run(
 ) -> dict[str, Any]:
     """What `run` would use with these arguments, each plugin's options checked as `run`
     checks them (`Registry.check`); nothing is built and no weights are loaded."""
+    from dllmbench.execution.engine import Sampling
+
     sampling = Sampling(args.steps, args.gen_length, args.prompt)
     out: dict[str, Any] = {
         "preset": s.preset,
@@ -215,6 +228,24 @@ def _print_plan(console: Console, result: Plan, steps: int) -> None:
         else:
             title = f"Plan for a budget of {budget} passes per problem (T={steps})"
             head = ("method", "configuration", "passes", "share", "")
-        console.print(table(title, head, rows))
+        if natural_width(head, rows) <= console.width:
+            console.print(table(title, head, rows))
+        else:
+            _print_blocks(console, title, head, rows)
     for x in result.left_out:
         console.print(f"left out: {x.family} — {x.reason}")
+
+
+def _print_blocks(
+    console: Console, title: str, head: tuple[str, ...], rows: list[tuple[str, ...]]
+) -> None:
+    """The plan too wide for the terminal as a table: each method on a line with its numbers,
+    then its configuration on a line of its own, whole, as `--method` takes it (a terminal
+    narrower than a configuration wraps it; nothing here cuts it)."""
+    console.print(title, markup=False, highlight=False, soft_wrap=True)
+    for label, spec, *values in rows:
+        numbers = [f"{h} {v}" if h else v for h, v in zip(head[2:], values, strict=True) if v]
+        console.print(
+            f"{label}: {', '.join(numbers)}", markup=False, highlight=False, soft_wrap=True
+        )
+        console.print(f"  {spec}", markup=False, highlight=False, soft_wrap=True)

@@ -10,16 +10,16 @@ import importlib.metadata
 import inspect
 import types
 import typing
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from dllmbench.api.interfaces import config_class, cost_formula
 from dllmbench.cli.common import GENERAL, Reply, add_json, table
 from dllmbench.core.errors import UserError
-from dllmbench.execution.planner import family_spec, unavailable
-from dllmbench.loading.manager import MethodFamily
-from dllmbench.loading.registry import Registry, options, registry
+
+if TYPE_CHECKING:  # the registry loads the plugins: `execute` imports it
+    from dllmbench.loading.manager import MethodFamily
+    from dllmbench.loading.registry import Registry
 
 COLUMNS = ("kind", "name", "distribution", "version", "module")
 
@@ -41,6 +41,8 @@ FAMILIES = "method families (the names --methods takes, each run as its label)"
 
 
 def execute(args: argparse.Namespace) -> Reply:
+    from dllmbench.loading.registry import registry
+
     described = describe_plugins(registry())
     if args.verbose:
         return Reply(described, lambda console: _show_verbose(console, described))
@@ -66,7 +68,7 @@ def _show(console: Console, entries: list[dict[str, Any]]) -> None:
     rows = [
         (*(entry[c] for c in COLUMNS), "broken" if entry["broken"] else "ok") for entry in plugins
     ]
-    console.print(table("dllmbench plugins", (*COLUMNS, "status"), rows))
+    console.print(table("dllmbench plugins", (*COLUMNS, "status"), rows, whole=("name",)))
     family_rows = [
         (
             e["name"],
@@ -79,7 +81,7 @@ def _show(console: Console, entries: list[dict[str, Any]]) -> None:
     ]
     if family_rows:
         columns = ("family", "label", "strategy cost", "distribution", "status")
-        console.print(table(FAMILIES, columns, family_rows))
+        console.print(table(FAMILIES, columns, family_rows, whole=("family",)))
     for entry in entries:
         if entry["broken"]:
             console.print(_broken_line(entry), markup=False, highlight=False)
@@ -162,6 +164,9 @@ def _plain(value: Any) -> Any:
 def option_table(factory: Any) -> list[dict[str, Any]]:
     """A factory's options: name, type and default (from its `Config` dataclass, else its
     signature); a required option has no "default" key."""
+    from dllmbench.api.interfaces import config_class
+    from dllmbench.loading.registry import options
+
     config_cls = config_class(factory)
     rows: list[dict[str, Any]] = []
     if config_cls is not None:
@@ -198,6 +203,8 @@ def _families(reg: Registry) -> list[dict[str, Any]]:
     when the strategy is not available), and `broken` (why its spec does not parse or its
     strategy or selector cannot be built, or None); then the family names two plugins
     register, broken."""
+    from dllmbench.execution.planner import unavailable
+
     out = []
     versions = {info.distribution: info.version for info in reg.all()}
     for family in reg.families():
@@ -251,6 +258,9 @@ def _version(distribution: str) -> str:
 def _strategy_cost(reg: Registry, family: MethodFamily) -> str | None:
     """The cost formula of a family's strategy; None when its spec does not parse or the
     strategy is missing or broken (a broken selector leaves the formula known)."""
+    from dllmbench.api.interfaces import cost_formula
+    from dllmbench.execution.planner import family_spec
+
     try:
         name = family_spec(family, GENERAL["steps"]).strategy
         return cost_formula(reg.info("strategy", name).factory)
@@ -265,6 +275,8 @@ def describe_plugins(reg: Registry) -> list[dict[str, Any]]:
     the reason it is left out; a broken plugin has no summary, options or cost). Method
     families follow the plugins as kind `family`, with `label`, `spec` and their strategy's
     `cost` formula."""
+    from dllmbench.api.interfaces import cost_formula
+
     out: list[dict[str, Any]] = []
     for info in sorted(reg.all(), key=lambda i: (i.kind, i.name)):
         entry: dict[str, Any] = {

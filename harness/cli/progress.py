@@ -4,7 +4,12 @@ When stderr is not a terminal (a job log, a pipe, CI), a bar would print nothing
 `Progress` writes one line whenever another tenth of the work is done and at least every
 `every_seconds` while the command runs, even when nothing finished in between:
 
-    dllmbench: arith × methods: 390/1300 (30%), 6.10/s, ETA 2m 29s
+    dllmbench: arith: 50 problems × 9 methods: 90/450 records (20%), 0.97/s, ETA 6m 11s
+
+The rate and the time left show from the first item finished. Items may differ in cost (a
+record at four times the budget takes about four times as long): given each item's work,
+the time left is the work left at the work done per second so far, not the items left at the
+items per second.
 
 stdout stays clean for `--json`.
 """
@@ -20,6 +25,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, ProgressColumn, TextColumn
 from rich.progress import Progress as Bar
 from rich.progress import Task as BarTask
+from rich.table import Column
 from rich.text import Text
 
 
@@ -34,32 +40,43 @@ def duration(seconds: float) -> str:
     return f"{hours}h {minutes:02d}m"
 
 
-def rate_and_eta(done: int, first: int, total: int, elapsed: float) -> str:
-    """`6.10/s, ETA 2m 29s` from the records finished in `elapsed` seconds (those found done
-    at the start, `first`, excluded); `12s elapsed` before the first one."""
+def rate_and_eta(
+    done: int,
+    first: int,
+    total: int,
+    elapsed: float,
+    work: tuple[float, float, float] | None = None,
+) -> str:
+    """`6.10/s, ETA 2m 29s` from the items finished in `elapsed` seconds (those found done at
+    the start, `first`, excluded); `12s elapsed` before the first one. With `work` (done,
+    done at the start, total), the time left is the work left at the work done per second;
+    without, every item weighs the same."""
     finished = done - first
     if finished <= 0 or elapsed <= 0:
         return f"{duration(elapsed)} elapsed"
-    rate = finished / elapsed
-    return f"{rate:.2f}/s, ETA {duration((total - done) / rate)}"
+    work_done, work_first, work_total = work or (done, first, total)
+    left = elapsed * max(work_total - work_done, 0) / max(work_done - work_first, 1e-9)
+    return f"{finished / elapsed:.2f}/s, ETA {duration(left)}"
 
 
 class _RateColumn(ProgressColumn):
     """The bar's records per second and time left, as the log lines say them."""
 
-    def __init__(self, progress: Progress):
-        super().__init__()
+    def __init__(self, progress: Progress, table_column: Column | None = None):
+        super().__init__(table_column=table_column)
         self.progress = progress
 
     def render(self, task: BarTask) -> Text:
-        elapsed = time.monotonic() - self.progress._started
-        done = int(task.completed)
-        return Text(rate_and_eta(done, self.progress.first, int(task.total or 0), elapsed))
+        return Text(self.progress.rate())
 
 
 class Progress:
     """One task's progress: `start(description, total, done)`, then `advance(n)`. On a
-    terminal, a bar with records done, records per second and the time left.
+    terminal, a bar with items done, items per second and the time left.
+
+    Items of different cost: `start(..., work=W)` with the work of all `total` items, then
+    `advance(n, work=w)` with the work of the `n` finished; the time left is then the work left
+    at the work done per second. `unit` names what is counted (`records`).
 
     Use it as a context manager; `log(line)` prints a line without breaking the bar.
     """
@@ -75,6 +92,9 @@ class Progress:
         self.live = self.stream.isatty() if live is None else live
         self.every_seconds = every_seconds
         self.description, self.total, self.done, self.first = "", 0, 0, 0
+        self.unit = ""
+        # work done, done at the start, and of every item; None: each item weighs one
+        self.work: list[float] | None = None
         self._started = self._last_line = time.monotonic()
         self._next_tenth = 1
         self._lock = threading.Lock()
@@ -83,11 +103,16 @@ class Progress:
         self._bar: Bar | None = None
         self._job: Any = None
         if self.live:
+            # on a narrow terminal the description gives way (an ellipsis), never the numbers
+            whole = Column(no_wrap=True)
             self._bar = Bar(
-                TextColumn("[bold]{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                _RateColumn(self),
+                TextColumn(
+                    "[bold]{task.description}",
+                    table_column=Column(no_wrap=True, overflow="ellipsis"),
+                ),
+                BarColumn(bar_width=20),
+                MofNCompleteColumn(table_column=whole),
+                _RateColumn(self, table_column=whole),
                 console=Console(file=self.stream),
                 transient=True,
             )
@@ -106,8 +131,21 @@ class Progress:
         elif self.description and exc[0] is None:
             self._line(final=True)
 
-    def start(self, description: str, total: int, done: int = 0) -> None:
+    def start(
+        self,
+        description: str,
+        total: int,
+        done: int = 0,
+        *,
+        work: float | None = None,
+        unit: str = "",
+    ) -> None:
+        """`total` items, `done` of them finished before (not counted in the rate); `work`:
+        the work of all `total` items (those done before count as their share of it)."""
         self.description, self.total, self.done, self.first = description, total, done, done
+        self.unit = unit
+        before = 0.0 if work is None or not total else work * done / total
+        self.work = None if work is None else [before, before, float(work)]
         self._started = self._last_line = time.monotonic()
         self._next_tenth = self._tenths(done) + 1
         if self._bar is not None:
@@ -117,15 +155,25 @@ class Progress:
         self._ticker = threading.Thread(target=self._tick, daemon=True)
         self._ticker.start()
 
-    def advance(self, n: int = 1) -> None:
-        if self._bar is not None:
-            self._bar.advance(self._job, n)
-            return
+    def advance(self, n: int = 1, work: float | None = None) -> None:
+        """`n` more items finished, of `work` together (unknown: the mean item's)."""
         with self._lock:
             self.done += n
+            if self.work is not None:
+                mean = self.work[2] / self.total if self.total else 0.0
+                self.work[0] += n * mean if work is None else work
+            if self._bar is not None:
+                self._bar.advance(self._job, n)
+                return
             if self._next_tenth <= self._tenths(self.done) < 10:  # the last line says "done"
                 self._next_tenth = self._tenths(self.done) + 1
                 self._line()
+
+    def rate(self) -> str:
+        """`6.10/s, ETA 2m 29s` as of now; `12s elapsed` before the first item finished."""
+        work = None if self.work is None else (self.work[0], self.work[1], self.work[2])
+        elapsed = time.monotonic() - self._started
+        return rate_and_eta(self.done, self.first, self.total, elapsed, work)
 
     def log(self, line: str) -> None:
         if self._bar is not None:
@@ -144,12 +192,12 @@ class Progress:
 
     def _line(self, final: bool = False) -> None:
         now = time.monotonic()
-        elapsed = now - self._started
         self._last_line = now
         pct = f" ({100 * self.done // self.total}%)" if self.total else ""
-        text = f"dllmbench: {self.description}: {self.done}/{self.total}{pct}"
+        unit = f" {self.unit}" if self.unit else ""
+        text = f"dllmbench: {self.description}: {self.done}/{self.total}{unit}{pct}"
         if final:
-            text += f", done in {duration(elapsed)}"
+            text += f", done in {duration(now - self._started)}"
         else:
-            text += f", {rate_and_eta(self.done, self.first, self.total, elapsed)}"
+            text += f", {self.rate()}"
         print(text, file=self.stream, flush=True)

@@ -12,6 +12,7 @@ from rich.console import Console
 
 from dllmbench.cli.common import Reply, add_json
 from dllmbench.cli.folders import claim
+from dllmbench.cli.progress import duration
 from dllmbench.core.errors import UserError
 
 SLICINGS = ("paper", "split")  # analysis.controls.SLICINGS, without loading numpy to parse
@@ -71,8 +72,21 @@ def execute(args: argparse.Namespace) -> Reply:
         seen[where] = run
     claim(Path(args.runs[0]) / "report" if args.out is None else args.out, "report folder")
     start = time.perf_counter()
+
+    def stage(name: str) -> None:  # a report of the demo takes a minute: say where it is
+        elapsed = duration(time.perf_counter() - start)
+        print(f"dllmbench: report: {name} ({elapsed} elapsed)", file=sys.stderr, flush=True)
+
+    # to a person at a terminal only: what a script reads on stderr stays the errors alone
+    stage_lines = stage if sys.stderr.isatty() else None
+
     written = write_report(
-        args.runs, args.out, controls=args.controls, exact=args.exact, slicing=args.slicing
+        args.runs,
+        args.out,
+        controls=args.controls,
+        exact=args.exact,
+        slicing=args.slicing,
+        say=stage_lines,
     )
     seconds = round(time.perf_counter() - start, 2)
     for entry in written.report.get("skipped", []):

@@ -4,15 +4,20 @@
 from __future__ import annotations
 
 import argparse
+import json
+import shlex
 import sys
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
 from dllmbench.analysis.leaderboard import rich_table
 from dllmbench.cli.argtypes import budgets, positive_int
 from dllmbench.cli.common import (
+    CAPACITY,
     GENERAL,
+    RUN_CONFIG,
     Interrupted,
     Reply,
     Settings,
@@ -23,7 +28,7 @@ from dllmbench.cli.common import (
     add_sampling,
     add_scorers,
     check_canvas,
-    field_default,
+    declared_default,
     methods_arg,
     settings,
     stdout_console,
@@ -32,11 +37,12 @@ from dllmbench.cli.progress import Progress
 from dllmbench.core.errors import Terminated, UserError
 from dllmbench.core.flops import Flops, format_flops
 from dllmbench.demo import BLOCK_DEMO, DEMO_TASK
-from dllmbench.execution.engine import Capacity, Sampling
-from dllmbench.execution.planner import check_scorers, scorer_users
-from dllmbench.loading.registry import Registry, registry
-from dllmbench.running.runner import RunConfig
 from dllmbench.storage.shards import parse_shard, resolve
+
+if TYPE_CHECKING:  # the runner and the engine load torch: `execute` imports them
+    from dllmbench.execution.engine import Capacity
+    from dllmbench.loading.registry import Registry
+    from dllmbench.running.runner import RunConfig
 
 # `dllmbench run` with neither --task nor --backbone: the shipped tiny model on arith, with
 # the PRM and ORM trained for it; every option can still be given.
@@ -48,11 +54,12 @@ DEMO = {
     "prompt": "fewshot",
     "limit": 100,
 }
-# each demo model's protocol: `run` with no --task and one of these backbones (or none: tiny)
-# is the demo on it
-DEMO_PROTOCOLS: dict[str, dict[str, int]] = {
-    "tiny": {"steps": DEMO["steps"], "gen_length": DEMO["gen_length"]},
-    "tiny-block": dict(BLOCK_DEMO),
+# each demo model's own sampling protocol: `run` with no --task and one of these backbones (or
+# none: tiny) is the demo on it; with a --task (and no --preset), the run samples as the model
+# was trained to, unless a flag says otherwise
+DEMO_PROTOCOLS: dict[str, dict[str, Any]] = {
+    "tiny": {"steps": DEMO["steps"], "gen_length": DEMO["gen_length"], "prompt": DEMO["prompt"]},
+    "tiny-block": {**BLOCK_DEMO, "prompt": DEMO["prompt"]},
 }
 
 
@@ -64,7 +71,7 @@ DEMO_BUDGET_FACTORS = (1, 4)
 def add_parser(sub: Any) -> None:
     run = sub.add_parser("run", help="run methods on a task and print the leaderboard")
     run.add_argument("--task", help="task[:option=value,...], e.g. gsm8k or arith:test_size=50")
-    run.add_argument("--split", default=field_default(RunConfig, "split"))
+    run.add_argument("--split", default=declared_default(RUN_CONFIG, "split"))
     run.add_argument("--backbone", help="backbone[:option=value,...], e.g. dream, llada or tiny")
     add_scorers(
         run,
@@ -86,14 +93,14 @@ def add_parser(sub: Any) -> None:
     run.add_argument(
         "--batch-rows",
         type=positive_int,
-        default=field_default(Capacity, "batch_rows"),
+        default=declared_default(CAPACITY, "batch_rows"),
         help="rows per forward (default %(default)s)",
     )
     run.add_argument("--batch-tokens", type=positive_int, help="rows × canvas length per forward")
     run.add_argument(
         "--max-problems",
         type=positive_int,
-        default=field_default(Capacity, "problems"),
+        default=declared_default(CAPACITY, "problems"),
         help="problems in flight (default %(default)s)",
     )
     run.add_argument(
@@ -105,7 +112,7 @@ def add_parser(sub: Any) -> None:
     run.add_argument(
         "--resamples",
         type=positive_int,
-        default=field_default(RunConfig, "resamples"),
+        default=declared_default(RUN_CONFIG, "resamples"),
         help="bootstrap resamples (default %(default)s)",
     )
     run.add_argument(
@@ -133,6 +140,8 @@ def _required(reg: Registry, s: Settings) -> None:
 
 
 def _capacity(args: argparse.Namespace) -> Capacity:
+    from dllmbench.execution.engine import Capacity
+
     try:
         return Capacity(args.batch_rows, args.batch_tokens, args.max_problems)
     except ValueError as exc:
@@ -142,18 +151,37 @@ def _capacity(args: argparse.Namespace) -> Capacity:
         ) from exc
 
 
-def run_config(args: argparse.Namespace) -> Any:
+def shipped_model(args: argparse.Namespace) -> str | None:
+    """The shipped demo model that --backbone names (none named: tiny), whose own protocol
+    fills the flags left unset; None for another backbone, or when --preset sets them."""
+    model = (args.backbone or DEMO["backbone"]).split(":", 1)[0]
+    return None if args.preset or model not in DEMO_PROTOCOLS else model
+
+
+def fill_unset(args: argparse.Namespace, values: dict[str, Any]) -> None:
+    """Set each flag of `values` that the command line left unset."""
+    for key, value in values.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+
+
+def run_config(args: argparse.Namespace) -> RunConfig:
     """The `RunConfig` these arguments ask for, checked as far as it can be without a model."""
+    from dllmbench.execution.engine import Sampling
+    from dllmbench.execution.planner import check_scorers, scorer_users
+    from dllmbench.loading.registry import registry
+    from dllmbench.running.runner import RunConfig
 
     reg = registry()
     if args.out is not None and not args.out.strip():
         raise UserError("--out is empty; give the run directory, e.g. --out runs/mine")
-    model = (args.backbone or DEMO["backbone"]).split(":", 1)[0]
-    demo = not args.task and not args.preset and model in DEMO_PROTOCOLS
-    if demo:  # the shipped demo, on the model asked for
-        for key, value in {**DEMO, **DEMO_PROTOCOLS[model]}.items():
-            if getattr(args, key) is None:
-                setattr(args, key, value)
+    model = shipped_model(args)
+    demo = model is not None and not args.task
+    if model is not None:
+        # with no --task, the shipped demo on this model; with one, the model's own sampling
+        # (T, canvas, prompt): `--task arith --backbone tiny` samples as it was trained to,
+        # not at the paper's 512-token canvas, which its 256 positions cannot hold
+        fill_unset(args, {**DEMO, **DEMO_PROTOCOLS[model]} if demo else DEMO_PROTOCOLS[model])
     s = settings(args, GENERAL)
     _required(reg, s)
     if s.scorers is not None:  # a typo in a scorer name costs no model load
@@ -203,12 +231,20 @@ def execute(args: argparse.Namespace) -> Reply:
 
     try:
         shard = resolve(cfg.shard)  # the progress lines of several processes say whose
-        what = f"{cfg.task} × methods" + (f" (share {shard.label})" if shard else "")
+        what = f"{cfg.task}" + (f" (share {shard.label})" if shard else "")
+        costs: dict[str, float] = {}  # each method's planned passes per problem
+
+        def started(total: int, done: int) -> None:
+            manifest = _manifest(cfg.run_dir())
+            costs.update(planned_passes(manifest))
+            counted, work = counts(manifest, total, costs)
+            progress.start(f"{what}: {counted}", total, done, work=work, unit="records")
+
         with Progress() as progress:
             outcome = run(
                 cfg,
-                on_record=lambda _r: progress.advance(),
-                on_start=lambda total, done: progress.start(what, total, done),
+                on_record=lambda r: progress.advance(work=costs.get(r.get("method", ""))),
+                on_start=started,
                 on_budget=early_table,
             )
     except Terminated:
@@ -237,12 +273,71 @@ def execute(args: argparse.Namespace) -> Reply:
         by = ""
         if outcome.shard is not None:  # the first of a launch: the others wrote the rest
             by = f" by this process of {outcome.shard.count}"
+        files = ", ".join(written_files(Path(outcome.path)))
         console.print(
-            f"run directory: {outcome.path} ({outcome.written} records written{by}{note})",
+            f"run directory: {outcome.path} ({outcome.written} records written{by}{note}): {files}",
             soft_wrap=True,  # a path is never cut; the terminal wraps it
+        )
+        console.print(
+            f"next: dllmbench report {shlex.quote(str(outcome.path))} (report.md, report.json "
+            "and the figures)",
+            soft_wrap=True,
+            markup=False,
+            highlight=False,
         )
 
     return Reply(outcome.results, show)
+
+
+# what a finished run directory holds for a person, in the order to read it
+RUN_FILES = ("leaderboard.md", "results.json", "compute.json", "manifest.json")
+
+
+def written_files(path: Path) -> list[str]:
+    """The files a finished run wrote into `path` that a person reads: the tables, every
+    number, the compute, the manifest, and the records (`samples*.jsonl`)."""
+    found = [name for name in RUN_FILES if (path / name).is_file()]
+    return found + sorted(p.name for p in path.glob("samples*.jsonl"))
+
+
+def _manifest(path: Path) -> dict[str, Any]:
+    """The run's manifest (written before its first record), or {} when it cannot be read:
+    the progress then counts every record alike."""
+    try:
+        manifest = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return manifest if isinstance(manifest, dict) else {}
+
+
+def planned_passes(manifest: dict[str, Any]) -> dict[str, float]:
+    """Each method's planned passes per problem (every kind of pass), by its id: the weight of
+    its records in the time left."""
+    out: dict[str, float] = {}
+    for method in manifest.get("methods") or []:
+        cost = method.get("cost") if isinstance(method, dict) else None
+        if isinstance(cost, dict) and "id" in method:
+            out[str(method["id"])] = float(sum(v for v in cost.values() if isinstance(v, int)))
+    return out
+
+
+def counts(
+    manifest: dict[str, Any], total: int, costs: dict[str, float]
+) -> tuple[str, float | None]:
+    """What the progress counts, in words (`100 problems × 35 methods (2 budgets)`: a record
+    is one problem solved by one method at one budget; a method planned at several budgets is
+    one method), and the planned passes of all `total` records (None when the manifest does
+    not say)."""
+    methods = manifest.get("methods") or []
+    if not methods or len(costs) != len(methods) or total % len(methods):
+        return "records", None
+    problems = total // len(methods)
+    budgets = len(manifest.get("budgets") or [])
+    plural = "" if len(methods) == 1 else "s"
+    text = f"{problems} problem{'' if problems == 1 else 's'} × {len(methods)} method{plural}"
+    if budgets > 1:
+        text += f" ({budgets} budgets)"
+    return text, problems * sum(costs.values())
 
 
 def _table(cfg: Any, results: dict[str, Any], budget: int, several: bool, width: int) -> Any:

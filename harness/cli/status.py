@@ -1,5 +1,6 @@
-"""`dllmbench status RUN_DIR`: records done of planned, and per process: running, finished,
-stopped or dead (pid, host, last heartbeat), records, rate and ETA; `--json` for scripts."""
+"""`dllmbench status RUN_DIR`: records done of planned, and per process: running, stuck (its
+heartbeat beats, its work does not move), finished, stopped or dead (pid, host, last
+heartbeat), records, rate and ETA; `--json` for scripts."""
 
 from __future__ import annotations
 
@@ -33,6 +34,13 @@ def execute(args: argparse.Namespace) -> Reply:
         pct = 100 * found.done // found.planned if found.planned else 100
         eta = f", ETA {duration(found.eta_seconds)}" if found.eta_seconds else ""
         state = "merged" if found.merged else "complete" if found.complete else "in progress"
+        if found.stale:  # a samples file lost records after results.json was written
+            state = "records missing (results.json is older; run the same command to redo them)"
+        if found.changed:  # a process went on after the merge (it was stuck, or late)
+            state = (
+                f"complete, but {', '.join(found.changed)} changed after results.json and "
+                f"compute.json were written; run dllmbench merge {found.path} again"
+            )
         console.print(f"{found.path}: {found.done}/{found.planned} records ({pct}%), {state}{eta}")
         if found.chunks is not None:
             c = found.chunks
@@ -48,9 +56,12 @@ def execute(args: argparse.Namespace) -> Reply:
             table.add_column(column)
         for p in found.processes:
             records = f"{p.records_written}" + (f"/{p.planned}" if p.planned is not None else "")
+            state = p.state
+            if p.stuck_seconds is not None:  # beating, but its work has not moved
+                state = f"stuck in {p.doing} for {duration(p.stuck_seconds)}"
             table.add_row(
                 p.share or "whole run",
-                p.state,
+                state,
                 str(p.pid),
                 p.host,
                 f"{duration(p.last_heartbeat)} ago",

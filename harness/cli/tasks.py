@@ -8,7 +8,6 @@ from typing import Any
 from rich.console import Console
 
 from dllmbench.cli.common import Reply, add_json, table
-from dllmbench.loading.registry import registry
 
 
 def add_parser(sub: Any) -> None:
@@ -18,6 +17,8 @@ def add_parser(sub: Any) -> None:
 
 
 def execute(args: argparse.Namespace) -> Reply:
+    from dllmbench.loading.registry import registry
+
     reg = registry()
     rows = [
         {

@@ -5,20 +5,20 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from dllmbench.api.interfaces import TrainableScorer, missing_members
 from dllmbench.cli.argtypes import fraction, natural_int, positive_float, positive_int
-from dllmbench.cli.common import Reply, add_json, field_default
+from dllmbench.cli.common import Reply, add_json, declared_default
 from dllmbench.cli.folders import claim
 from dllmbench.cli.progress import Progress
 from dllmbench.core.errors import UserError
-from dllmbench.execution.method import parse_part
-from dllmbench.loading.registry import registry
-from dllmbench.scoring.collect import load
-from dllmbench.scoring.training import NO_ROLLOUTS, TrainConfig, train
+
+if TYPE_CHECKING:  # training loads torch: `execute` imports it
+    from dllmbench.scoring.training import TrainConfig
+
+TRAIN_CONFIG = "dllmbench.scoring.training.TrainConfig"
 
 
 def add_parser(sub: Any) -> None:
@@ -27,38 +27,40 @@ def add_parser(sub: Any) -> None:
     t.add_argument("--data", required=True, help="a directory made by dllmbench collect")
     t.add_argument("--backbone", help="default: the collection's backbone")
     t.add_argument("--options", default="", help="scorer options, e.g. attention=causal")
-    t.add_argument("--steps", type=positive_int, default=field_default(TrainConfig, "steps"))
-    t.add_argument("--batch", type=positive_int, default=field_default(TrainConfig, "batch"))
-    t.add_argument("--accum", type=positive_int, default=field_default(TrainConfig, "accum"))
-    t.add_argument("--lr", type=positive_float, default=field_default(TrainConfig, "lr"))
-    t.add_argument("--warmup", type=natural_int, default=field_default(TrainConfig, "warmup"))
+    t.add_argument("--steps", type=positive_int, default=declared_default(TRAIN_CONFIG, "steps"))
+    t.add_argument("--batch", type=positive_int, default=declared_default(TRAIN_CONFIG, "batch"))
+    t.add_argument("--accum", type=positive_int, default=declared_default(TRAIN_CONFIG, "accum"))
+    t.add_argument("--lr", type=positive_float, default=declared_default(TRAIN_CONFIG, "lr"))
+    t.add_argument("--warmup", type=natural_int, default=declared_default(TRAIN_CONFIG, "warmup"))
     t.add_argument(
-        "--val-fraction", type=fraction, default=field_default(TrainConfig, "val_fraction")
+        "--val-fraction", type=fraction, default=declared_default(TRAIN_CONFIG, "val_fraction")
     )
     t.add_argument(
-        "--val-every", type=positive_int, default=field_default(TrainConfig, "val_every")
+        "--val-every", type=positive_int, default=declared_default(TRAIN_CONFIG, "val_every")
     )
     t.add_argument(
         "--groups",
         choices=["all", "mixed", "balanced"],
-        default=field_default(TrainConfig, "groups"),
+        default=declared_default(TRAIN_CONFIG, "groups"),
         help="mixed: only problems with both correct and incorrect trajectories; balanced: "
         "of those, as many correct as incorrect trajectories per problem",
     )
     t.add_argument(
         "--labels",
         choices=["final", "rollout"],
-        default=field_default(TrainConfig, "labels"),
+        default=declared_default(TRAIN_CONFIG, "labels"),
         help="final: each snapshot's trajectory's final correctness; rollout: the share of "
         "its rollouts that were correct (a collection made with collect --rollouts)",
     )
-    t.add_argument("--seed", type=natural_int, default=field_default(TrainConfig, "seed"))
+    t.add_argument("--seed", type=natural_int, default=declared_default(TRAIN_CONFIG, "seed"))
     t.add_argument("--out", required=True, help="training directory (resumed if it exists)")
     add_json(t)
     t.set_defaults(execute=execute)
 
 
 def _config(args: argparse.Namespace) -> TrainConfig:
+    from dllmbench.scoring.training import TrainConfig
+
     return TrainConfig(
         kind=args.kind,
         steps=args.steps,
@@ -75,6 +77,12 @@ def _config(args: argparse.Namespace) -> TrainConfig:
 
 
 def execute(args: argparse.Namespace) -> Reply:
+    from dllmbench.api.interfaces import TrainableScorer, missing_members
+    from dllmbench.execution.method import parse_part
+    from dllmbench.loading.registry import registry
+    from dllmbench.scoring.collect import load
+    from dllmbench.scoring.training import NO_ROLLOUTS, train
+
     reg = registry()
     out = claim(args.out, "scorer training folder")  # not the collection it reads, not a run
     meta, snapshots = load(Path(args.data))

@@ -8,9 +8,11 @@ position, batch size or which other methods share the run.
 from __future__ import annotations
 
 import hashlib
+from typing import TYPE_CHECKING
 
-import numpy as np
-import torch
+if TYPE_CHECKING:  # numpy and torch load when a generator is made, not with the module
+    import numpy as np
+    import torch
 
 _MASK63 = (1 << 63) - 1
 
@@ -32,6 +34,8 @@ def step_seed(key: int, step: int) -> int:
 
 def torch_generator(key: int, step: int, device: str | torch.device = "cpu") -> torch.Generator:
     """A torch generator for one row at one step."""
+    import torch
+
     gen = torch.Generator(device=device)
     gen.manual_seed(step_seed(key, step))
     return gen
@@ -39,4 +43,6 @@ def torch_generator(key: int, step: int, device: str | torch.device = "cpu") -> 
 
 def numpy_rng(*parts: object) -> np.random.Generator:
     """A numpy generator keyed by any tuple of labels (resampling, random selection, ...)."""
+    import numpy as np
+
     return np.random.default_rng(_hash("numpy", *parts))

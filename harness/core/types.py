@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
-
-import numpy as np
-import torch
+from typing import TYPE_CHECKING, Any
 
 from dllmbench.core.keys import row_key
+
+if TYPE_CHECKING:  # torch loads when rows are made, not with the types (`dllmbench --help`)
+    import numpy as np
+    import torch
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,8 @@ class Rows:
 
     def take(self, index: int | Sequence[int] | np.ndarray) -> Rows:
         """The rows at `index` (an int or a sequence), lineage unchanged."""
+        import numpy as np
+
         idx = [int(index)] if np.isscalar(index) else [int(i) for i in index]
         return self._rows(idx, lineage=tuple(self.lineage[i] for i in idx))
 
@@ -121,6 +124,8 @@ class Rows:
         return self._rows(parents, lineage=lineage)
 
     def _rows(self, idx: list[int], lineage: tuple[Lineage, ...]) -> Rows:
+        import torch
+
         pick = torch.tensor(idx, dtype=torch.long, device=self.tokens.device)
         return replace(
             self,
@@ -161,6 +166,8 @@ class Rows:
             )
         if any(bool(p.totals) != bool(first.totals) for p in parts):
             raise ValueError("Rows.concat joins rows started by ops only")
+        import torch
+
         confidence = None
         if all(p.confidence is not None for p in parts):
             confidence = torch.cat([p.confidence for p in parts])  # type: ignore[misc]

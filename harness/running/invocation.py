@@ -1,18 +1,23 @@
 """One invocation of `dllmbench run` writing into a run directory: each record appended at
-once; its compute entry saved before each record (synced every `save_every` seconds) and when
-it ends, however it ends; and its end: the summary of a whole run, or a share's end (the first
+once; its compute entry saved before each record (synced every `save_every` seconds), on each
+heartbeat (every `BEAT_SECONDS`, from the heartbeat's thread, whatever the main thread is
+doing: a SIGKILL loses at most the passes charged since the last beat) and when it ends,
+however it ends; and its end: the summary of a whole run, or a share's end (the first
 process of a launched run, once every chunk is done, checks that every record is there and
 writes the results once).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+from dllmbench.core.errors import UserError
 from dllmbench.core.ledger import Ledger
 from dllmbench.running.merge import check_complete
 from dllmbench.storage.heartbeat import Heartbeat
@@ -41,6 +46,9 @@ class Invocation:
         self._start = time.monotonic()
         self._waited = 0.0  # seconds spent waiting for other processes, not working
         self._merged = False
+        self._saving = threading.Lock()  # the main thread and the heartbeat's both save
+        self._ended = False  # the last save is done: the heartbeat's thread saves no more
+        self._moved: tuple[int, int] = (0, 0)  # passes charged and records, at the last beat
 
     def entry(self) -> dict[str, Any]:
         shard = self.rundir.shard
@@ -64,9 +72,31 @@ class Invocation:
         }
 
     def save(self, durable: bool = True) -> None:
-        self.rundir.save_invocation(self.entry(), durable)
+        with self._saving:
+            self.rundir.save_invocation(self.entry(), durable)
         if durable:
             self._saved = time.monotonic()
+
+    def beat(self) -> None:
+        """On the heartbeat's thread: save the entry as it stands (the passes charged so far,
+        records or not), unsynced as between records. The ledger changes under it, so a read
+        that meets a change, or a disk that refuses, waits for the next beat."""
+        with self._saving:
+            if self._ended:
+                return
+            with contextlib.suppress(RuntimeError, OSError, UserError):
+                self._moving()
+                self.rundir.save_invocation(self.entry(), durable=False)
+
+    def _moving(self) -> None:
+        """Tell the heartbeat when the work moved (a pass charged, a record written) since the
+        last beat: a forward that does not end shows as stuck (`Beat.stuck`)."""
+        if self.heart is None or self.heart.beat.doing != "forward":
+            return
+        moved = (sum(self.ledger.charged.values()), self.written)
+        if moved != self._moved:
+            self._moved = moved
+            self.heart.moved()
 
     def keep(self, record: dict[str, Any]) -> None:
         # the entry first: every pass of a written record is in a saved entry, whenever a
@@ -84,13 +114,31 @@ class Invocation:
         self._waited += seconds
 
     def __enter__(self) -> Invocation:
+        if self.heart is not None:
+            self.heart.doing("forward")
+            self.heart.on_beat.append(self.beat)
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.save()  # an interrupted or failed invocation is counted too
-        if self._merged or self.rundir.shard is None:
-            # with what every record spent, and this entry as saved last
-            self.rundir.write_compute(accounted=True)
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        if self.heart is not None:
+            self.heart.doing(None)
+            if self.beat in self.heart.on_beat:
+                self.heart.on_beat.remove(self.beat)
+        with self._saving:
+            self._ended = True
+        try:
+            self.save()  # an interrupted or failed invocation is counted too
+            shard = self.rundir.shard
+            late = shard is not None and self.rundir.results_path.exists()
+            if self._merged or shard is None or late:
+                # with what every record spent, and this entry as saved last (a process of
+                # a run merged while it was stuck counts its passes there too)
+                self.rundir.write_compute(accounted=True)
+        except (OSError, UserError):
+            if exc is None:
+                raise
+            # already failing (a full disk, most often): that error is the one to say; the
+            # entry saved on the last heartbeat stands
 
     def conclude(
         self, summarize: Callable[[], dict[str, Any]], problem_ids: list[str]

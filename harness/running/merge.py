@@ -76,10 +76,10 @@ def merge(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Write the results of the run directory `path` from every share; return the results
     and the manifest. `wait`: first wait until every record is written (`wait_for`)."""
-    if not (path / "manifest.json").is_file():
-        raise UserError(f"{path} holds no run (no manifest.json); give a run directory")
     if wait:
         wait_for(path, timeout)
+    elif not (path / "manifest.json").is_file():
+        raise UserError(f"{path} holds no run (no manifest.json); give a run directory")
     busy = [s.label for s in running_shares(path)]
     if busy:
         raise UserError(
@@ -104,7 +104,9 @@ def wait_for(path: Path, timeout: float | None = None) -> None:
     """Return when every (problem, method) of the run has its record and no share runs.
     Stop with one line when a process died without finishing (its share, or a chunk it
     held, names it), or after `timeout` seconds."""
-    start = last_said = time.monotonic()
+    start = time.monotonic()
+    _wait_for_the_run(path, start, timeout)
+    last_said = time.monotonic()
     rundir = RunDir(path)
     manifest = rundir.read_manifest()
     ids = problem_ids(manifest)
@@ -134,6 +136,32 @@ def wait_for(path: Path, timeout: float | None = None) -> None:
             print(
                 f"dllmbench: waiting: {len(have & wanted)}/{len(wanted)} records"
                 + (f"; share {', '.join(s.label for s in busy)} running" if busy else ""),
+                file=sys.stderr,
+                flush=True,
+            )
+            last_said = time.monotonic()
+        time.sleep(POLL_SECONDS)
+
+
+def _wait_for_the_run(path: Path, start: float, timeout: float | None) -> None:
+    """Return when `path` holds a run (its manifest.json: the first share to start writes it
+    once its plugins are built), as for a merge job that starts with the array it merges;
+    one line after `timeout` seconds, or when a share that began died before it."""
+    last_said = start
+    while not (path / "manifest.json").is_file():
+        if path.exists() and not path.is_dir():
+            raise UserError(f"{path} is not a directory; give a run directory")
+        if path.is_dir():
+            _refuse_the_dead(path, [])
+        if timeout is not None and time.monotonic() - start >= timeout:
+            raise UserError(
+                f"{path} holds no run after --wait-timeout {timeout:g} s (no manifest.json: no "
+                "share has started); check that the shares run with --out "
+                f"{path}, then merge again"
+            )
+        if time.monotonic() - last_said >= SAY_EVERY:
+            print(
+                f"dllmbench: waiting for a share to start a run in {path}",
                 file=sys.stderr,
                 flush=True,
             )

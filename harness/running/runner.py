@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import json
 import os
 import platform
 import signal
@@ -41,9 +42,9 @@ from dllmbench.running.allocator import keep_freed_memory
 from dllmbench.running.invocation import Invocation
 from dllmbench.running.launched import POLL_SECONDS, SAY_EVERY, ClaimedWork, Watch, say
 from dllmbench.running.summary import summarize_records, summarize_run
-from dllmbench.storage.claims import Claims
+from dllmbench.storage.claims import Claims, chunk_size
 from dllmbench.storage.heartbeat import Heartbeat, heartbeat_name
-from dllmbench.storage.rundir import RunDir
+from dllmbench.storage.rundir import RunDir, manifest_differences
 from dllmbench.storage.shards import Shard, claim_device, resolve
 
 
@@ -481,7 +482,10 @@ def run(
             rundir.path / heartbeat_name(shard.suffix if shard else None),
             shard.label if shard else None,
         ).start()
-        watch = Watch(rundir, shard, heart.beat.launch) if shard and shard.merges else None
+        # every process of a launch watches the others: one that is refused or lost before
+        # it claims any work stops them all (the first process merges: without it, or with
+        # processes started with other settings, the launch cannot finish)
+        watch = Watch(rundir, shard, heart.beat.launch) if shard and shard.launched else None
         try:
             with watch or contextlib.nullcontext():
                 outcome = _run_in(cfg, rundir, heart, watch, on_record, on_start, on_budget)
@@ -489,8 +493,15 @@ def run(
             if watch is not None and watch.failure is not None:
                 raise watch.failure from None
             raise
+        except UserError as exc:
+            if watch is not None and not rundir.opened and rundir.manifest_path.exists():
+                # refused against the run another process of the launch started: the others
+                # read why in this heartbeat, and stop
+                heart.update(reason=str(exc))
+                heart.stop("stopped")
+            raise
         finally:
-            if not rundir.opened:
+            if not rundir.opened and heart.beat.state == "running":
                 heart.restore()  # refused before it began: the directory stays as it was
             elif heart.beat.state == "running":
                 heart.stop("stopped")
@@ -532,6 +543,7 @@ def _run_in(
     problems, problem_ids = prepared.problems, prepared.problem_ids
     methods = [p.method for p in prepared.plan.methods]
     manifest = build_manifest(cfg, prepared)
+    _refuse_a_share_with_nothing_to_do(rundir, manifest)
     previous = rundir.open(manifest)
     shard = rundir.shard
     claimed = shard is not None and shard.launched
@@ -592,6 +604,31 @@ def _run_in(
     return Outcome(results, rundir.path, found, invocation.written, prepared.plan, shard)
 
 
+def _refuse_a_share_with_nothing_to_do(rundir: RunDir, manifest: dict[str, Any]) -> None:
+    """`--shard I/N` into a run whose records of that share are all written by others (a whole
+    run, shares of another count) and where this share never ran: it would only add an empty
+    share that `status` and `merge` then list. One line instead; a share that ran here before
+    resumes as ever (a requeued array task that had finished writes nothing, and succeeds)."""
+    shard = rundir.shard
+    if shard is None or shard.launched or not rundir.manifest_path.exists():
+        return
+    if rundir.samples_path.exists() or rundir.compute_path.exists():
+        return  # this share ran here: running it again resumes it
+    if manifest_differences(rundir.read_manifest(), json.loads(json.dumps(manifest))):
+        return  # another run: `open` names the differences
+    ids = [str(x) for x in manifest["task"]["problem_ids"]]
+    methods = [m["id"] for m in manifest["methods"]]
+    have = {(r["problem"], r["method"]) for r in rundir.read_records()}
+    if all((p, m) in have for p in shard.share(ids) for m in methods):
+        finished = " (it is finished)" if len(have) >= len(ids) * len(methods) else ""
+        raise UserError(
+            f"{rundir.path} holds every record of share {shard.label} already, written "
+            f"without --shard {shard.label}{finished}: there is nothing for this share to run; "
+            f"drop --shard (dllmbench status {rundir.path} says how far the run is), or "
+            "choose another --out"
+        )
+
+
 def _run_claimed(
     engine: Engine,
     rundir: RunDir,
@@ -609,7 +646,15 @@ def _run_claimed(
     shard = rundir.shard
     assert shard is not None
     work = ClaimedWork(
-        claims=Claims(rundir.path, [p.id for p in problems], shard.label, heart.token),
+        claims=Claims(
+            rundir.path,
+            [p.id for p in problems],
+            shard.label,
+            heart.token,
+            size=chunk_size(len(problems), shard.count),
+            processes=shard.count,
+            heart=heart,
+        ),
         problems={p.id: p for p in problems},
         methods=[m.id for m in methods],
         skip=set(done),
@@ -617,16 +662,18 @@ def _run_claimed(
     )
 
     def keep(record: dict[str, Any]) -> None:
-        invocation.keep(record)
-        work.recorded(record)
+        if work.write(record, invocation.keep):  # only while this process holds its chunk
+            work.recorded(record)
 
     said = time.monotonic()
     while True:
         engine.run(work.stream(), skip=work.skip, on_record=keep)
-        if watch is None or (work.finished() and watch.others_ended()):
+        if watch is None or not shard.merges or (work.finished() and watch.others_ended()):
             return
         started = time.monotonic()
+        heart.doing("waiting")  # for the others: not stuck
         time.sleep(POLL_SECONDS)  # chunks held by live processes: wait, then look again
+        heart.doing("forward")
         invocation.waiting(time.monotonic() - started)
         if time.monotonic() - said >= SAY_EVERY:
             say(f"share {shard.label}: waiting for {work.waiting_for()}")

@@ -8,6 +8,7 @@ run directory.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -31,6 +32,8 @@ class ProcessStatus:
     planned: int | None  # records this invocation has to write (a fixed share, a whole run)
     rate: float | None  # records per second
     eta_seconds: float | None
+    doing: str | None = None  # what its main thread does: forward, claim lock, waiting
+    stuck_seconds: float | None = None  # state "stuck": in `doing` this long, beating
 
 
 @dataclass
@@ -48,7 +51,11 @@ class RunStatus:
     planned: int  # problems × methods
     done: int  # of them with a record
     complete: bool
-    merged: bool  # results.json written
+    merged: bool  # results.json written, and every record it was built from is there
+    stale: bool = False  # results.json written, but records are missing (a cut samples file)
+    # results.json written, but what these wrote since is not in compute.json: processes
+    # ("share 2/3") whose compute entry changed, "records" when records were added
+    changed: list[str] = field(default_factory=list)
     processes: list[ProcessStatus] = field(default_factory=list)
     chunks: ChunkStatus | None = None
     eta_seconds: float | None = None
@@ -58,13 +65,18 @@ class RunStatus:
 
 
 def state_of(beat: Beat, now: float) -> str:
+    """finished, stopped, running, stuck (its heartbeat beats, its work has not moved for
+    longer than `STUCK_SECONDS`: a forward or the claim lock), or dead."""
     if beat.state in ("finished", "stopped"):
         return beat.state
-    return "running" if beat.alive(now) else "dead"
+    if not beat.alive(now):
+        return "dead"
+    return "running" if beat.stuck(now) is None else "stuck"
 
 
 def process_status(beat: Beat, now: float) -> ProcessStatus:
     state = state_of(beat, now)
+    stuck = beat.stuck(now) if state == "stuck" else None
     rate = beat.rate
     eta = None
     if state == "running" and rate and beat.planned is not None:
@@ -79,7 +91,38 @@ def process_status(beat: Beat, now: float) -> ProcessStatus:
         planned=beat.planned,
         rate=None if rate is None else round(rate, 4),
         eta_seconds=None if eta is None else round(eta, 1),
+        doing=beat.doing if state in ("running", "stuck") else None,
+        stuck_seconds=None if stuck is None else round(stuck, 1),
     )
+
+
+ENTRY = ("passes", "records_written", "finished")  # what changes when a process goes on
+
+
+def changed_since_merge(rundir: RunDir) -> list[str]:
+    """What was written after compute.json was last written whole (by the merge, or at the
+    end of a run): the processes whose compute entry changed since, and "records" when
+    records were added (written twice, most often). Empty when nothing changed."""
+    try:
+        saved = json.loads(rundir.total_compute_path.read_text(encoding="utf-8"))
+        before = {_key(e): [e.get(f) for f in ENTRY] for e in saved["invocations"]}
+        total = saved["total"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []
+    now = rundir.compute_now()
+    changed = [
+        f"share {e['shard']}" if e.get("shard") else "the whole run"
+        for e in now["invocations"]
+        if before.get(_key(e)) != [e.get(f) for f in ENTRY]
+    ]
+    counts = (now["total"].get("records"), now["total"].get("duplicates"))
+    if counts != (total.get("records"), total.get("duplicates")):
+        changed.append("records")
+    return list(dict.fromkeys(changed))
+
+
+def _key(entry: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(entry.get(k) for k in ("shard", "token", "pid", "host", "samples", "offset"))
 
 
 def status(path: Path, now: float | None = None) -> RunStatus:
@@ -118,12 +161,16 @@ def status(path: Path, now: float | None = None) -> RunStatus:
         )
     rate = sum(p.rate or 0.0 for p in processes if p.state == "running")
     remaining = len(wanted) - done
+    merged = remaining == 0 and (path / "results.json").exists()
+    changed = changed_since_merge(rundir) if merged else []
     return RunStatus(
         path=str(path),
         planned=len(wanted),
         done=done,
         complete=remaining == 0,
-        merged=(path / "results.json").exists(),
+        merged=merged and not changed,
+        stale=remaining > 0 and (path / "results.json").exists(),
+        changed=changed,
         processes=processes,
         chunks=chunks,
         eta_seconds=round(remaining / rate, 1) if rate and remaining else None,

@@ -7,7 +7,11 @@ a model, a long forward). The file says who (pid, host, a token new to each invo
 when, its state (`running`, then `finished` or `stopped`), the records it wrote and, for a
 fixed share, the records it has to write. A process is taken for dead when its heartbeat is
 older than `STALE_SECONDS` or, on the same host, when its pid is gone; a process that ends in
-any way Python sees (an error, Ctrl-C, SIGTERM) writes `stopped` at once.
+any way Python sees (an error, Ctrl-C, SIGTERM) writes `stopped` at once. It also says what
+its main thread does (`doing`: a forward, the claim lock, waiting for the others) and since
+when its work last moved (`since`): a process whose heartbeat beats while it has been in one
+forward or in the claim lock for longer than `STUCK_SECONDS` is stuck (`Beat.stuck`), and
+its chunks are taken over as a dead process's are.
 
 `dllmbench status` reads these files; the first process of a launched run and `dllmbench merge
 --wait` watch them to stop, with one line, instead of waiting for a process that is gone.
@@ -23,6 +27,7 @@ import secrets
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +36,10 @@ import psutil
 
 BEAT_SECONDS = 5.0
 STALE_SECONDS = 30.0  # no heartbeat for this long: the process is gone (or its host is)
+# a process whose heartbeat beats but whose work has not moved for this long (one forward, or
+# the claim lock, waited for or held) is stuck; a wait for a lock ends after this long too
+STUCK_SECONDS = 120.0
+STUCK_IN = {"forward": "a forward", "claim lock": "the claim lock"}  # what can get stuck
 HEARTBEAT = re.compile(r"^heartbeat(?:\.shard-(\d+)-of-(\d+))?\.json$")
 
 
@@ -64,6 +73,22 @@ class Beat:
     records_written: int = 0  # by this invocation
     planned: int | None = None  # records this invocation has to write, when fixed
     launch: str | None = None  # the launcher's id of this launch (torchrun, Slurm), if any
+    reason: str | None = None  # why a process of a launch was refused before it began
+    doing: str | None = None  # what its main thread does: `STUCK_IN`'s, "waiting", None
+    since: float | None = None  # when it began that, or last moved (a forward, a record)
+
+    def stuck(self, now: float | None = None) -> float | None:
+        """Seconds it has been stuck (in a forward or the claim lock, longer than
+        `STUCK_SECONDS`) while its heartbeat beats; None when it is not."""
+        now = time.time() if now is None else now
+        if self.state != "running" or self.doing not in STUCK_IN or self.since is None:
+            return None
+        seconds = now - self.since
+        return seconds if seconds > STUCK_SECONDS else None
+
+    def working(self, now: float | None = None) -> bool:
+        """Alive and not stuck: it can finish what it holds."""
+        return self.alive(now) and self.stuck(now) is None
 
     def alive(self, now: float | None = None) -> bool:
         """Whether the process is running: it says so, its heartbeat is fresh, and (on this
@@ -97,6 +122,9 @@ class Beat:
                 records_written=int(data.get("records_written", 0)),
                 planned=data.get("planned"),
                 launch=data.get("launch"),
+                reason=data.get("reason"),
+                doing=data.get("doing"),
+                since=None if data.get("since") is None else float(data["since"]),
             )
         except (AttributeError, KeyError, TypeError, ValueError):
             return None
@@ -145,6 +173,8 @@ class Heartbeat:
     _stop: threading.Event = field(default_factory=threading.Event, init=False)
     _thread: threading.Thread | None = field(default=None, init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    # called on the heartbeat's thread after each beat (the run saves its compute entry)
+    on_beat: list[Callable[[], None]] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
         now = time.time()
@@ -178,6 +208,18 @@ class Heartbeat:
             for key, value in fields.items():
                 setattr(self.beat, key, value)
 
+    def doing(self, what: str | None) -> str | None:
+        """Say what the main thread does from now (`STUCK_IN`'s, "waiting", None); returns
+        what it did before."""
+        with self._lock:
+            before, self.beat.doing, self.beat.since = self.beat.doing, what, time.time()
+        return before
+
+    def moved(self) -> None:
+        """The main thread's work moved on (a forward, a record): not stuck."""
+        with self._lock:
+            self.beat.since = time.time()
+
     def stop(self, state: str) -> None:
         """Stop beating and say how it ended (`finished` or `stopped`)."""
         self._stop.set()
@@ -197,12 +239,18 @@ class Heartbeat:
                 self.path.unlink()
             else:
                 tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-                tmp.write_bytes(self._before)
-                os.replace(tmp, self.path)
+                try:
+                    tmp.write_bytes(self._before)
+                    os.replace(tmp, self.path)
+                except OSError:
+                    tmp.unlink(missing_ok=True)
+                    raise
 
     def _run(self) -> None:
         while not self._stop.wait(BEAT_SECONDS):
             self._write()
+            for call in list(self.on_beat):
+                call()
 
     def _write(self) -> None:
         with self._lock:
@@ -212,5 +260,6 @@ class Heartbeat:
             try:
                 tmp.write_text(text, encoding="utf-8")
                 os.replace(tmp, self.path)
-            except OSError:
-                pass  # a full or vanished disk: the run's own writes will say so
+            except OSError:  # a full or vanished disk: the run's own writes will say so
+                with contextlib.suppress(OSError):
+                    tmp.unlink()

@@ -14,6 +14,7 @@ differs in what changes results is refused with the differences listed.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -26,6 +27,7 @@ from typing import Any, NoReturn
 
 from dllmbench.core.errors import UserError
 from dllmbench.core.jsonfile import read_object
+from dllmbench.storage.filesystem import LocksUnsupported, flock, space_checked
 from dllmbench.storage.heartbeat import HEARTBEAT
 from dllmbench.storage.shards import (
     Shard,
@@ -168,26 +170,34 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _temporary(path: Path, text: str) -> Path:
-    """`text` in a fsynced temporary file beside `path`, named for this process."""
+def _temporary(path: Path, text: str, durable: bool = True) -> Path:
+    """`text` in a temporary file beside `path`, named for this process (fsynced unless not
+    `durable`). A write that fails (a full disk: `DiskFull`, one line) leaves none."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
+    try:
+        with space_checked(path), open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            if durable:
+                os.fsync(fh.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return tmp
 
 
 def _write_atomic(path: Path, text: str, durable: bool = True) -> None:
-    """Replace `path` whole. `durable=False` skips the fsyncs: the file survives the process
-    being killed (the page cache outlives it), not the machine losing power."""
+    """Replace `path` whole; a failed write leaves `path` as it was and no temporary file.
+    `durable=False` skips the fsyncs: the file survives the process being killed (the page
+    cache outlives it), not the machine losing power."""
+    tmp = _temporary(path, text, durable)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     if durable:
-        os.replace(_temporary(path, text), path)
         _fsync_dir(path.parent)
-        return
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def _create_atomic(path: Path, text: str) -> bool:
@@ -196,12 +206,11 @@ def _create_atomic(path: Path, text: str) -> bool:
     try:
         os.link(tmp, path)
     except FileExistsError:
-        os.unlink(tmp)
         return False
     except OSError:  # a filesystem without hard links: replace, as before shares
         os.replace(tmp, path)
-    else:
-        os.unlink(tmp)
+    finally:
+        tmp.unlink(missing_ok=True)
     _fsync_dir(path.parent)
     return True
 
@@ -331,6 +340,10 @@ class RunDir:
             _unlock(self.path / lock_name(self.shard), self._share_fd)  # type: ignore[arg-type]
             self._share_fd = None
         if self._lock_fd is None:
+            for folder in self._made:  # a lock refused (no flock): the folders it made go
+                with contextlib.suppress(OSError):
+                    os.rmdir(folder)
+            self._made = []
             return
         try:
             if self.shard is not None:
@@ -358,6 +371,8 @@ class RunDir:
                 raise UserError(
                     f"run directory {self.path} is not a directory; choose another --out"
                 )
+            if self.path.is_dir():  # `.` and `/` have no parent to make it in
+                return
             parent = next(p for p in self.path.parents if p.exists())
         except OSError as exc:
             raise UserError(
@@ -389,7 +404,8 @@ class RunDir:
         self._lock_fd = fd
         os.ftruncate(fd, 0)
         if self.shard is None:
-            os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+            with space_checked(self.lock_path):
+                os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
             return
         self._share_fd = self._lock_share(self.shard)
 
@@ -408,7 +424,12 @@ class RunDir:
                 f"({holder or 'unknown'}); wait for it to finish or run another share"
             )
         os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+        try:
+            with space_checked(path):
+                os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+        except BaseException:
+            _unlock(path, fd)
+            raise
         return fd
 
     def _check_contents(self) -> None:
@@ -583,12 +604,20 @@ class RunDir:
         )
 
     def append(self, record: dict[str, Any]) -> None:
+        """Append a record, flushed and fsynced. A write that fails (a full disk: `DiskFull`,
+        one line) is cut off again, so the file ends with the last whole record."""
         line = json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n"
         new = not self.samples_path.exists()
-        with open(self.samples_path, "a", encoding="utf-8") as fh:
-            fh.write(line)
-            fh.flush()
-            os.fsync(fh.fileno())
+        with space_checked(self.samples_path), open(self.samples_path, "ab") as fh:
+            size = fh.tell()
+            try:
+                fh.write(line.encode("utf-8"))
+                fh.flush()
+                os.fsync(fh.fileno())
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    fh.truncate(size)  # truncating needs no space
+                raise
         if new:
             _fsync_dir(self.path)
 
@@ -628,6 +657,14 @@ class RunDir:
             entries += _invocations(self.path / compute_name(shard))
         document = compute_document(entries, self.accounts(entries) if accounted else None)
         _write_atomic(self.total_compute_path, json.dumps(document, indent=2) + "\n", durable)
+
+    def compute_now(self) -> dict[str, Any]:
+        """compute.json as a merge would write it now, from every compute and samples file on
+        disk (nothing is written): what `status` compares the one written with."""
+        entries = [e for e in _invocations(self.total_compute_path) if not e.get("shard")]
+        for shard in shards_in(self.path, "compute"):
+            entries += _invocations(self.path / compute_name(shard))
+        return compute_document(entries, self.accounts(entries))
 
     def accounts(self, entries: list[dict[str, Any]]) -> Accounts:
         """What the records of every samples file spent, kept and written twice, and which
@@ -701,17 +738,24 @@ def _take(folder: Path, path: Path, mode: int) -> int:
     while True:
         try:
             folder.mkdir(parents=True, exist_ok=True)
+            existed = path.exists()
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
             raise UserError(
                 f"cannot write to run directory {folder} ({exc.strerror}); choose another --out"
             ) from exc
         try:
-            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            flock(fd, mode | fcntl.LOCK_NB, folder)
         except BlockingIOError:
             holder = os.read(fd, 200).decode(errors="replace").strip()
             os.close(fd)
             raise BlockingIOError(holder) from None
+        except LocksUnsupported:
+            os.close(fd)
+            if not existed:  # made by this attempt: nothing of it stays
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+            raise
         try:
             same = os.fstat(fd).st_ino == os.stat(path).st_ino
         except FileNotFoundError:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from dllmbench.core.errors import UserError
+from dllmbench.storage.filesystem import flock
 
 T = TypeVar("T")
 
@@ -131,7 +132,15 @@ def from_launcher(env: Mapping[str, str]) -> Shard | None:
                 "(MASTER_ADDR is unset); unset WORLD_SIZE and RANK, or launch with "
                 "torchrun --nproc_per_node N -m dllmbench run …"
             )
-        rank = _env_int(env, RANK) or 0
+        rank = _env_int(env, RANK)
+        if rank is None:
+            named = next(name for name in WORLD if env.get(name, "").strip())
+            ranks = next(r for w, r in zip(WORLD, RANK, strict=True) if w == named)
+            raise UserError(
+                f"{named}={world} is set but {ranks} is not: this process cannot tell which of "
+                f"the {world} processes it is; launch with torchrun --nproc_per_node {world} -m "
+                f"dllmbench run … (it sets both), or unset {named}"
+            )
         _checked(rank, world, "the launcher")
         return Shard(rank + 1, world, launched=True, local_rank=_env_int(env, LOCAL) or 0)
     procid, ntasks, localid = (_env_int(env, (name,)) for name in SLURM_TASK)
@@ -140,15 +149,26 @@ def from_launcher(env: Mapping[str, str]) -> Shard | None:
         return Shard((procid or 0) + 1, ntasks, launched=True, local_rank=localid or 0)
     task, count, first = (_env_int(env, (name,)) for name in SLURM_ARRAY)
     if task is not None and count is not None and count >= 2:
-        index = task - (first or 0) + 1
-        if not 1 <= index <= count:
-            raise UserError(
-                f"Slurm array task {task} (first {first or 0}, {count} tasks) is not one of "
-                f"its {count} shares; number the array's tasks consecutively, e.g. "
-                f"--array=1-{count}"
-            )
-        return Shard(index, count)
+        return _array_share(task, count, first or 0, env)
     return None
+
+
+def _array_share(task: int, count: int, first: int, env: Mapping[str, str]) -> Shard:
+    """The share of Slurm array task `task` of `count` numbered from `first`: tasks evenly
+    spaced by `SLURM_ARRAY_TASK_STEP` (`--array=1-5:2`: 1, 3, 5 are shares 1, 2, 3); an array
+    that is not (`--array=1,4,9`) is refused, in every task, with one line."""
+    step = _env_int(env, ("SLURM_ARRAY_TASK_STEP",)) or 1
+    last = _env_int(env, ("SLURM_ARRAY_TASK_MAX",))
+    spaced = last is None or last - first == step * (count - 1)
+    index = (task - first) // step + 1
+    if not spaced or (task - first) % step or not 1 <= index <= count:
+        through = "" if last is None else f" through {last}"
+        raise UserError(
+            f"Slurm array task {task} (tasks {first}{through} by {step}, {count} tasks) is not "
+            f"one of its {count} evenly spaced shares; number the array's tasks evenly, e.g. "
+            f"--array=1-{count}"
+        )
+    return Shard(index, count)
 
 
 def resolve(requested: Shard | None, env: Mapping[str, str] | None = None) -> Shard | None:
@@ -234,7 +254,7 @@ def running(path: Path, shard: Shard) -> bool:
     except OSError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB, path)
     except BlockingIOError:
         return True
     finally:

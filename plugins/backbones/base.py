@@ -15,6 +15,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import hashlib
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,14 @@ PURPOSES = ("token", "order", "position", "tie")
 # how a batch's rows meet attention: left-padded to the widest (SDPA), or end to end (packing.py)
 Attention = Literal["sdpa", "packed"]
 ATTENTIONS: tuple[str, ...] = get_args(Attention)
+
+
+def vocabulary_size(transformer: Any, tokenizer: Any) -> int:
+    """Token ids the model embeds: its input embedding's rows, else the tokenizer's size."""
+    try:
+        return int(transformer.get_input_embeddings().num_embeddings)
+    except (AttributeError, TypeError, ValueError):
+        return len(tokenizer)
 
 
 def _salt(purpose: str) -> int:
@@ -127,6 +136,18 @@ def top_ranked(score: torch.Tensor, k: torch.Tensor, ties: torch.Tensor) -> torc
     ranks = torch.arange(score.shape[-1], device=score.device).expand_as(order)
     rank = torch.empty_like(order).scatter_(-1, order, ranks)
     return rank < k[:, None]
+
+
+def check_finite(name: str, value: Any, works: str) -> None:
+    """Refuse a sampler number that is not a finite number >= 0 (`nan`, `inf`, negative);
+    `works` says what values mean, for the message."""
+    ok = isinstance(value, (int, float)) and math.isfinite(value) and value >= 0
+    if not ok:
+        raise ValueError(f"{name} must be a finite number >= 0 ({works}), got {value!r}")
+
+
+def check_temperature(temperature: Any) -> None:
+    check_finite("temperature", temperature, "0 draws the most probable token; e.g. 0.5")
 
 
 def check_parallel(
@@ -215,6 +236,12 @@ class DiffusionBackbone(abc.ABC):
             if c.mask_id is not None
             else mask_id_of(raw, self.tokenizer, self.mask_names, c.model)
         )
+        vocabulary = vocabulary_size(self.transformer, self.tokenizer)
+        if not 0 <= self.mask_id < vocabulary:
+            raise UserError(
+                f"mask_id={self.mask_id} is outside the vocabulary of {c.model} (ids 0 to "
+                f"{vocabulary - 1}); leave mask_id out to use the model's own mask token"
+            )
         self.pad_id = self.tokenizer.pad_token_id
         if self.pad_id is None or self.pad_id == self.mask_id:
             self.pad_id = self.tokenizer.eos_token_id

@@ -42,7 +42,12 @@ import torch
 from dllmbench.api.hookspecs import hookimpl
 from dllmbench.api.interfaces import StepBatch
 from dllmbench.core.flops import Work
-from dllmbench.plugins.backbones.base import DiffusionBackbone, purpose_generator, top_ranked
+from dllmbench.plugins.backbones.base import (
+    DiffusionBackbone,
+    check_temperature,
+    purpose_generator,
+    top_ranked,
+)
 from dllmbench.plugins.backbones.dream import categorical, filter_logits
 from dllmbench.plugins.backbones.kvstore import (
     Digests,
@@ -90,6 +95,7 @@ class BlockConfig:
             raise ValueError(f"remasking must be one of {', '.join(REMASKINGS)}")
         if self.block_length < 1:
             raise ValueError("block_length must be >= 1")
+        check_temperature(self.temperature)
         if self.temperature < 0 or not 0 < self.top_p <= 1:
             raise ValueError("need temperature >= 0 and 0 < top_p <= 1")
         if self.top_k is not None and self.top_k < 1:

@@ -27,7 +27,9 @@ from dllmbench.plugins.backbones.base import (
     Attention,
     BlockStep,
     DiffusionBackbone,
+    check_finite,
     check_parallel,
+    check_temperature,
     parallel_commits,
     top_ranked,
 )
@@ -75,6 +77,10 @@ class DreamConfig:
         check_cache(self.cache, self.block_length, self.attention)
         if self.alg not in ALGS:
             raise ValueError(f"alg must be one of {', '.join(ALGS)}, got {self.alg!r}")
+        check_temperature(self.temperature)
+        if self.alg_temp is not None:
+            works = "0 or None: the most confident positions, no draw; e.g. 0.5"
+            check_finite("alg_temp", self.alg_temp, works)
         if self.temperature < 0 or not 0 < self.top_p <= 1 or not 0 < self.eps < 1:
             raise ValueError("need temperature >= 0, 0 < top_p <= 1 and 0 < eps < 1")
         if self.block_length is not None and self.block_length < 1:

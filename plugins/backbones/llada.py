@@ -32,7 +32,9 @@ from dllmbench.plugins.backbones.base import (
     BlockStep,
     DiffusionBackbone,
     block_schedule,
+    check_finite,
     check_parallel,
+    check_temperature,
     parallel_commits,
     purpose_generator,
     top_ranked,
@@ -75,6 +77,8 @@ class LLaDAConfig:
         check_cache(self.cache, self.block_length, self.attention, self.cfg_scale)
         if self.remasking not in ("low_confidence", "random"):
             raise ValueError(f"remasking must be low_confidence or random, got {self.remasking!r}")
+        check_temperature(self.temperature)
+        check_finite("cfg_scale", self.cfg_scale, "0: no classifier-free guidance")
         if self.temperature < 0 or self.cfg_scale < 0:
             raise ValueError("temperature and cfg_scale must be >= 0")
         if self.block_length is not None and self.block_length < 1:

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal, get_args
@@ -74,6 +76,16 @@ class RewardConfig:
             asked = values[key]
             if asked is not None and asked not in choices:
                 raise ValueError(f"{key} must be one of {', '.join(choices)}, got {asked!r}")
+        for key, (ok, want) in BOUNDS.items():
+            asked = values[key]
+            if asked is not None and not (isinstance(asked, (int, float)) and ok(asked)):
+                raise ValueError(f"{key} must be {want} (default {DEFAULTS[key]}), got {asked!r}")
+        if self.target_modules is not None and not all(
+            self.target_modules.replace("+", ",").split(",")
+        ):
+            raise ValueError(
+                f"target_modules must name modules, e.g. q_proj+v_proj, got {self.target_modules!r}"
+            )
         if self.checkpoint is not None:  # a broken checkpoint is found before any model loads
             saved = read_checkpoint(Path(self.checkpoint), self.kind)
             for key in SETTINGS:  # and an option contradicting it (`--preset paper`'s pool_stop)
@@ -113,6 +125,13 @@ CHOICES = {
     "attention": get_args(Attention),
     "pooling": get_args(Pooling),
     "pool_stop": get_args(PoolStop),
+}
+# numbers a fresh adapter and head can be built with, and what they must be
+BOUNDS: dict[str, tuple[Callable[[float], bool], str]] = {
+    "lora_r": (lambda x: math.isfinite(x) and x >= 1 and x == int(x), "a whole number >= 1"),
+    "lora_alpha": (lambda x: math.isfinite(x) and x > 0, "a number > 0"),
+    "lora_dropout": (lambda x: 0 <= x < 1, "a number in [0, 1)"),
+    "head_width": (lambda x: math.isfinite(x) and x >= 1 and x == int(x), "a whole number >= 1"),
 }
 SETTINGS = (*DEFAULTS, "step_embedding")
 # settings added after checkpoints were made: a checkpoint without one was trained with this

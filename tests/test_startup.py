@@ -1,0 +1,141 @@
+"""The command line answers without torch: `--help`, `--version`, a command's `--help`, an
+argument error, `status` and `merge` import neither torch nor transformers (a command imports
+what it runs on inside `execute`), and the parsers' defaults come from the configuration
+dataclasses' source without importing their modules."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from dllmbench.cli import COMMANDS
+from dllmbench.cli.defaults import declared_default
+
+# One child process (a fresh sys.modules) runs every path in a row through `main`, as the
+# command does, and says after each which of torch and transformers it has imported.
+CHILD = textwrap.dedent(
+    """
+    import contextlib, io, json, sys
+    from dllmbench.cli import main
+
+    seen = []
+    for argv in json.loads(sys.argv[1]):
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(argv)
+            except SystemExit as exc:
+                code = exc.code
+        seen.append({
+            "argv": argv, "code": code, "out": out.getvalue(), "err": err.getvalue(),
+            "torch": "torch" in sys.modules, "transformers": "transformers" in sys.modules,
+        })
+    print(json.dumps(seen))
+    """
+)
+
+NAMES = [c.__name__.rsplit(".", 1)[-1].replace("_", "-") for c in COMMANDS]  # train-scorer
+HELP = [["--help"], ["--version"], *[[name, "--help"] for name in NAMES]]
+BAD = [
+    ["--no-such-flag"],
+    ["run", "--no-such-flag"],
+    ["run", "--budget", "many"],
+    ["plan", "--steps", "0"],
+    ["frobnicate"],
+    ["status"],
+]
+
+
+@pytest.fixture(scope="module")
+def seen(tmp_path_factory, finished_run_once) -> list[dict]:
+    """What each path did in the child, in order: help, errors, then status and merge of a
+    copy of the session's finished toy run."""
+    run_dir = tmp_path_factory.mktemp("startup") / "run"
+    shutil.copytree(finished_run_once, run_dir)
+    reads = [["status", str(run_dir)], ["status", str(run_dir), "--json"], ["merge", str(run_dir)]]
+    argv = [*HELP, *BAD, *reads]
+    child = subprocess.run(
+        [sys.executable, "-c", CHILD, json.dumps(argv)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert child.returncode == 0, child.stderr
+    return json.loads(child.stdout)
+
+
+def test_no_path_of_the_quick_answers_imports_torch_or_transformers(seen):
+    assert [s["argv"][0] for s in seen[-3:]] == ["status", "status", "merge"]
+    for step in seen:
+        assert not step["torch"], f"{step['argv']} imported torch"
+        assert not step["transformers"], f"{step['argv']} imported transformers"
+
+
+def test_help_and_version_answer_as_before(seen):
+    by = {tuple(s["argv"]): s for s in seen}
+    assert by[("--version",)]["code"] == 0 and by[("--version",)]["out"].startswith("dllmbench ")
+    assert by[("--help",)]["code"] == 0 and "run" in by[("--help",)]["out"]
+    for name in NAMES:
+        step = by[(name, "--help")]
+        assert step["code"] == 0 and step["out"].startswith("usage: dllmbench "), name
+    run_help = by[("run", "--help")]["out"]
+    assert "--gen-length" in run_help and "--max-problems" in run_help
+
+
+def test_argument_errors_stay_one_line_with_status_2(seen):
+    errors = [s for s in seen if s["argv"] in BAD]
+    assert len(errors) == len(BAD)
+    for step in errors:
+        lines = step["err"].strip().splitlines()
+        assert step["code"] == 2, step
+        assert len(lines) == 1 and lines[0].startswith("dllmbench: error: "), step["err"]
+
+
+def test_status_and_merge_read_the_run_as_before(seen):
+    status, as_json, merged = seen[-3:]
+    assert status["code"] == 0 and "16/16 records (100%)" in status["out"], status
+    assert as_json["code"] == 0 and json.loads(as_json["out"])["done"] == 16
+    assert merged["code"] == 0 and "merged: " in merged["out"], merged
+
+
+def test_a_declared_default_follows_a_constant_through_its_import():
+    from dllmbench.analysis.stats import RESAMPLES  # RunConfig's default, imported there
+    from dllmbench.cli.common import field_default
+    from dllmbench.running.runner import RunConfig
+
+    assert declared_default("dllmbench.running.runner.RunConfig", "resamples") == RESAMPLES
+    assert field_default(RunConfig, "resamples") == RESAMPLES
+
+
+def test_a_default_that_is_no_literal_or_constant_is_refused(tmp_path, monkeypatch):
+    (tmp_path / "computed_defaults.py").write_text(
+        textwrap.dedent(
+            """
+            from dataclasses import dataclass, field
+            import os
+
+            WIDTH = 8
+
+            @dataclass
+            class Config:
+                width: int = WIDTH
+                rate: float = field(default=2e-5)
+                cores: int = os.cpu_count()
+                names: list = field(default_factory=list)
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert declared_default("computed_defaults.Config", "width") == 8
+    assert declared_default("computed_defaults.Config", "rate") == 2e-5
+    with pytest.raises(TypeError, match="no literal"):
+        declared_default("computed_defaults.Config", "cores")
+    with pytest.raises(TypeError, match="default_factory"):
+        declared_default("computed_defaults.Config", "names")
+    with pytest.raises(KeyError):
+        declared_default("computed_defaults.Config", "missing")
