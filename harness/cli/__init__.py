@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import traceback
+from typing import Any
 
 from dllmbench import __version__
 from dllmbench.cli import (
@@ -74,6 +75,7 @@ def _reply(args: argparse.Namespace) -> int:
         print(json.dumps(reply.data, indent=2))
     else:
         reply.show(stdout_console())
+    sys.stdout.flush()  # a write that fails fails here, where it is handled
     return OK
 
 
@@ -101,17 +103,26 @@ def main(argv: list[str] | None = None) -> int:
         value = os.environ.get(name, "0")
         if not (value.isascii() and value.isdigit()):
             del os.environ[name]
+    if sys.stdout is None:  # `dllmbench … >&-`: nowhere to print
+        sys.stderr.write(
+            "dllmbench: error: stdout is closed; give the command somewhere to write\n"
+        )
+        return USER_ERROR
+    for stream in (sys.stdout, sys.stderr):  # `×` and `≈` on an ASCII terminal: `?`, no crash
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="replace")
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return USER_ERROR
     debug = _debugging(args)
-    from dllmbench.loading.manager import PluginSelection  # pluggy: once a command runs
-    from dllmbench.loading.registry import use_plugins
-
-    use_plugins(PluginSelection.from_environment(os.environ))
+    stdout, sys.stdout = sys.stdout, _Guarded(sys.stdout)
     try:
+        from dllmbench.loading.manager import PluginSelection  # pluggy: once a command runs
+        from dllmbench.loading.registry import use_plugins
+
+        use_plugins(PluginSelection.from_environment(os.environ))
         return _reply(args)
     except UserError as exc:
         return _error(f"error: {exc}", USER_ERROR, debug)
@@ -129,6 +140,41 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `dllmbench plugins --json | head`: the reader left; so do we
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return BROKEN_PIPE
+    except StdoutFailed as exc:  # `> /dev/full`: what is printed cannot be kept
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return _error(f"error: cannot write to stdout: {exc}", USER_ERROR)
+    finally:
+        sys.stdout = stdout
+
+
+class StdoutFailed(Exception):
+    """Writing to stdout failed (a full disk, `/dev/full`): not the command's fault."""
+
+
+class _Guarded:
+    """stdout, whose failures to write (but a reader that left) are `StdoutFailed`."""
+
+    def __init__(self, stream: Any):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise StdoutFailed(exc.strerror or str(exc)) from exc
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise StdoutFailed(exc.strerror or str(exc)) from exc
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 if __name__ == "__main__":

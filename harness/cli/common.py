@@ -94,10 +94,18 @@ def stdout_width() -> int | None:
         return 80
 
 
+class _Console(Console):
+    """rich's console, but a reader that left (`| head`) is Python's BrokenPipeError, which
+    `main` turns into status 141 (rich would exit with status 1)."""
+
+    def on_broken_pipe(self) -> None:
+        raise BrokenPipeError
+
+
 def stdout_console() -> Console:
     """The console of what a command prints for a person, `stdout_width()` wide; one with no
     limit prints every table in full."""
-    return Console(width=stdout_width() or UNLIMITED)
+    return _Console(width=stdout_width() or UNLIMITED)
 
 
 def table(

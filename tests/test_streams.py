@@ -1,0 +1,61 @@
+"""Where the command's output goes wrong: a reader that leaves (`| head`), a full device
+(`> /dev/full`), a closed stdout (`>&-`), an ASCII-only encoding. Each is the documented status
+and at most one line, never a traceback. The streams are the test's own (a pipe, /dev/full, a
+buffer), put in place of sys.stdout and sys.stderr for one call of `main`."""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+
+from conftest import TOY_RUN
+
+from dllmbench.cli import BROKEN_PIPE, USER_ERROR, main
+
+
+def _stderr(monkeypatch) -> io.StringIO:
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    return err
+
+
+def test_a_reader_that_left_is_status_141_and_says_nothing(monkeypatch):
+    err = _stderr(monkeypatch)
+    for argv in (["plugins"], ["plugins", "--json"]):  # rich alone would exit with 1
+        read, write = os.pipe()
+        os.close(read)  # `| head` that has read its lines
+        with open(write, "w") as stdout:
+            monkeypatch.setattr(sys, "stdout", stdout)
+            assert main(argv) == BROKEN_PIPE, argv
+    assert err.getvalue() == ""
+
+
+def test_a_full_device_is_one_line(monkeypatch):
+    err = _stderr(monkeypatch)
+    for argv in (["plugins"], ["plugins", "--json"]):
+        with open("/dev/full", "w") as stdout:
+            monkeypatch.setattr(sys, "stdout", stdout)
+            assert main(argv) == USER_ERROR, argv
+    lines = err.getvalue().splitlines()
+    assert lines == ["dllmbench: error: cannot write to stdout: No space left on device"] * 2
+
+
+def test_a_closed_stdout_is_one_line(monkeypatch):
+    err = _stderr(monkeypatch)
+    monkeypatch.setattr(sys, "stdout", None)
+    assert main(["plugins"]) == USER_ERROR
+    assert err.getvalue().count("\n") == 1 and "stdout is closed" in err.getvalue()
+
+
+def test_an_ascii_terminal_gets_the_run_with_question_marks(monkeypatch, tmp_path):
+    """The progress line's `×` (and the leaderboard's signs) on an ASCII-only stream: the run
+    completes, what cannot be shown is `?`."""
+    out, err = io.BytesIO(), io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(out, encoding="ascii"))
+    monkeypatch.setattr(sys, "stderr", io.TextIOWrapper(err, encoding="ascii"))
+    code = main([*TOY_RUN, "--out", str(tmp_path / "run")])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    assert code == 0, err.getvalue()
+    assert b"Vanilla" in out.getvalue() and b"?" in err.getvalue() + out.getvalue()
