@@ -244,6 +244,19 @@ def test_plugin_numbers_are_ascii_and_options_are_given_once(cli, finished_run, 
     assert snapshot(finished_run) == before
 
 
+@pytest.mark.parametrize(
+    "methods",
+    ["vanilla,vanilla", "vanilla,independent:n=1+first", "independent:n=1+first,vanilla"],
+)
+def test_a_method_listed_twice_runs_once_under_its_familys_name(cli, methods):
+    """A family and its own spec (in either order), or a family named twice, is one method."""
+    argv = ["plan", "--task", "arith", "--backbone", "tiny", "--budget", "64,128"]
+    result = cli(*argv, "--methods", methods, "--json")
+    assert result.code == 0, result.err
+    planned = [(m["id"], m["budgets"]) for m in json.loads(result.out)["methods"]]
+    assert planned == [("Vanilla", [64, 128])]
+
+
 def test_a_run_directory_given_twice_to_report(cli, finished_run):
     before = snapshot(finished_run)
     result = cli("report", finished_run, finished_run / ".." / finished_run.name)

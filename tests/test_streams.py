@@ -59,3 +59,17 @@ def test_an_ascii_terminal_gets_the_run_with_question_marks(monkeypatch, tmp_pat
     sys.stderr.flush()
     assert code == 0, err.getvalue()
     assert b"Vanilla" in out.getvalue() and b"?" in err.getvalue() + out.getvalue()
+
+
+def test_ctrl_c_while_a_command_loads_its_modules_is_one_line(monkeypatch):
+    """Ctrl-C in the first seconds (a command importing the plugins, torch): status 130, one
+    line, no traceback."""
+    from dllmbench.loading import registry
+
+    def interrupted(selection):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(registry, "use_plugins", interrupted)
+    err = _stderr(monkeypatch)
+    assert main(["plugins"]) == 130
+    assert err.getvalue() == "dllmbench: interrupted\n"

@@ -450,9 +450,26 @@ def _place(
 
 
 def _add(result: Plan, method: Method, budget: int, cost: dict[str, int]) -> None:
-    """Plan `method` at `budget`: a method already planned under its id carries one more
-    budget (the same method, run once); another method under the same id is an error."""
+    """Plan `method` at `budget`: a method already planned under its id, or (a spec without a
+    family) with its spec, carries one more budget (the same method, run once); another method
+    under the same id is an error."""
     same = next((p for p in result.methods if p.method.id == method.id), None)
+    text = method.spec.text()
+    twin = next(  # the same spec listed twice, once bare: run once, under the family's name
+        (
+            p
+            for p in result.methods
+            if p.method.spec.text() == text and None in (p.method.family, method.family)
+        ),
+        None,
+    )
+    if same is None and twin is not None:
+        if method.family is not None:  # the family's name wins over the bare spec
+            method.budgets = twin.method.budgets
+            twin.method = method
+        if budget not in twin.method.budgets:
+            twin.method.budgets += (budget,)
+        return
     if same is None:
         method.budgets = (budget,)
         result.methods.append(Planned(method, cost))
