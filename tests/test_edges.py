@@ -257,6 +257,13 @@ def test_a_method_listed_twice_runs_once_under_its_familys_name(cli, methods):
     assert planned == [("Vanilla", [64, 128])]
 
 
+def test_plan_refuses_an_unknown_scorer_as_run_does(cli, tmp_path):
+    argv = ["--task", "arith", "--backbone", "tiny", "--budget", "1024"]
+    methods = ["--methods", "prm_guided:scorer=nosuch"]
+    for result in (cli("plan", *argv, *methods), cli("run", *argv, *methods, "--out", tmp_path)):
+        assert_user_error(result, "scorer", "nosuch")  # plan accepted it before
+
+
 def test_a_run_directory_given_twice_to_report(cli, finished_run):
     before = snapshot(finished_run)
     result = cli("report", finished_run, finished_run / ".." / finished_run.name)
