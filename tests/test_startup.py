@@ -34,6 +34,7 @@ CHILD = textwrap.dedent(
         seen.append({
             "argv": argv, "code": code, "out": out.getvalue(), "err": err.getvalue(),
             "torch": "torch" in sys.modules, "transformers": "transformers" in sys.modules,
+            "scipy.stats": "scipy.stats" in sys.modules,
         })
     print(json.dumps(seen))
     """
@@ -74,6 +75,8 @@ def test_no_path_of_the_quick_answers_imports_torch_or_transformers(seen):
     for step in seen:
         assert not step["torch"], f"{step['argv']} imported torch"
         assert not step["transformers"], f"{step['argv']} imported transformers"
+        # half a second of import for a binomial law that scipy.special gives at once
+        assert not step["scipy.stats"], f"{step['argv']} imported scipy.stats"
 
 
 def test_help_and_version_answer_as_before(seen):

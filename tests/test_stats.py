@@ -14,6 +14,7 @@ from dllmbench.analysis.results import summarize
 from dllmbench.analysis.stats import (
     Discordant,
     Interval,
+    binomial_pmf,
     bootstrap_ci,
     entropy_bits,
     mcnemar_p,
@@ -181,6 +182,18 @@ def test_mcnemar_matches_scipy_binomtest(better, worse):
     p = mcnemar_p(Discordant(better, worse, 100))
     expected = 1.0 if better + worse == 0 else scipy.stats.binomtest(better, better + worse).pvalue
     assert p == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("n", [1, 7, 100, 1319])
+def test_the_binomial_law_is_scipys(n):
+    """The intervals' binomial law, computed without scipy.stats, equals scipy.stats' to 1e-9
+    relative wherever it is above 1e-300, for every share of ones, p = 0 and p = 1 included."""
+    k = np.arange(n + 1)
+    for c in range(n + 1):
+        want = scipy.stats.binom.pmf(k, n, c / n)
+        got = binomial_pmf(k, n, c / n)
+        assert got.sum() == pytest.approx(1.0)
+        assert np.allclose(got, want, rtol=1e-9, atol=1e-300), (n, c)
 
 
 def test_trinomial_law_of_many_problems_agrees_with_resampling():
