@@ -36,7 +36,9 @@ def demo(limit: int, spin: str, busy: bool, out: Path) -> tuple[float, float, fl
         argv = [sys.executable, "-m", "dllmbench", "run", "--limit", str(limit)]
         argv += ["--budget", "208", "--out", str(out)]
         start = time.perf_counter()
-        child = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL)
+        child = subprocess.Popen(
+            argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         _, status, usage = os.wait4(child.pid, 0)
         wall = time.perf_counter() - start
         if os.waitstatus_to_exitcode(status) != 0:

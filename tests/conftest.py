@@ -11,11 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from dllmbench.cli import main
+from dllmbench.cli import idle_threads_sleep, main
 from dllmbench.loading.manager import PluginSelection
 from dllmbench.loading.registry import Registry, registry, selection, use_plugins
 
 DOUBLES = "dllmbench.testing.doubles"
+
+# torch is not loaded yet: its threads here and in every child spin as briefly as the command's
+idle_threads_sleep()
 
 
 def pytest_configure(config):
@@ -35,6 +38,15 @@ def pytest_unconfigure(config):
 
 
 ENVIRONMENT = pytest.StashKey[pytest.MonkeyPatch]()
+
+
+@pytest.fixture(autouse=True)
+def _the_doubles_after_each_test():
+    """A test that runs a command in an environment of its own (`main` selects the plugins the
+    environment names) leaves the process-wide registry on the doubles again, whatever test
+    comes next in this process."""
+    yield
+    use_plugins(PluginSelection(modules=(DOUBLES,)))
 
 
 @pytest.fixture

@@ -52,7 +52,7 @@ DEMO = {
     "steps": 24,
     "gen_length": 32,
     "prompt": "fewshot",
-    "limit": 100,
+    "limit": 40,
 }
 # each demo model's own sampling protocol: `run` with no --task and one of these backbones (or
 # none: tiny) is the demo on it; with a --task (and no --preset), the run samples as the model

@@ -41,7 +41,9 @@ def execute(args: argparse.Namespace) -> Reply:
                 f"complete, but {', '.join(found.changed)} changed after results.json and "
                 f"compute.json were written; run dllmbench merge {found.path} again"
             )
-        console.print(f"{found.path}: {found.done}/{found.planned} records ({pct}%), {state}{eta}")
+        # never cut into lines: the path and the command it names are copied whole
+        line = f"{found.path}: {found.done}/{found.planned} records ({pct}%), {state}{eta}"
+        console.print(line, soft_wrap=True)
         if found.chunks is not None:
             c = found.chunks
             console.print(
