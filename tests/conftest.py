@@ -3,6 +3,8 @@ checks them too and the engine tests have a backbone, a task and a scorer."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import shutil
 import subprocess
 import sys
@@ -165,6 +167,29 @@ def finished_run_once(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("finished") / "run"
     assert main([*map(str, TOY_RUN), "--out", str(out)]) == 0
     return out
+
+
+@dataclass(frozen=True)
+class DemoRun:
+    cwd: Path  # the folder it ran in
+    path: Path  # the run directory it wrote (under cwd/runs)
+    out: str  # what it printed
+
+
+@pytest.fixture(scope="session")
+def demo_of_three(tmp_path_factory) -> DemoRun:
+    """`dllmbench run --limit 3` as a newcomer types it, once per session: the shipped demo,
+    every family at both budgets, written under runs/ of the folder it ran in, with the user's
+    plugins (no doubles). Tests that write next to it take a copy."""
+    cwd = tmp_path_factory.mktemp("demo")
+    printed = io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(printed):
+        patch.chdir(cwd)
+        patch.delenv("DLLMBENCH_PLUGIN_MODULES", raising=False)
+        code = main(["run", "--limit", "3"])
+    assert code == 0
+    (path,) = (cwd / "runs").iterdir()
+    return DemoRun(cwd, path, printed.getvalue())
 
 
 @pytest.fixture

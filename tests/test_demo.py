@@ -12,7 +12,6 @@ from conftest import assert_user_error, snapshot
 import dllmbench
 import dllmbench.demo
 import dllmbench.plugins
-from dllmbench.cli import main
 from dllmbench.cli.run import DEMO
 from dllmbench.demo import CONTROL_SCORERS, DEMO_TASK, SCORER_KINDS, TASK_CONFIG, TINY_DIR
 from dllmbench.loading.registry import registry
@@ -78,17 +77,14 @@ def test_the_package_ships_the_demo_model_and_its_scorers():
 
 
 @pytest.mark.slow
-def test_run_without_arguments_runs_every_family_of_the_demo(tmp_path, capsys, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    assert main(["run", "--limit", "3"]) == 0
-    out = capsys.readouterr().out
+def test_run_without_arguments_runs_every_family_of_the_demo(demo_of_three):
     for label in FAMILIES:
-        assert label in out, label
-    runs = list((tmp_path / "runs").iterdir())
-    assert len(runs) == 1
-    results = json.loads((runs[0] / "results.json").read_text())
+        assert label in demo_of_three.out, label
+    assert list((demo_of_three.cwd / "runs").iterdir()) == [demo_of_three.path]
+    results = json.loads((demo_of_three.path / "results.json").read_text())
     assert [m["id"] for m in results["methods"] if m["budget"] == 208] == list(FAMILIES)
     assert results["budgets"] == [208, 832] and results["budget"] == 832  # and four times it
+    assert {m["problems"] for m in results["methods"]} == {3}
     for m in results["methods"]:  # a capped method may spend less than its plan, never more
         spent, planned = m["passes_per_problem"], m["planned_passes"]
         assert spent == planned or (m["capped"] and spent <= planned), m
