@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from dllmbench.cli import idle_threads_sleep, main
+from dllmbench.cli import main, spin_briefly
 from dllmbench.loading.manager import PluginSelection
 from dllmbench.loading.registry import Registry, registry, selection, use_plugins
 
 DOUBLES = "dllmbench.testing.doubles"
 
 # torch is not loaded yet: its threads here and in every child spin as briefly as the command's
-idle_threads_sleep()
+spin_briefly()
 
 
 def pytest_configure(config):
@@ -66,8 +66,7 @@ def registry_with(monkeypatch):
         use_plugins(selection)
         return registry()
 
-    yield use
-    use_plugins(PluginSelection(modules=(DOUBLES,)))
+    return use  # the doubles alone again after the test: `_the_doubles_after_each_test`
 
 
 def toy_argv(size: int, backbone: str = "toy", prm: bool = True) -> list[str]:

@@ -41,7 +41,7 @@ COMMANDS = (run, merge, status, report, plan, plugins, tasks, collect, train_sco
 
 # exit statuses (docs/user-guide.md)
 OK, USER_ERROR, INTERRUPTED, BROKEN_PIPE, TERMINATED = 0, 2, 130, 141, 143
-# OpenMP spin-waits before a torch thread sleeps (`idle_threads_sleep`)
+# OpenMP spin-waits before a torch thread sleeps (`spin_briefly`)
 SPIN_COUNT = "3000"
 
 __all__ = ["COMMANDS", "Reply", "build_parser", "main"]
@@ -96,12 +96,12 @@ def _debugging(args: argparse.Namespace) -> bool:
     )
 
 
-def idle_threads_sleep() -> None:
+def spin_briefly() -> None:
     """torch's CPU threads (OpenMP) wait for the next parallel region by spinning about 30 µs
     (GOMP_SPINCOUNT=3000) before they sleep, instead of OpenMP's own 3 ms, unless
     OMP_WAIT_POLICY or GOMP_SPINCOUNT says otherwise. On cores busy with other work a spinning
-    thread burns the time its sibling needs to reach the barrier: the demo cost 1.5-1.8x its
-    CPU-seconds beside two spinning processes, 1.16x now; on idle cores the forward is as fast
+    thread burns the time its sibling needs to reach the barrier: beside two spinning processes
+    the demo cost 3.5 times its idle CPU-seconds, 1.1 now, and on idle cores it is as fast
     (benchmarks/bench_busy.py). Read once, when torch loads: so before any command imports it."""
     if "torch" not in sys.modules and not {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"} & set(os.environ):
         os.environ["GOMP_SPINCOUNT"] = SPIN_COUNT
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     fault (its contract broken, or an exception raised in its code) or a failed ledger check;
     130 interrupted (Ctrl-C), 143 terminated (SIGTERM). 2 and 3 are one line, with the
     traceback under --debug."""
-    idle_threads_sleep()
+    spin_briefly()
     for name in ("COLUMNS", "LINES"):  # a size that is no number (`²`) is ignored, not a crash
         value = os.environ.get(name, "0")
         if not (value.isascii() and value.isdigit()):
