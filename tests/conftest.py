@@ -4,7 +4,9 @@ checks them too and the engine tests have a backbone, a task and a scorer."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import io
+import os
 import shutil
 import subprocess
 import sys
@@ -21,6 +23,19 @@ DOUBLES = "dllmbench.testing.doubles"
 
 # torch is not loaded yet: its threads here and in every child spin as briefly as the command's
 spin_briefly()
+
+
+def share_the_cores() -> None:
+    """Under xdist (`-n auto`) each worker's torch, and every child it starts, takes its share
+    of the cores instead of all of them: N workers of all the cores each would fight over
+    them. Set before torch loads (the environment is read once); a given OMP_NUM_THREADS wins."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+        share = max(1, len(os.sched_getaffinity(0)) // workers)
+        os.environ["OMP_NUM_THREADS"] = str(share)
+
+
+share_the_cores()
 
 
 def pytest_configure(config):
@@ -175,20 +190,38 @@ class DemoRun:
     out: str  # what it printed
 
 
+DEMO_PROBLEMS = 6  # the session's demo run: `dllmbench run --limit 6`
+
+
+def shared_by_the_workers(factory: pytest.TempPathFactory) -> Path:
+    """The folder every process of this session sees: the base temp folder, or under xdist
+    (`-n auto`) its parent, which the workers share."""
+    base = factory.getbasetemp()
+    return base.parent if "PYTEST_XDIST_WORKER" in os.environ else base
+
+
 @pytest.fixture(scope="session")
-def demo_of_three(tmp_path_factory) -> DemoRun:
-    """`dllmbench run --limit 3` as a newcomer types it, once per session: the shipped demo,
-    every family at both budgets, written under runs/ of the folder it ran in, with the user's
-    plugins (no doubles). Tests that write next to it take a copy."""
-    cwd = tmp_path_factory.mktemp("demo")
-    printed = io.StringIO()
-    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(printed):
-        patch.chdir(cwd)
-        patch.delenv("DLLMBENCH_PLUGIN_MODULES", raising=False)
-        code = main(["run", "--limit", "3"])
-    assert code == 0
+def demo_run(tmp_path_factory) -> DemoRun:
+    """`dllmbench run --limit 6` as a newcomer types it, once per session (the first worker
+    to ask runs it, under a lock; the others wait and read it): the shipped demo, every family
+    at both budgets, written under runs/ of the folder it ran in, with the user's plugins (no
+    doubles). Tests that write next to it take a copy."""
+    home = shared_by_the_workers(tmp_path_factory) / "demo"
+    cwd, printed = home / "cwd", home / "printed.txt"
+    with open(f"{home}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not printed.exists():  # written last: a run that failed leaves none
+            shutil.rmtree(home, ignore_errors=True)
+            cwd.mkdir(parents=True)
+            out = io.StringIO()
+            with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out):
+                patch.chdir(cwd)
+                patch.delenv("DLLMBENCH_PLUGIN_MODULES", raising=False)
+                code = main(["run", "--limit", str(DEMO_PROBLEMS)])
+            assert code == 0
+            printed.write_text(out.getvalue())
     (path,) = (cwd / "runs").iterdir()
-    return DemoRun(cwd, path, printed.getvalue())
+    return DemoRun(cwd, path, printed.read_text())
 
 
 @pytest.fixture

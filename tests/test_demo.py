@@ -7,7 +7,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from conftest import assert_user_error, snapshot
+from conftest import DEMO_PROBLEMS, assert_user_error, snapshot
 
 import dllmbench
 import dllmbench.demo
@@ -77,14 +77,14 @@ def test_the_package_ships_the_demo_model_and_its_scorers():
 
 
 @pytest.mark.slow
-def test_run_without_arguments_runs_every_family_of_the_demo(demo_of_three):
+def test_run_without_arguments_runs_every_family_of_the_demo(demo_run):
     for label in FAMILIES:
-        assert label in demo_of_three.out, label
-    assert list((demo_of_three.cwd / "runs").iterdir()) == [demo_of_three.path]
-    results = json.loads((demo_of_three.path / "results.json").read_text())
+        assert label in demo_run.out, label
+    assert list((demo_run.cwd / "runs").iterdir()) == [demo_run.path]
+    results = json.loads((demo_run.path / "results.json").read_text())
     assert [m["id"] for m in results["methods"] if m["budget"] == 208] == list(FAMILIES)
     assert results["budgets"] == [208, 832] and results["budget"] == 832  # and four times it
-    assert {m["problems"] for m in results["methods"]} == {3}
+    assert {m["problems"] for m in results["methods"]} == {DEMO_PROBLEMS}
     for m in results["methods"]:  # a capped method may spend less than its plan, never more
         spent, planned = m["passes_per_problem"], m["planned_passes"]
         assert spent == planned or (m["capped"] and spent <= planned), m

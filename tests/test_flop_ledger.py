@@ -19,11 +19,12 @@ from dllmbench.cli.argtypes import budgets
 from dllmbench.core.errors import OverCap
 from dllmbench.core.flops import Flops, ModelShape, Work, flops, format_flops, shape_of
 from dllmbench.core.ledger import Ledger
-from dllmbench.demo import TINY_DIR
+from dllmbench.demo import TASK_CONFIG, TINY_DIR
 from dllmbench.execution import engine
 from dllmbench.plugins.backbones.base import DiffusionBackbone
 from dllmbench.plugins.methods import FAMILIES
 from dllmbench.plugins.scorers.reward import RewardScorer
+from dllmbench.tasks.arith import Arith
 
 FIXTURE = Path(__file__).parent / "fixtures" / "demo30_decisions.json.gz"
 
@@ -248,20 +249,29 @@ def test_recorded_flops_equal_a_hand_count_of_what_the_model_computed(
 # -- what came before ---------------------------------------------------------------------------
 
 
+PART = 10  # problems per test of the 30 recorded: three tests that can run side by side
+
+
 @pytest.mark.slow
-def test_the_families_of_before_decide_and_spend_as_they_did(tmp_path):
+@pytest.mark.parametrize("first", range(0, 30, PART))
+def test_the_families_of_before_decide_and_spend_as_they_did(tmp_path, monkeypatch, first):
     """The demo's first 30 problems at both budgets, every family that existed before the FLOP
     ledger: each (problem, method) selects the same candidate, answers and grades the same,
     spends the same passes by kind and holds the same candidates (texts, answers, lineage,
-    settings, edits) as the run recorded in tests/fixtures before the change."""
+    settings, edits) as the run recorded in tests/fixtures before the change. Ten problems
+    per test (problems `first` to `first + 9`): a row's noise comes from its problem's id,
+    not from the problems run beside it."""
     import hashlib
 
     recorded = json.loads(gzip.decompress(FIXTURE.read_bytes()))["records"]
     families = [
         name for name, _, _ in FAMILIES if name not in ("adaptive_consistency", "threshold")
     ]
+    problems = Arith.problems
+    part = problems(Arith(**TASK_CONFIG), "test")[first : first + PART]
+    monkeypatch.setattr(Arith, "problems", lambda self, split: problems(self, split)[first:][:PART])
     out = tmp_path / "run"
-    argv = ["run", "--limit", "30", "--methods", ",".join(families), "--out", str(out)]
+    argv = ["run", "--methods", ",".join(families), "--out", str(out)]
     assert main([*argv, "--json"]) == 0
     seen = 0
     for line in (out / "samples.jsonl").open():
@@ -281,4 +291,6 @@ def test_the_families_of_before_decide_and_spend_as_they_did(tmp_path):
         }
         assert got == want, (r["method"], r["problem"])
         seen += 1
-    assert seen == sum(len(v) for v in recorded.values()) == 1050
+    ids = {p.id for p in part}
+    assert len(ids) == PART and all(ids <= set(by_problem) for by_problem in recorded.values())
+    assert seen == len(recorded) * PART == 350

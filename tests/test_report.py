@@ -336,10 +336,10 @@ def test_report_json_has_exactly_the_keys_of_the_schema_and_its_doc(reported):
 
 
 @pytest.mark.slow
-def test_demo_at_two_budgets_reports_every_table_and_figure(tmp_path, cli, demo_of_three):
-    """The shipped demo (`dllmbench run --limit 3`: budgets 208 and 832) and its report."""
+def test_demo_at_two_budgets_reports_every_table_and_figure(tmp_path, cli, demo_run):
+    """The shipped demo (`dllmbench run --limit 6`: budgets 208 and 832) and its report."""
     run = tmp_path / "demo"
-    shutil.copytree(demo_of_three.path, run)
+    shutil.copytree(demo_run.path, run)
     result = cli("report", run)
     assert result.code == 0, result.err
     out = run / "report"

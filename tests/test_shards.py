@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import assert_user_error, cli_subprocess, toy_argv
+from conftest import DEMO_PROBLEMS, assert_user_error, cli_subprocess, toy_argv
 from test_rundir import assert_same_records
 
 from dllmbench.core.errors import UserError
@@ -796,17 +796,16 @@ def test_sigterm_saves_and_says_so(tmp_path):
     assert json.loads((out / "heartbeat.json").read_text())["state"] == "stopped"
 
 
-def test_the_demo_launched_on_two_processes_equals_one_process(tmp_path):
-    """`torchrun --nproc_per_node 2 -m dllmbench run --limit 6` against `dllmbench run
-    --limit 6`: the shipped model, every family at both demo budgets."""
+def test_the_demo_launched_on_two_processes_equals_one_process(tmp_path, demo_run):
+    """`torchrun --nproc_per_node 2 -m dllmbench run --limit 6` against the session's `dllmbench
+    run --limit 6` in one process: the shipped model, every family at both demo budgets."""
     env = child_env()
     env.pop("DLLMBENCH_PLUGIN_MODULES")
-    single = cli_subprocess("run", "--limit", "6", "--out", tmp_path / "B", env=env, timeout=900)
-    assert single.code == 0, single.err
-    proc = torchrun("run", "--limit", "6", "--out", tmp_path / "A", env=env, cwd=tmp_path)
+    limit = str(DEMO_PROBLEMS)
+    proc = torchrun("run", "--limit", limit, "--out", tmp_path / "A", env=env, cwd=tmp_path)
     _, stderr = proc.communicate(timeout=900)
     assert proc.returncode == 0, stderr
-    a, b = RunDir(tmp_path / "A"), RunDir(tmp_path / "B")
+    a, b = RunDir(tmp_path / "A"), RunDir(demo_run.path)
     # A row's float32 scores depend on the width its batch is padded to (SDPA's reductions
     # run over it), and the processes' batches hold other neighbours: the demo's scorer logits
     # differ by up to 2.4e-6 (1e-6 relative would be 1e-7 on a logit of 0.1)
