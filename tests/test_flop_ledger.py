@@ -268,8 +268,11 @@ def test_the_families_of_before_decide_and_spend_as_they_did(tmp_path, monkeypat
         name for name, _, _ in FAMILIES if name not in ("adaptive_consistency", "threshold")
     ]
     problems = Arith.problems
-    part = problems(Arith(**TASK_CONFIG), "test")[first : first + PART]
-    monkeypatch.setattr(Arith, "problems", lambda self, split: problems(self, split)[first:][:PART])
+
+    def part(self: Arith, split: str) -> list:
+        return problems(self, split)[first : first + PART]
+
+    monkeypatch.setattr(Arith, "problems", part)
     out = tmp_path / "run"
     argv = ["run", "--methods", ",".join(families), "--out", str(out)]
     assert main([*argv, "--json"]) == 0
@@ -291,6 +294,6 @@ def test_the_families_of_before_decide_and_spend_as_they_did(tmp_path, monkeypat
         }
         assert got == want, (r["method"], r["problem"])
         seen += 1
-    ids = {p.id for p in part}
+    ids = {p.id for p in part(Arith(**TASK_CONFIG), "test")}
     assert len(ids) == PART and all(ids <= set(by_problem) for by_problem in recorded.values())
     assert seen == len(recorded) * PART == 350
