@@ -141,6 +141,7 @@ def beside_majority(tiny):
     return records[majority], records[adaptive]
 
 
+@pytest.mark.slow
 def test_adaptive_spends_less_than_its_cap_and_never_more(beside_majority):
     majority, adaptive = beside_majority
     cap = N * DEMO["steps"]
@@ -150,6 +151,7 @@ def test_adaptive_spends_less_than_its_cap_and_never_more(beside_majority):
     assert all(r["ledger"]["total_passes"] == cap for r in majority)
 
 
+@pytest.mark.slow
 def test_adaptive_pools_are_majority_pools_cut_short(beside_majority):
     """Common random numbers: adaptive's m candidates are Majority@n's first m."""
     majority, adaptive = beside_majority
@@ -160,6 +162,7 @@ def test_adaptive_pools_are_majority_pools_cut_short(beside_majority):
         assert record["info"]["drawn"][-1] == len(drawn)
 
 
+@pytest.mark.slow
 def test_adaptive_accuracy_lies_within_majoritys_interval(beside_majority):
     majority, adaptive = beside_majority
     interval = bootstrap_ci(np.array([r["correct"] for r in majority], np.float64))
@@ -224,6 +227,7 @@ def test_threshold_rows_carry_their_setting():
     assert Threshold(n=4).cost(24) == {"denoise": 96} and Threshold.capped
 
 
+@pytest.mark.slow
 def test_threshold_records_show_the_setting_and_spend_within_the_cap(tiny):
     """On the demo backbone rows end once their canvas fills: every record spends at most
     n·T, and less on average; each candidate's settings show its threshold."""

@@ -31,6 +31,7 @@ def test_one_order_gets_its_column_and_both_their_ratio():
     assert both[-2:] == ["same decisions: True", "same accuracies: True"]
 
 
+@pytest.mark.slow
 def test_the_demo_benchmark_runs_one_order(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["bench_demo.py", "--limit", "1", "--order", "after"])
     _bench().main()

@@ -230,6 +230,7 @@ print(kept, resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before)
 """
 
 
+@pytest.mark.slow
 def test_freed_memory_is_kept_for_the_next_forward():
     """On Linux with glibc the thresholds are raised: blocks a forward held together and freed
     stay mapped, so ten more forwards fault in fewer pages than one forward's blocks hold

@@ -286,9 +286,13 @@ def test_kit_fails_the_double_readably(kit_doubles, check, name, pattern):
 
 
 STRATEGY_CHECKS = [n for n in dir(contracts) if n.startswith("test_strategy_")]
+IN_CHILDREN = {"test_strategy_same_result_in_another_process"}  # starts two processes
 
 
-@pytest.mark.parametrize("check", STRATEGY_CHECKS)
+@pytest.mark.parametrize(
+    "check",
+    [pytest.param(c, marks=pytest.mark.slow) if c in IN_CHILDREN else c for c in STRATEGY_CHECKS],
+)
 def test_kit_passes_the_honest_strategy(kit_doubles, check):
     """The doubles differ from this one in one place each, so each failure above is theirs."""
     try:

@@ -278,6 +278,7 @@ def _collect(cli, out: Path) -> None:
     assert result.code == 0, result.err
 
 
+@pytest.mark.slow
 def test_diagnose_runs_every_control_on_the_demo_scorers(cli, tmp_path):
     collection = tmp_path / "collection"
     _collect(cli, collection)

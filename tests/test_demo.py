@@ -239,6 +239,7 @@ def test_the_demo_gates_and_findings_hold(tmp_path, cli):
     assert acc["PRM Rerank@8"] < acc["Random Rerank@8"], acc
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["tiny", "tiny-block"])
 def test_the_demo_runs_in_bfloat16_with_the_scorers_trained_in_float32(tmp_path, cli, model):
     """A GPU runs the demo in bfloat16: the shipped PRM and ORM, trained on the float32 model,

@@ -135,6 +135,7 @@ def test_run_with_the_block_model_and_no_task_is_the_block_demo():
     assert (tiny.backbone, tiny.sampling.total_steps) == ("tiny", DEMO["steps"])
 
 
+@pytest.mark.slow
 def test_every_family_runs_on_the_block_demo_at_a_flop_budget_and_reports(tmp_path, cli):
     """Every built-in family on the block model, matched in FLOPs, each within its share; and
     the report reads the run."""

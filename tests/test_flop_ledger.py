@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_user_error
+from conftest import DEMO_PROBLEMS, assert_user_error
 from transformers import Qwen2Config, Qwen2ForCausalLM
 from transformers.models.qwen2 import modeling_qwen2
 
@@ -249,36 +249,23 @@ def test_recorded_flops_equal_a_hand_count_of_what_the_model_computed(
 # -- what came before ---------------------------------------------------------------------------
 
 
-PART = 10  # problems per test of the 30 recorded: three tests that can run side by side
+RECORDED = 30  # the recording's problems: the session's demo run holds the first ones
+PART = 8  # problems per test of the rest: three tests that can run side by side
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("first", range(0, 30, PART))
-def test_the_families_of_before_decide_and_spend_as_they_did(tmp_path, monkeypatch, first):
-    """The demo's first 30 problems at both budgets, every family that existed before the FLOP
-    ledger: each (problem, method) selects the same candidate, answers and grades the same,
-    spends the same passes by kind and holds the same candidates (texts, answers, lineage,
-    settings, edits) as the run recorded in tests/fixtures before the change. Ten problems
-    per test (problems `first` to `first + 9`): a row's noise comes from its problem's id,
-    not from the problems run beside it."""
+def _as_recorded(samples: Path, recorded: dict) -> tuple[int, set[str]]:
+    """Every record of `samples` whose method the recording holds: it selects the same
+    candidate, answers and grades the same, spends the same passes by kind and holds the same
+    candidates (texts, keys, lineage, settings, edits). The records compared, and the methods
+    left out (families the recording predates)."""
     import hashlib
 
-    recorded = json.loads(gzip.decompress(FIXTURE.read_bytes()))["records"]
-    families = [
-        name for name, _, _ in FAMILIES if name not in ("adaptive_consistency", "threshold")
-    ]
-    problems = Arith.problems
-
-    def part(self: Arith, split: str) -> list:
-        return problems(self, split)[first : first + PART]
-
-    monkeypatch.setattr(Arith, "problems", part)
-    out = tmp_path / "run"
-    argv = ["run", "--methods", ",".join(families), "--out", str(out)]
-    assert main([*argv, "--json"]) == 0
-    seen = 0
-    for line in (out / "samples.jsonl").open():
+    seen, others = 0, set()
+    for line in samples.open():
         r = json.loads(line)
+        if r["method"] not in recorded:
+            others.add(r["method"])
+            continue
         want = recorded[r["method"]][r["problem"]]
         candidates = [
             [c["text"], c["key"], c["lineage"], c.get("settings"), c.get("edits")]
@@ -294,6 +281,49 @@ def test_the_families_of_before_decide_and_spend_as_they_did(tmp_path, monkeypat
         }
         assert got == want, (r["method"], r["problem"])
         seen += 1
+    return seen, others
+
+
+def _recorded() -> dict:
+    return json.loads(gzip.decompress(FIXTURE.read_bytes()))["records"]
+
+
+def test_the_demo_run_decides_and_spends_as_recorded(demo_run):
+    """The session's demo run (`dllmbench run --limit 6`, every family at both budgets) on
+    its problems, against the run recorded in tests/fixtures before the FLOP ledger: every
+    family that existed then decides and spends as it did, beside the families that came
+    after it (adaptive consistency, confidence thresholds), which it leaves out."""
+    recorded = _recorded()
+    seen, others = _as_recorded(demo_run.path / "samples.jsonl", recorded)
+    assert seen == len(recorded) * DEMO_PROBLEMS == 35 * DEMO_PROBLEMS
+    methods = json.loads((demo_run.path / "results.json").read_text())["methods"]
+    newer = {m["id"] for m in methods if m["family"] in ("adaptive_consistency", "threshold")}
+    assert len(newer) == 4 and others == newer
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("first", range(DEMO_PROBLEMS, RECORDED, PART))
+def test_the_families_of_before_decide_and_spend_as_they_did(tmp_path, monkeypatch, first):
+    """The rest of the demo's first 30 problems at both budgets, every family that existed
+    before the FLOP ledger, against the run recorded in tests/fixtures before the change (as
+    `test_the_demo_run_decides_and_spends_as_recorded` does for the first ones). Eight
+    problems per test (problems `first` to `first + 7`): a row's noise comes from its
+    problem's id, not from the problems run beside it."""
+    recorded = _recorded()
+    families = [
+        name for name, _, _ in FAMILIES if name not in ("adaptive_consistency", "threshold")
+    ]
+    problems = Arith.problems
+
+    def part(self: Arith, split: str) -> list:
+        return problems(self, split)[first : first + PART]
+
+    monkeypatch.setattr(Arith, "problems", part)
+    out = tmp_path / "run"
+    argv = ["run", "--methods", ",".join(families), "--out", str(out)]
+    assert main([*argv, "--json"]) == 0
+    seen, others = _as_recorded(out / "samples.jsonl", recorded)
+    assert not others
     ids = {p.id for p in part(Arith(**TASK_CONFIG), "test")}
     assert len(ids) == PART and all(ids <= set(by_problem) for by_problem in recorded.values())
-    assert seen == len(recorded) * PART == 350
+    assert seen == len(recorded) * PART == 35 * PART

@@ -221,6 +221,7 @@ def peak_added(tokens: int, rows: int) -> int:
 LINUX = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
 
 
+@pytest.mark.slow
 @LINUX
 def test_the_mask_at_16384_tokens_is_built_in_under_100_mb():
     """Measured in a fresh process: how much its peak resident memory grows while the mask of
@@ -228,6 +229,7 @@ def test_the_mask_at_16384_tokens_is_built_in_under_100_mb():
     assert 0 <= peak_added(16384, 26) < 100 * 2**20
 
 
+@pytest.mark.slow
 @LINUX
 def test_the_sizing_bound_covers_the_measured_build():
     """At 131,072 tokens (1,024 blocks, where the [blocks, blocks] tensors dominate) the build

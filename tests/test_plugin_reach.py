@@ -248,6 +248,7 @@ def test_the_same_plugin_charging_its_own_rows_runs(tmp_path, cli, registry_with
     assert spent["re_owns:n=4,to=self+majority"] == 32
 
 
+@pytest.mark.slow
 def test_the_contract_kit_fails_a_pool_ordered_by_hash(registry_with, monkeypatch):
     from dllmbench.testing import contracts
 

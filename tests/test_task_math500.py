@@ -109,6 +109,7 @@ def test_answer_keys():
     assert normalize("3") != normalize("-3")
 
 
+@pytest.mark.slow
 def test_a_grade_that_runs_too_long_counts_wrong_within_its_limit():
     task = Math500(data=str(DATA), timeout=1.0, workers=1)
     try:

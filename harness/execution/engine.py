@@ -224,6 +224,12 @@ class Engine:
         self.shapes: dict[str, ModelShape | None] = {"denoise": model_shape(backbone)}
         for name, scorer in scorers.items():
             self.shapes[f"score:{name}"] = model_shape(scorer)
+        # who counts its own work: runtime Protocol checks, asked once rather than per forward
+        self._step_work = backbone if isinstance(backbone, CountsStepWork) else None
+        self._packs = backbone if isinstance(backbone, CountsTokens) else None
+        self._score_work = {
+            name: scorer for name, scorer in scorers.items() if isinstance(scorer, CountsScoreWork)
+        }
         # a method's cost is a cap when its strategy says so or rows may end early
         self.capped = {m.id for m in methods if capped(m, backbone)}
         self._early: dict[Any, bool] = {}  # a row's settings → whether it may end early
@@ -440,19 +446,18 @@ class Engine:
         (`CountsStepWork`, `CountsScoreWork`), else a bidirectional forward over the row with
         the head at every position (denoising) or once (scoring)."""
         if isinstance(call, StepBatch):
-            if isinstance(self.backbone, CountsStepWork):
-                return list(self.backbone.step_work(call))
+            if self._step_work is not None:
+                return list(self._step_work.step_work(call))
             return [Work.full(len(t)) for t in call.tokens]
-        scorer = self.scorers[call.scorer] if isinstance(call, _Scoring) else None
-        if isinstance(scorer, CountsScoreWork):
-            return list(scorer.score_work(call.batch))
+        if isinstance(call, _Scoring) and call.scorer in self._score_work:
+            return list(self._score_work[call.scorer].score_work(call.batch))
         return [Work.full(len(t), head=1) for t in call.tokens]
 
     def _computed_tokens(self, kind: str, widths: list[int]) -> int:
         """Tokens one forward over rows of these widths computed: the backbone's own count
         when it packs rows (`CountsTokens`), else rows × the widest row."""
-        if kind == "denoise" and isinstance(self.backbone, CountsTokens):
-            return self.backbone.computed_tokens(widths)
+        if kind == "denoise" and self._packs is not None:
+            return self._packs.computed_tokens(widths)
         return len(widths) * max(widths)
 
     def _batch(self, like: Wait, items: list[tuple[Any, int]]) -> StepBatch | _Scoring:

@@ -97,6 +97,8 @@ def _least_padding(ascending: Sequence[int], rows: int) -> list[list[int]]:
     (⌈n / rows⌉), contiguous, so that Σ batch size × its last (widest) length is least: a
     dynamic programme over (batches, rows covered), one vector step per batch size."""
     n = len(ascending)
+    if n <= rows:  # one batch holds them all: the only cut
+        return [list(range(n))]
     widths = np.asarray(ascending, dtype=np.int64)
     never = np.iinfo(np.int64).max // 4
     best = np.full(n + 1, never, dtype=np.int64)

@@ -11,6 +11,7 @@ milliseconds. Register them with DLLMBENCH_PLUGIN_MODULES=dllmbench.testing.doub
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import math
 import random
@@ -38,6 +39,12 @@ def encode_text(text: str) -> list[int]:
 
 def intended(prompt_ids: Sequence[int], gen_length: int) -> list[int]:
     """What the toy model means to write after a prompt ending in `a+b=`: the sum, then EOS."""
+    return list(_intended(tuple(prompt_ids), gen_length))
+
+
+@functools.lru_cache(maxsize=4096)
+def _intended(prompt_ids: tuple[int, ...], gen_length: int) -> tuple[int, ...]:
+    """`intended`, once per prompt: every row-step of a problem asks it again."""
     text = "".join(ALPHABET[i] for i in prompt_ids)
     question = text.rstrip().rsplit("\n", 1)[-1].rstrip("=").split(":")[-1].strip()
     try:
@@ -45,8 +52,7 @@ def intended(prompt_ids: Sequence[int], gen_length: int) -> list[int]:
         answer = str(a + b)
     except ValueError:
         answer = ""
-    target = encode_text(answer) + [EOS] * gen_length
-    return target[:gen_length]
+    return tuple((encode_text(answer) + [EOS] * gen_length)[:gen_length])
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,7 @@ class ToyBackbone:
 
     def __init__(self, **config):
         self.config = ToyBackboneConfig(**config)
+        self._configs: dict[tuple, ToyBackboneConfig] = {}  # by a row's settings
 
     def encode(self, prompt: Prompt) -> list[int]:
         text = (
@@ -109,6 +116,19 @@ class ToyBackbone:
         c = dataclasses.replace(self.config, **settings)
         return c.threshold is not None or c.factor is not None
 
+    def _with(self, settings) -> ToyBackboneConfig:
+        """The config a row's settings make (made once per distinct settings)."""
+        if not settings:
+            return self.config
+        try:
+            key = tuple(sorted(settings.items()))
+            hash(key)
+        except TypeError:  # an unhashable value: made each time
+            return dataclasses.replace(self.config, **settings)
+        if key not in self._configs:
+            self._configs[key] = dataclasses.replace(self.config, **settings)
+        return self._configs[key]
+
     def denoise_step(self, batch: StepBatch) -> list[torch.Tensor]:
         return [tokens for tokens, _ in self.denoise_step_with_confidence(batch)]
 
@@ -121,39 +141,43 @@ class ToyBackbone:
         for i, (tokens, plen, step, key) in enumerate(
             zip(batch.tokens, batch.prompt_lens, batch.steps, batch.keys, strict=True)
         ):
-            c = dataclasses.replace(self.config, **batch.setting(i))
-            total, width = batch.total(i), len(tokens) - plen
+            c = self._with(batch.setting(i))
+            ids = tokens.tolist()  # the row as Python ints: no tensor op per position
+            total, width = batch.total(i), len(ids) - plen
             block = min(c.block_length or width, width)
             blocks = -(-width // block)  # the last may be shorter; T spread over them
             b = blocks - 1 if step == total - 1 else step * blocks // total
             first, after = -(-b * total // blocks), -(-(b + 1) * total // blocks)
-            tokens = tokens.clone()
             gen = torch_generator(0 if c.deterministic else key, step)
-            masked = (tokens[plen : plen + (b + 1) * block] == MASK).nonzero().flatten() + plen
+            masked = [
+                n for n in range(plen, min(plen + (b + 1) * block, len(ids))) if ids[n] == MASK
+            ]
             left, total = max(1, after - step), max(1, after - first)
             if self.config.spread:
                 keep = block * (left - 1) // total
                 quota = max(0, len(masked) - keep)
             else:
                 quota = math.ceil(len(masked) / left)
-            chosen = masked[torch.randperm(len(masked), generator=gen)[:quota]]
-            target = intended(tokens[:plen].tolist(), len(tokens) - plen)
-            right = torch.rand(len(chosen), generator=gen) < c.p_correct**c.temperature
-            wrong = torch.randint(0, 10, (len(chosen),), generator=gen)
-            confidence = torch.full((len(tokens),), float("nan"))
-            drawn = torch.rand(len(chosen), generator=gen)
-            for pos, ok, alt, u in zip(
-                chosen.tolist(), right.tolist(), wrong.tolist(), drawn.tolist(), strict=True
-            ):
-                tokens[pos] = target[pos - plen] if ok else alt
+            order = torch.randperm(len(masked), generator=gen)[:quota].tolist()
+            chosen = [masked[n] for n in order]
+            target = _intended(tuple(ids[:plen]), width)
+            right = (torch.rand(len(chosen), generator=gen) < c.p_correct**c.temperature).tolist()
+            wrong = torch.randint(0, 10, (len(chosen),), generator=gen).tolist()
+            confidence = [math.nan] * len(ids)
+            drawn = torch.rand(len(chosen), generator=gen).tolist()
+            for pos, ok, alt, u in zip(chosen, right, wrong, drawn, strict=True):
+                ids[pos] = target[pos - plen] if ok else alt
                 confidence[pos] = (1 + u) / 2 if ok else u / 2
             bar = c.threshold if c.factor is None else 1 - c.factor / 2
             if bar is not None:  # drawn after the rest: the quota's draws stay as they were
-                rest = masked[~torch.isin(masked, chosen)]
-                sure = torch.rand(len(rest), generator=gen)
-                for pos, u in zip(rest.tolist(), sure.tolist(), strict=True):
+                taken = set(chosen)
+                rest = [pos for pos in masked if pos not in taken]
+                sure = torch.rand(len(rest), generator=gen).tolist()
+                for pos, u in zip(rest, sure, strict=True):
                     if u >= bar:
-                        tokens[pos], confidence[pos] = target[pos - plen], u
+                        ids[pos], confidence[pos] = target[pos - plen], u
+            tokens = torch.tensor(ids, dtype=tokens.dtype)
+            confidence = torch.tensor(confidence, dtype=torch.float32)
             out.append((tokens, confidence))
         return out
 
