@@ -10,8 +10,11 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from importlib.metadata import version
+from pathlib import Path
 
 import pytest
+from conftest import toy_argv
 
 from dllmbench.cli import COMMANDS
 from dllmbench.cli.defaults import declared_default
@@ -54,12 +57,14 @@ BAD = [
 
 @pytest.fixture(scope="module")
 def seen(tmp_path_factory, finished_run_once) -> list[dict]:
-    """What each path did in the child, in order: help, errors, then status and merge of a
-    copy of the session's finished toy run."""
-    run_dir = tmp_path_factory.mktemp("startup") / "run"
+    """What each path did in the child, in order: help, errors, status and merge of a copy
+    of the session's finished toy run, then a run on the doubles."""
+    home = tmp_path_factory.mktemp("startup")
+    run_dir = home / "run"
     shutil.copytree(finished_run_once, run_dir)
     reads = [["status", str(run_dir)], ["status", str(run_dir), "--json"], ["merge", str(run_dir)]]
-    argv = [*HELP, *BAD, *reads]
+    toy = [*toy_argv(2, prm=False), "--methods", "vanilla,orm_rerank", "--out", str(home / "toy")]
+    argv = [*HELP, *BAD, *reads, toy]
     child = subprocess.run(
         [sys.executable, "-c", CHILD, json.dumps(argv)],
         capture_output=True,
@@ -71,8 +76,8 @@ def seen(tmp_path_factory, finished_run_once) -> list[dict]:
 
 
 def test_no_path_of_the_quick_answers_imports_torch_or_transformers(seen):
-    assert [s["argv"][0] for s in seen[-3:]] == ["status", "status", "merge"]
-    for step in seen:
+    assert [s["argv"][0] for s in seen[-4:-1]] == ["status", "status", "merge"]
+    for step in seen[:-1]:
         assert not step["torch"], f"{step['argv']} imported torch"
         assert not step["transformers"], f"{step['argv']} imported transformers"
         # half a second of import for a binomial law that scipy.special gives at once
@@ -99,8 +104,18 @@ def test_argument_errors_stay_one_line_with_status_2(seen):
         assert len(lines) == 1 and lines[0].startswith("dllmbench: error: "), step["err"]
 
 
+def test_a_run_whose_plugins_need_no_transformers_imports_none(seen):
+    """A run on the doubles (no Hugging Face model) loads torch but not transformers: its
+    manifest reads transformers' version from the package metadata."""
+    run = seen[-1]
+    assert run["argv"][0] == "run" and run["code"] == 0, run["err"]
+    assert run["torch"] and not run["transformers"]
+    manifest = json.loads((Path(run["argv"][-1]) / "manifest.json").read_text())
+    assert manifest["versions"]["transformers"] == version("transformers")
+
+
 def test_status_and_merge_read_the_run_as_before(seen):
-    status, as_json, merged = seen[-3:]
+    status, as_json, merged = seen[-4:-1]
     assert status["code"] == 0 and "16/16 records (100%)" in status["out"], status
     assert as_json["code"] == 0 and json.loads(as_json["out"])["done"] == 16
     assert merged["code"] == 0 and "merged: " in merged["out"], merged

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import importlib.metadata
 import json
 import os
 import platform
@@ -148,19 +149,14 @@ def _versions() -> dict[str, str]:
     import numpy
     import torch
 
-    versions = {
+    return {
         "python": platform.python_version(),
         "dllmbench": __version__,
         "torch": torch.__version__,
         "numpy": numpy.__version__,
+        # from its metadata: a run whose plugins need no transformers does not import it
+        "transformers": importlib.metadata.version("transformers"),
     }
-    try:
-        import transformers
-
-        versions["transformers"] = transformers.__version__
-    except ImportError:  # pragma: no cover - a declared dependency
-        pass
-    return versions
 
 
 def _weights(obj: Any) -> dict[str, dict[str, str]]:
