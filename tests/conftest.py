@@ -50,10 +50,16 @@ def pytest_configure(config):
     use_plugins(PluginSelection(modules=(DOUBLES,)))
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by the marks
 def pytest_collection_modifyitems(config, items):
-    """The `slow` tests first, in their order, then the rest: on workers (`-n auto`) the long
-    tests start early and short ones are left to fill the end, so no worker finishes minutes
-    before the other. Every worker collects and orders the same list."""
+    """A test that reads the session's demo run is `slow`, whatever it is marked: it waits
+    for a run of the demo model. The `slow` tests first, in their order, then the rest: on
+    workers (`-n auto`) the long tests start early and short ones are left to fill the end, so
+    no worker finishes minutes before the other. Every worker collects and orders the same
+    list."""
+    for item in items:
+        if "demo_run" in item.fixturenames:
+            item.add_marker(pytest.mark.slow)
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
