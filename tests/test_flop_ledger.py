@@ -250,6 +250,7 @@ def test_recorded_flops_equal_a_hand_count_of_what_the_model_computed(
 
 
 RECORDED = 30  # the recording's problems: the session's demo run holds the first ones
+NEWER = ("adaptive_consistency", "threshold")  # the families the recording predates
 PART = 8  # problems per test of the rest: three tests that can run side by side
 
 
@@ -297,7 +298,7 @@ def test_the_demo_run_decides_and_spends_as_recorded(demo_run):
     seen, others = _as_recorded(demo_run.path / "samples.jsonl", recorded)
     assert seen == len(recorded) * DEMO_PROBLEMS == 35 * DEMO_PROBLEMS
     methods = json.loads((demo_run.path / "results.json").read_text())["methods"]
-    newer = {m["id"] for m in methods if m["family"] in ("adaptive_consistency", "threshold")}
+    newer = {m["id"] for m in methods if m["family"] in NEWER}
     assert len(newer) == 4 and others == newer
 
 
@@ -310,9 +311,7 @@ def test_the_families_of_before_decide_and_spend_as_they_did(tmp_path, monkeypat
     problems per test (problems `first` to `first + 7`): a row's noise comes from its
     problem's id, not from the problems run beside it."""
     recorded = _recorded()
-    families = [
-        name for name, _, _ in FAMILIES if name not in ("adaptive_consistency", "threshold")
-    ]
+    families = [name for name, _, _ in FAMILIES if name not in NEWER]
     problems = Arith.problems
 
     def part(self: Arith, split: str) -> list:

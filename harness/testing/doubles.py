@@ -113,7 +113,7 @@ class ToyBackbone:
             raise UserError(f"toy: {exc}") from None
 
     def finishes_early(self, settings) -> bool:
-        c = dataclasses.replace(self.config, **settings)
+        c = self._with(settings)
         return c.threshold is not None or c.factor is not None
 
     def _with(self, settings) -> ToyBackboneConfig:
