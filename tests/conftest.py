@@ -3,9 +3,7 @@ checks them too and the engine tests have a backbone, a task and a scorer."""
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
-import io
 import os
 import shutil
 import subprocess
@@ -203,7 +201,26 @@ class DemoRun:
     out: str  # what it printed
 
 
-DEMO_PROBLEMS = 6  # the session's demo run: `dllmbench run --limit 6`
+DEMO_PROBLEMS = 6  # the session's demo run: `dllmbench run --limit 6`, launched on two processes
+# `torchrun --standalone --nproc_per_node 2`, through this Python
+TORCHRUN = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2")
+# what a launcher or a Slurm job sets: a child of the tests starts without them
+LAUNCHER_VARIABLES = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "MASTER_ADDR",
+    "SLURM_JOB_ID",
+    "SLURM_STEP_ID",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_LOCALID",
+    "SLURM_ARRAY_TASK_ID",
+    "SLURM_ARRAY_TASK_COUNT",
+    "SLURM_ARRAY_TASK_MIN",
+    "SLURM_ARRAY_TASK_MAX",
+    "SLURM_ARRAY_TASK_STEP",
+)
 
 
 def shared_by_the_workers(factory: pytest.TempPathFactory) -> Path:
@@ -215,10 +232,12 @@ def shared_by_the_workers(factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def demo_run(tmp_path_factory) -> DemoRun:
-    """`dllmbench run --limit 6` as a newcomer types it, once per session (the first worker
-    to ask runs it, under a lock; the others wait and read it): the shipped demo, every family
-    at both budgets, written under runs/ of the folder it ran in, with the user's plugins (no
-    doubles). Tests that write next to it take a copy."""
+    """`torchrun --nproc_per_node 2 -m dllmbench run --limit 6`, once per session (the first
+    worker to ask launches it, under a lock; the others wait and read it): the shipped demo,
+    every family at both budgets, written under runs/ of the folder it ran in, with the user's
+    plugins (no doubles), as a cluster user launches it. tests/fixtures holds the same run made
+    in one process, which it must equal (test_shards.py). Tests that write next to it take a
+    copy."""
     home = shared_by_the_workers(tmp_path_factory) / "demo"
     cwd, printed = home / "cwd", home / "printed.txt"
     with open(f"{home}.lock", "w") as lock:
@@ -226,13 +245,12 @@ def demo_run(tmp_path_factory) -> DemoRun:
         if not printed.exists():  # written last: a run that failed leaves none
             shutil.rmtree(home, ignore_errors=True)
             cwd.mkdir(parents=True)
-            out = io.StringIO()
-            with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out):
-                patch.chdir(cwd)
-                patch.delenv("DLLMBENCH_PLUGIN_MODULES", raising=False)
-                code = main(["run", "--limit", str(DEMO_PROBLEMS)])
-            assert code == 0
-            printed.write_text(out.getvalue())
+            skip = {*LAUNCHER_VARIABLES, "DLLMBENCH_PLUGIN_MODULES"}
+            env = {k: v for k, v in os.environ.items() if k not in skip}
+            argv = [*TORCHRUN, "-m", "dllmbench", "run", "--limit", str(DEMO_PROBLEMS)]
+            proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True)
+            assert proc.returncode == 0, proc.stderr
+            printed.write_text(proc.stdout)
     (path,) = (cwd / "runs").iterdir()
     return DemoRun(cwd, path, printed.read_text())
 

@@ -24,6 +24,7 @@ from dllmbench.execution import engine
 from dllmbench.plugins.backbones.base import DiffusionBackbone
 from dllmbench.plugins.methods import FAMILIES
 from dllmbench.plugins.scorers.reward import RewardScorer
+from dllmbench.storage.rundir import RunDir
 from dllmbench.tasks.arith import Arith
 
 FIXTURE = Path(__file__).parent / "fixtures" / "demo30_decisions.json.gz"
@@ -254,16 +255,15 @@ NEWER = ("adaptive_consistency", "threshold")  # the families the recording pred
 PART = 8  # problems per test of the rest: three tests that can run side by side
 
 
-def _as_recorded(samples: Path, recorded: dict) -> tuple[int, set[str]]:
-    """Every record of `samples` whose method the recording holds: it selects the same
+def _as_recorded(run: Path, recorded: dict) -> tuple[int, set[str]]:
+    """Every record of the run directory `run` whose method the recording holds: it selects the same
     candidate, answers and grades the same, spends the same passes by kind and holds the same
     candidates (texts, keys, lineage, settings, edits). The records compared, and the methods
     left out (families the recording predates)."""
     import hashlib
 
     seen, others = 0, set()
-    for line in samples.open():
-        r = json.loads(line)
+    for r in RunDir(run).read_records():
         if r["method"] not in recorded:
             others.add(r["method"])
             continue
@@ -290,12 +290,12 @@ def _recorded() -> dict:
 
 
 def test_the_demo_run_decides_and_spends_as_recorded(demo_run):
-    """The session's demo run (`dllmbench run --limit 6`, every family at both budgets) on
-    its problems, against the run recorded in tests/fixtures before the FLOP ledger: every
-    family that existed then decides and spends as it did, beside the families that came
-    after it (adaptive consistency, confidence thresholds), which it leaves out."""
+    """The session's demo run (`dllmbench run --limit 6` on two processes, every family at
+    both budgets) on its problems, against the run recorded in tests/fixtures before the FLOP
+    ledger: every family that existed then decides and spends as it did, beside the families
+    that came after it (adaptive consistency, confidence thresholds), which it leaves out."""
     recorded = _recorded()
-    seen, others = _as_recorded(demo_run.path / "samples.jsonl", recorded)
+    seen, others = _as_recorded(demo_run.path, recorded)
     assert seen == len(recorded) * DEMO_PROBLEMS == 35 * DEMO_PROBLEMS
     methods = json.loads((demo_run.path / "results.json").read_text())["methods"]
     newer = {m["id"] for m in methods if m["family"] in NEWER}
@@ -321,7 +321,7 @@ def test_the_families_of_before_decide_and_spend_as_they_did(tmp_path, monkeypat
     out = tmp_path / "run"
     argv = ["run", "--methods", ",".join(families), "--out", str(out)]
     assert main([*argv, "--json"]) == 0
-    seen, others = _as_recorded(out / "samples.jsonl", recorded)
+    seen, others = _as_recorded(out, recorded)
     assert not others
     ids = {p.id for p in part(Arith(**TASK_CONFIG), "test")}
     assert len(ids) == PART and all(ids <= set(by_problem) for by_problem in recorded.values())

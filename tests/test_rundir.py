@@ -6,6 +6,7 @@ import json
 import math
 import os
 import shutil
+from typing import Any, Protocol
 
 import pytest
 
@@ -69,7 +70,13 @@ DECISIONS = ("selected", "answer", "correct", "ceiling")
 CANDIDATE = ("text", "answer", "valid", "key", "correct", "lineage")
 
 
-def assert_same_records(a: RunDir, b: RunDir, abs_tol: float = 1e-9) -> None:
+class Records(Protocol):
+    """A run directory, or a run recorded elsewhere: its records."""
+
+    def read_records(self) -> list[dict[str, Any]]: ...
+
+
+def assert_same_records(a: Records, b: Records, abs_tol: float = 1e-9) -> None:
     """What results-schema.md promises of a resumed run: decisions, candidates and passes
     exactly; scores, weights and strategy info to a tight relative tolerance (or `abs_tol`)."""
     left = {(r["problem"], r["method"]): r for r in a.read_records()}
