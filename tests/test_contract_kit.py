@@ -149,6 +149,24 @@ class IdTies(MinusOne):
         return min(candidates, key=id).index  # ties broken by memory address
 
 
+class Incomplete(Prune):
+    """Prune without pool_scores(): a member of SearchStrategy it lacks."""
+
+    def __getattribute__(self, name: str):
+        if name == "pool_scores":
+            raise AttributeError(name)
+        return super().__getattribute__(name)
+
+
+class OverItsCap(Prune):
+    """A capped strategy whose cap is one child short of what it spends."""
+
+    capped: ClassVar[bool] = True
+
+    def cost(self, total_steps: int) -> dict[str, int]:
+        return {**super().cost(total_steps), "denoise": (self.config.k - 1) * total_steps}
+
+
 STRATEGIES = {
     "kit_honest": Prune,
     "kit_global_rng": GlobalRandom,
@@ -158,6 +176,8 @@ STRATEGIES = {
     "kit_stale_pool_scores": StalePoolScores,
     "kit_too_few": TooFew,
     "kit_other_problem": OtherProblem,
+    "kit_incomplete": Incomplete,
+    "kit_over_its_cap": OverItsCap,
 }
 
 
@@ -233,6 +253,20 @@ FAILS = [
         "kit_too_few",
         r"'kit_too_few' returned 2 candidates on problem 'test-\d' at T=3, but its pool_size\(\) "
         r"is 3",
+    ),
+    (
+        "test_strategy_spends_what_it_declares",
+        "kit_incomplete",
+        r"strategy 'kit_incomplete' with \{\}: PluginIncomplete: strategy 'kit_incomplete' from "
+        r"module:test_contract_kit does not implement dllmbench.interfaces.SearchStrategy: it "
+        r"lacks pool_scores",
+    ),
+    (
+        "test_strategy_spends_what_it_declares",
+        "kit_over_its_cap",
+        r"at T=3: OverCap: method 'kit_over_its_cap\+first' \(strategy 'kit_over_its_cap'\) "
+        r"spent \{'denoise': 7\} passes on problem 'test-\d', over its cap \{'denoise': 6, "
+        r"'score:prm': 3\}.*a capped strategy may spend less than cost\(T\), never more",
     ),
     (
         "test_selector_returns_an_index_in_range",

@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import pip_install
+from conftest import pip_install, toy_argv
 
 from dllmbench.api.interfaces import (
     KIND_PROTOCOLS,
@@ -21,7 +21,7 @@ from dllmbench.api.interfaces import (
     passes_per_step,
 )
 from dllmbench.cli.plugins import describe_plugins
-from dllmbench.core.errors import PluginError
+from dllmbench.core.errors import PluginError, PluginIncomplete, PluginViolation
 from dllmbench.execution.planner import available_families, plan
 from dllmbench.loading.manager import PluginSelection, collect, load_plugin_manager
 from dllmbench.loading.registry import Registry
@@ -475,15 +475,25 @@ def test_describe_plugins_gives_options_summary_and_cost(tmp_path, monkeypatch):
     json.dumps(describe_plugins(reg))  # plain data, for --json
 
 
-def test_a_built_plugin_missing_a_protocol_member_is_one_line(tmp_path, monkeypatch):
+def test_a_built_plugin_missing_a_protocol_member_is_its_fault_in_one_line(
+    tmp_path, monkeypatch, cli
+):
+    """A member its kind's Protocol lacks is the plugin's broken contract: exit status 3, as
+    any plugin's fault, not a user error."""
     reg = _registry(tmp_path, monkeypatch, {"described_b": DESCRIBED})
-    with pytest.raises(PluginError) as err:
+    with pytest.raises(PluginIncomplete) as err:
         reg.strategy("half")
-    assert str(err.value) == (
+    line = (
         "strategy 'half' from module:described_b does not implement "
         "dllmbench.interfaces.SearchStrategy: it lacks pool_scores"
     )
+    assert str(err.value) == line
+    assert isinstance(err.value, PluginViolation) and not isinstance(err.value, PluginError)
     assert reg.check("strategy", "half") is None  # options alone are fine: no Config
+    monkeypatch.setenv("DLLMBENCH_PLUGIN_MODULES", "dllmbench.testing.doubles,described_b")
+    argv = ["run", *toy_argv(2)[1:], "--method", "half+first", "--budget", "16"]
+    result = cli(*argv, "--out", tmp_path / "run")
+    assert (result.code, result.err.strip()) == (3, f"dllmbench: error: {line}")
 
 
 def test_every_builtin_factory_meets_the_protocols_it_claims():

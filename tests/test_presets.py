@@ -325,3 +325,16 @@ def test_a_run_with_the_preset_counts_failed_extractions_as_the_paper_did(cli, t
     assert "failed extractions count as one answer" in (out / "leaderboard.md").read_text()
     plan = plan_json(cli, *argv[1:])
     assert {m["id"]: m["spec"] for m in plan["methods"]}["Majority@2"].endswith("invalid=vote")
+
+
+def test_a_dry_run_of_the_shipped_model_names_the_scorers_run_would_use(cli):
+    """`run --backbone tiny` without --scorer uses the demo's own PRM and ORM: `plan` says so,
+    with their checkpoints, instead of asking for checkpoints it does not need."""
+    out = plan_json(cli, "--task", "arith", "--backbone", "tiny", "--budget", "208")
+    for name in ("prm", "orm"):
+        scorer = out["scorers"][name]
+        assert scorer["assumed"] is False
+        assert scorer["config"]["checkpoint"] == str(TINY_DIR / name)
+    assert {m["id"] for m in out["methods"]} >= {"ORM Rerank@8", "PRM Guided K=8 b=12"}
+    shown = cli("plan", "--task", "arith", "--backbone", "tiny", "--budget", "208")
+    assert shown.code == 0 and "assumed" not in shown.out

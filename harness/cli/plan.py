@@ -6,7 +6,7 @@ at the run's reference row (`dllmbench.execution.rates`)."""
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -65,7 +65,7 @@ def add_parser(sub: Any) -> None:
 
 
 def execute(args: argparse.Namespace) -> Reply:
-    from dllmbench.api.interfaces import passes_per_step
+    from dllmbench.api.interfaces import passes_per_step, shipped_scorers
     from dllmbench.execution.planner import default_budget, plan, scorer_users
     from dllmbench.loading.registry import registry
 
@@ -86,6 +86,10 @@ def execute(args: argparse.Namespace) -> Reply:
         )
     backbone_config = reg.check("backbone", s.backbone, **s.backbone_config) if s.backbone else None
     check_canvas(s.backbone, backbone_config, args.gen_length)
+    shipped = shipped_scorers(backbone_config) if args.scorer_assumed else {}
+    if shipped:  # as `run` does: a backbone that ships scorers (the demo's) runs with them
+        s = replace(s, scorers=shipped)
+        args.scorer_assumed = False
     passes = passes_per_step(backbone_config)
     scorers = None if s.scorers is None or args.scorer_assumed else set(s.scorers)
     rates = None

@@ -75,6 +75,19 @@ class blame:
             raise PluginCrashed(self.plugin, self.distribution, exc) from exc
 
 
+class PluginIncomplete(PluginViolation):
+    """A built plugin lacks a member of its kind's Protocol (`dllmbench.interfaces`): a broken
+    contract of that plugin, one line naming what it lacks, `EXIT_CODE`."""
+
+    def __init__(self, plugin: str, distribution: str | None, protocol: str, missing: list[str]):
+        self.plugin, self.distribution = plugin, distribution
+        self.what = f"does not implement dllmbench.interfaces.{protocol}: it lacks " + ", ".join(
+            missing
+        )
+        source = f" from {distribution}" if distribution else ""
+        Exception.__init__(self, f"{plugin}{source} {self.what}")
+
+
 class PluginCrashed(PluginViolation):
     """A plugin's own code raised an exception that is not a `UserError` (a model-loading bug,
     a strategy's `KeyError`): a bug in that plugin, named with its distribution. The command

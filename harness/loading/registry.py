@@ -19,7 +19,7 @@ from dllmbench.api.interfaces import (
     config_class,
     missing_members,
 )
-from dllmbench.core.errors import PluginError, blame
+from dllmbench.core.errors import PluginError, PluginIncomplete, blame
 from dllmbench.loading.manager import (
     KINDS,
     Broken,
@@ -249,14 +249,13 @@ class Registry:
 
 
 def conform(info: PluginInfo, built: Any) -> None:
-    """A built plugin must implement its kind's Protocol: a one-line error names what lacks."""
+    """A built plugin must implement its kind's Protocol: what it lacks is its broken
+    contract (`PluginIncomplete`, exit status 3), one line naming the members."""
     protocol = KIND_PROTOCOLS[info.kind]
     missing = missing_members(built, protocol)
     if missing:
-        raise PluginError(
-            f"{info.kind} {info.name!r} from {info.distribution} does not implement "
-            f"dllmbench.interfaces.{protocol.__name__}: it lacks {', '.join(missing)}"
-        )
+        plugin = f"{info.kind} {info.name!r}"
+        raise PluginIncomplete(plugin, info.distribution, protocol.__name__, missing)
 
 
 class _Current:

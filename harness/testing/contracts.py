@@ -42,7 +42,7 @@ from dllmbench.api.interfaces import (
     evidence_of,
     is_capped,
 )
-from dllmbench.core.errors import CostMismatch
+from dllmbench.core.errors import CostMismatch, OverCap
 from dllmbench.core.keys import row_key
 from dllmbench.core.types import Candidate, Pool, Problem, Prompt
 from dllmbench.execution.method import Method, MethodSpec
@@ -153,6 +153,18 @@ def host(declares: str, size: int | None = None) -> tuple[str, dict[str, Any]]:
     raise AssertionError(f"the kit needs a registered strategy declaring {declares}")
 
 
+def built(kind: str, name: str, *, shared: dict[str, Any] | None = None, **config: Any) -> Any:
+    """The plugin built from its configuration as a run builds it (`shared`: the run objects
+    a scorer's factory may ask for); a failure (an option its Config refuses, a member its
+    kind's Protocol lacks, an exception in its factory) is an AssertionError naming it, in one
+    line."""
+    __tracebackhide__ = True
+    try:
+        return registry().build(kind, name, shared=shared, **config)
+    except Exception as exc:
+        raise AssertionError(f"{kind} {name!r} with {config}: {explain(exc)}") from None
+
+
 def kit_method(
     strategy: str,
     config: dict[str, Any],
@@ -164,9 +176,9 @@ def kit_method(
 ) -> Method:
     """A method whose strategy is `Observed`; with `reads`, its selector is `Reads(reads)`."""
     spec = MethodSpec(strategy, dict(config), selector, dict(selector_config or {}))
-    built = registry().strategy(strategy, **config)
-    chosen = Reads(reads) if reads else registry().selector(selector, **spec.selector_config)
-    observed = Observed(built, hide_pool_scores=hide_pool_scores)
+    searcher = built("strategy", strategy, **config)
+    chosen = Reads(reads) if reads else built("selector", selector, **spec.selector_config)
+    observed = Observed(searcher, hide_pool_scores=hide_pool_scores)
     return Method(spec.text(), spec, observed, chosen)  # type: ignore[arg-type]
 
 
@@ -182,7 +194,9 @@ def explain(exc: BaseException) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
     where = f" (raised at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
     hint = ""
-    if isinstance(exc, CostMismatch):
+    if isinstance(exc, OverCap):
+        hint = "; a capped strategy may spend less than cost(T), never more, on every problem"
+    elif isinstance(exc, CostMismatch):
         hint = "; cost(T) must equal what search charges through ops, on every problem and T"
     return f"{type(exc).__name__}: {text}{where}{hint}"
 
@@ -436,17 +450,17 @@ def test_strategy_independent_of_other_methods(dllmbench_strategy):
 
 def test_strategy_config_roundtrips(dllmbench_strategy):
     name, config = dllmbench_strategy
-    _roundtrip("strategy", name, registry().strategy(name, **config))
+    _roundtrip("strategy", name, built("strategy", name, **config))
 
 
 def test_strategy_prefix_pools_nest(dllmbench_strategy):
     """With `prefix_field` set, the pool at size n is the first n candidates of the pool at
     size n + 2, at every T."""
     name, config = dllmbench_strategy
-    field = registry().strategy(name, **config).prefix_field
+    field = built("strategy", name, **config).prefix_field
     if field is None:
         pytest.skip(f"strategy {name} sets prefix_field = None: it claims no nested pools")
-    size = config_data(registry().strategy(name, **config))[field]
+    size = config_data(built("strategy", name, **config))[field]
     steps = steps_for(name, config)
     small = run_kit([kit_method(name, {**config, field: size})], steps)
     large = run_kit([kit_method(name, {**config, field: size + 2})], steps)
@@ -488,7 +502,7 @@ def test_strategy_pool_scores_are_true(dllmbench_strategy):
     """Every scorer in `pool_scores()` comes with the pool: one value per candidate, equal
     to what the engine's own scoring of the final candidates gives."""
     name, config = dllmbench_strategy
-    claimed = sorted(registry().strategy(name, **config).pool_scores())
+    claimed = sorted(built("strategy", name, **config).pool_scores())
     if not claimed:
         pytest.skip(f"strategy {name} claims no pool scores")
     steps = steps_for(name, config)
@@ -563,7 +577,7 @@ def _labels(answers: Sequence[str | None]) -> list[bool]:
 
 def test_selector_declares_its_kind(dllmbench_selector):
     name, config = dllmbench_selector
-    selector = registry().selector(name, **config)
+    selector = built("selector", name, **config)
     if not isinstance(selector.ceiling, bool):
         raise AssertionError(f"selector {name!r}: ceiling is {selector.ceiling!r}, not a bool")
     if not all(isinstance(s, str) for s in selector.needs):
@@ -573,7 +587,7 @@ def test_selector_declares_its_kind(dllmbench_selector):
 def test_selector_works_without_labels(dllmbench_selector):
     """A selector that is not a ceiling chooses with `labels=None`."""
     name, config = dllmbench_selector
-    selector = registry().selector(name, **config)
+    selector = built("selector", name, **config)
     if selector.ceiling:
         pytest.skip(f"selector {name} is a ceiling: it always gets labels")
     for answers in ANSWER_LISTS:
@@ -584,7 +598,7 @@ def test_selector_works_without_labels(dllmbench_selector):
 def test_selector_ceiling_uses_labels(dllmbench_selector):
     """A ceiling given labels returns an index (it reads them)."""
     name, config = dllmbench_selector
-    selector = registry().selector(name, **config)
+    selector = built("selector", name, **config)
     if not selector.ceiling:
         pytest.skip(f"selector {name} is not a ceiling: it never gets labels")
     answers = ANSWER_LISTS[0]
@@ -597,7 +611,7 @@ def test_selector_ceiling_uses_labels(dllmbench_selector):
 def test_selector_returns_an_index_in_range(dllmbench_selector):
     """`select` returns None or an int index of one of the candidates it was given."""
     name, config = dllmbench_selector
-    selector = registry().selector(name, **config)
+    selector = built("selector", name, **config)
     for answers in ANSWER_LISTS:
         n = len(answers)
         labels = _labels(answers) if selector.ceiling else None
@@ -621,7 +635,7 @@ def test_selector_deterministic_and_costed(dllmbench_selector):
     """In a run the selector's choices repeat with the seed, and its scoring is charged as
     the method declares (the ledger check)."""
     name, config = dllmbench_selector
-    selector = registry().selector(name, **config)
+    selector = built("selector", name, **config)
     weighted = "weight" in config_data(selector).values()
     strategy, sconf = host("particles") if weighted else host("plain", 4)
     method = kit_method(strategy, sconf, name, config)
@@ -647,7 +661,7 @@ def test_selector_leaves_its_candidates_alone(dllmbench_selector):
     """A selector reads its candidates: they come as a tuple of read-only candidates, and one
     that tries to change them (or their scores) fails."""
     name, config = dllmbench_selector
-    selector = registry().selector(name, **config)
+    selector = built("selector", name, **config)
     for answers in ANSWER_LISTS:
         cands = selector_candidates(selector.needs, answers)
         before = _snapshot(cands)
@@ -684,7 +698,7 @@ def test_selector_same_choice_on_equal_inputs(dllmbench_selector):
     """Equal candidates (ties included) and an equal rng give the same choice, whatever the
     objects: a selector must not break ties by object identity, hashing or global state."""
     name, config = dllmbench_selector
-    selector = registry().selector(name, **config)
+    selector = built("selector", name, **config)
     for answers in TIES:
         labels = tuple(_labels(answers)) if selector.ceiling else None
         choices = set()
@@ -702,13 +716,13 @@ def test_selector_same_choice_on_equal_inputs(dllmbench_selector):
 
 def test_selector_config_roundtrips(dllmbench_selector):
     name, config = dllmbench_selector
-    _roundtrip("selector", name, registry().selector(name, **config))
+    _roundtrip("selector", name, built("selector", name, **config))
 
 
 def _roundtrip(kind: str, name: str, obj: Any) -> None:
     __tracebackhide__ = True
     config = json.loads(json.dumps(config_data(obj)))
-    again = config_data(registry().build(kind, name, **config))
+    again = config_data(built(kind, name, **config))
     if again != config_data(obj):
         raise AssertionError(f"{kind} {name!r}: its config {config} built again gives {again}")
 
@@ -739,7 +753,7 @@ def _step(backbone: Any, rows: list[tuple[torch.Tensor, int, int, int]]) -> list
 
 def test_backbone_canvas_is_prompt_then_masks(dllmbench_backbone):
     name, config = dllmbench_backbone
-    backbone = registry().backbone(name, **config)
+    backbone = built("backbone", name, **config)
     for canvas, plen in _canvases(backbone, 3):
         assert canvas.dim() == 1 and canvas.dtype == torch.long, (
             f"backbone {name!r}: canvas is not a 1-D long tensor"
@@ -751,7 +765,7 @@ def test_backbone_canvas_is_prompt_then_masks(dllmbench_backbone):
 
 def test_backbone_row_alone_equals_row_in_batch(dllmbench_backbone):
     name, config = dllmbench_backbone
-    backbone = registry().backbone(name, **config)
+    backbone = built("backbone", name, **config)
     rows = [
         (c, p, i % STEPS, row_key(0, f"p{i}", "sample", (i,)))
         for i, (c, p) in enumerate(_canvases(backbone, 6))
@@ -766,7 +780,7 @@ def test_backbone_row_alone_equals_row_in_batch(dllmbench_backbone):
 
 def test_backbone_trajectory_ends_decodable(dllmbench_backbone):
     name, config = dllmbench_backbone
-    backbone = registry().backbone(name, **config)
+    backbone = built("backbone", name, **config)
     canvas, plen = _canvases(backbone, 1)[0]
     key = row_key(0, "p", "sample", (0,))
     for t in range(STEPS):
@@ -781,8 +795,8 @@ def test_scorer_returns_one_finite_float_per_row(dllmbench_scorer):
     name, config = dllmbench_scorer
     # a scorer that reads a model names the backbone to check it on: (name, config)
     spec = contract_backbone(registry().info("scorer", name).factory)
-    backbone = registry().backbone(spec[0], **spec[1]) if spec else ToyBackbone()
-    scorer = registry().scorer(name, shared={"backbone": backbone}, **config)
+    backbone = built("backbone", spec[0], **spec[1]) if spec else ToyBackbone()
+    scorer = built("scorer", name, shared={"backbone": backbone}, **config)
     canvases = _canvases(backbone, 4)
     batch = ScoreBatch([c for c, _ in canvases], [p for _, p in canvases], [0] * 4, STEPS)
     values = np.asarray(scorer.score(batch))
@@ -801,7 +815,7 @@ def test_scorer_returns_one_finite_float_per_row(dllmbench_scorer):
 
 def test_task_problems_are_well_formed(dllmbench_task):
     name, config = dllmbench_task
-    task = registry().task(name, **config)
+    task = built("task", name, **config)
     splits = task.splits()
     assert splits, f"task {name} has no splits"
     for split, size in splits.items():
@@ -828,7 +842,7 @@ def test_task_grade_many_agrees_with_grade(dllmbench_task):
     `grade`'s verdicts in order: for no answer, a likely wrong one and the gold one (when the
     gold is an answer string)."""
     name, config = dllmbench_task
-    task = registry().task(name, **config)
+    task = built("task", name, **config)
     if not isinstance(task, GradesMany):
         pytest.skip(f"task {name} has no grade_many; the engine calls grade")
     problems = task.problems(next(iter(task.splits())))[:2]
