@@ -127,6 +127,53 @@ def test_plan_prices_a_flop_budget_and_shows_what_is_unused(cli):
     assert by_id["threshold"]["capped"] and not by_id["majority"]["capped"]
 
 
+SCORERS_OF_ANY_SHAPE = """
+from dllmbench.api.hookspecs import hookimpl
+from dllmbench.flops import ModelShape
+from dllmbench.testing.doubles import ToyScorer
+
+
+class Shapeless(ToyScorer):
+    model_shape = None  # a model it does not describe: its FLOPs are unknown
+
+
+class NoModel(ToyScorer):
+    model_shape = ModelShape(params=0, head=0, layers=0, width=0)  # a rule: no FLOPs
+
+
+@hookimpl
+def dllmbench_register_scorers(register):
+    register("shapeless", Shapeless)
+    register("no_model", NoModel)
+"""
+
+
+def test_a_flop_budget_leaves_out_what_it_cannot_price_and_prices_a_rule_at_zero(
+    cli, tmp_path, monkeypatch, registry_with
+):
+    """A method whose scorer says no model shape has unknown FLOPs: a FLOP budget leaves it
+    out with the reason (named, it is one line), never prices its passes at zero; a scorer
+    whose shape is all zeros (a rule, no model) costs no FLOPs and is planned."""
+    (tmp_path / "any_shape_scorers.py").write_text(SCORERS_OF_ANY_SHAPE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry_with("any_shape_scorers")
+    argv = ["plan", "--task", "toy_sum", "--backbone", "toy", "--steps", "8", "--gen-length", "5"]
+    argv += ["--budget", "1e7flops"]
+    unknown = cli(*argv, "--scorer", "orm=shapeless", "--json")  # every family
+    assert unknown.code == 0, unknown.err
+    plan = json.loads(unknown.out)
+    left = {m["family"]: m["reason"] for m in plan["left_out"]}
+    assert "unknown FLOPs" in left["orm_rerank"] and "vanilla" not in left, left
+    assert "orm_rerank" not in {m["family"] for m in plan["methods"]}
+    named = cli(*argv, "--methods", "vanilla,orm_rerank", "--scorer", "orm=shapeless")
+    assert_user_error(named, "method 'orm_rerank'", "unknown FLOPs", "give the budget in passes")
+    free = cli(*argv, "--methods", "vanilla,orm_rerank", "--scorer", "orm=no_model", "--json")
+    plan = json.loads(free.out)
+    rerank = next(m for m in plan["methods"] if m["family"] == "orm_rerank")
+    assert plan["rates"]["score:orm"] == 0
+    assert rerank["flops"] == rerank["cost"]["denoise"] * plan["rates"]["denoise"] > 0
+
+
 # -- the ledger ---------------------------------------------------------------------------------
 
 

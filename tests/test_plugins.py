@@ -496,6 +496,58 @@ def test_a_built_plugin_missing_a_protocol_member_is_its_fault_in_one_line(
     assert (result.code, result.err.strip()) == (3, f"dllmbench: error: {line}")
 
 
+TWICE = """
+from dllmbench.api.hookspecs import hookimpl
+from dllmbench.testing.doubles import ToySum
+
+
+class Twice(ToySum):
+    def problems(self, split):
+        first = super().problems(split)
+        return [*first, first[0]]
+
+
+class Crashes(ToySum):
+    def problems(self, split):
+        raise KeyError(split)
+
+
+@hookimpl
+def dllmbench_register_tasks(register):
+    register("twice", Twice)
+    register("crashes", Crashes)
+"""
+
+
+@pytest.mark.parametrize(
+    ("task", "line"),
+    [
+        (
+            "twice",
+            "plugin 'twice' (from module:twice_tasks) broke its contract: its 'test' split "
+            "repeats the problem id 'test-0' (ids are unique)",
+        ),
+        (
+            "crashes",
+            "task 'crashes' (from module:twice_tasks) raised KeyError: 'test' "
+            "(--debug shows the traceback)",
+        ),
+    ],
+)
+def test_a_task_whose_problems_break_its_contract_is_its_fault_in_one_line(
+    tmp_path, monkeypatch, cli, task, line
+):
+    """Problem ids that repeat, or `problems()` raising, are the task plugin's fault: one line,
+    exit status 3, before any model loads (not a traceback, not a run that writes twice)."""
+    _registry(tmp_path, monkeypatch, {"twice_tasks": TWICE})
+    monkeypatch.setenv("DLLMBENCH_PLUGIN_MODULES", "dllmbench.testing.doubles,twice_tasks")
+    argv = toy_argv(3, prm=False)
+    argv[argv.index("toy_sum:size=3")] = f"{task}:size=3"
+    methods = ("--methods", "vanilla,orm_rerank", "--budget", "72")
+    result = cli(*argv, *methods, "--out", tmp_path / "run")
+    assert (result.code, result.err.strip()) == (3, f"dllmbench: error: {line}")
+
+
 def test_every_builtin_factory_meets_the_protocols_it_claims():
     reg = Registry.from_collected(collect(load_plugin_manager()))
     for kind in ("strategy", "selector", "task"):

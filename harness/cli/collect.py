@@ -73,7 +73,7 @@ def execute(args: argparse.Namespace) -> Reply:
         raise UserError(
             f"task {task_name!r} has no split {args.split!r}; splits: {', '.join(task.splits())}"
         )
-    problems = task.problems(args.split)[: args.limit]
+    problems = reg.problems(task_name, task, args.split)[: args.limit]
     backbone = reg.backbone(backbone_name, **backbone_config)
     sampling = Sampling(args.steps, args.gen_length, args.prompt, args.seed)
     steps = snapshot_steps(args.steps, args.snapshots)

@@ -131,7 +131,7 @@ def _rates(
         for name, (plugin, config) in specs.items()
     }
     task = reg.task(s.task, **s.task_config)
-    problems = task.problems(args.split)[: args.limit]
+    problems = reg.problems(s.task, task, args.split)[: args.limit]
     row = reference(backbone, scorers, task, problems, args.prompt, args.gen_length, args.steps)
     if "denoise" not in row.rates:
         raise UserError(

@@ -422,7 +422,7 @@ def _place(
     spec, family = _spec(registry, entry, total_steps)
     spec = with_selector_options(spec, selectors)
     label, name = (family.label, family.name) if family else (None, None)
-    measure, most, unit = None, None, "passes"
+    measure, most, unit, known = None, None, "passes", None
     if isinstance(budget, Flops):
         if not rates:
             raise UserError("a FLOP budget needs the model's FLOPs per pass; give a backbone")
@@ -446,6 +446,15 @@ def _place(
     if missing:
         reason = f"needs scorer {', '.join(missing)}"
         return LeftOut(entry, reason, missing=missing if named else ())
+    unpriced = sorted(set(method.cost(total_steps, passes_per_step)) - set(known or {}))
+    if known is not None and unpriced:  # a scorer that says no model shape: FLOPs unknown
+        reason = (
+            f"its {', '.join(unpriced)} passes have unknown FLOPs (the scorer says no model "
+            "shape), so a FLOP budget cannot price it; give the budget in passes"
+        )
+        if named:
+            raise UserError(f"method {entry!r}: {reason}")
+        return LeftOut(entry, reason)
     return method
 
 

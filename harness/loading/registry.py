@@ -19,7 +19,8 @@ from dllmbench.api.interfaces import (
     config_class,
     missing_members,
 )
-from dllmbench.core.errors import PluginError, PluginIncomplete, blame
+from dllmbench.core.errors import PluginError, PluginIncomplete, PluginViolation, blame
+from dllmbench.core.types import Problem
 from dllmbench.loading.manager import (
     KINDS,
     Broken,
@@ -246,6 +247,21 @@ class Registry:
 
     def task(self, name: str, **config: Any) -> Task:
         return self.build("task", name, **config)
+
+    def problems(self, name: str, task: Task, split: str) -> list[Problem]:
+        """`task.problems(split)` of the task plugin `name`, held to its contract: an exception
+        it raises (`PluginCrashed`) and an id that repeats (`PluginViolation`) are the plugin's
+        fault, one line each and exit status 3."""
+        distribution = self.info("task", name).distribution
+        with blame("task", name, distribution):
+            problems = list(task.problems(split))
+        seen: set[str] = set()
+        for problem in problems:
+            if problem.id in seen:
+                what = f"its {split!r} split repeats the problem id {problem.id!r} (ids are unique)"
+                raise PluginViolation(name, distribution, what)
+            seen.add(problem.id)
+        return problems
 
 
 def conform(info: PluginInfo, built: Any) -> None:

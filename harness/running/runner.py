@@ -261,7 +261,7 @@ def prepare(
         raise UserError(
             f"task {cfg.task!r} has no split {cfg.split!r}; splits: {', '.join(splits)}"
         )
-    problems = task.problems(cfg.split)
+    problems = reg.problems(cfg.task, task, cfg.split)
     if cfg.limit is not None:
         if cfg.limit < 1:
             raise UserError(f"--limit must be >= 1, got {cfg.limit}")

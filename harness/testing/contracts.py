@@ -491,10 +491,15 @@ def _check_pool_carries(name: str, claimed: list[str], method: Method) -> None:
                     f"{scorer!r} scores (it carries: {carried}); return them with "
                     f"ops.pool(rows, scores=...) or leave {scorer!r} out of pool_scores()"
                 )
-            if values.shape != (s.returned,) or not np.isfinite(values).all():
+            if values.shape != (s.returned,):
                 raise AssertionError(
                     f"strategy {name!r}: {where} carries {values.shape[0]} {scorer!r} scores for "
-                    f"{s.returned} candidates, or a value that is not finite"
+                    f"{s.returned} candidates"
+                )
+            if not np.isfinite(values).all():
+                raise AssertionError(
+                    f"strategy {name!r}: {where} carries {scorer!r} scores that are not finite: "
+                    f"{values.tolist()}"
                 )
 
 
@@ -800,9 +805,10 @@ def test_scorer_returns_one_finite_float_per_row(dllmbench_scorer):
     canvases = _canvases(backbone, 4)
     batch = ScoreBatch([c for c, _ in canvases], [p for _, p in canvases], [0] * 4, STEPS)
     values = np.asarray(scorer.score(batch))
-    assert values.shape == (4,) and np.isfinite(values).all(), (
-        f"scorer {name!r} gave {values.shape} values for 4 rows, or a value that is not finite"
+    assert values.shape == (4,), (
+        f"scorer {name!r} gave values of shape {values.shape} for 4 rows: one float per row"
     )
+    assert np.isfinite(values).all(), f"scorer {name!r} gave values that are not finite: {values}"
     single = [
         float(np.asarray(scorer.score(ScoreBatch([c], [p], [0], STEPS)))[0]) for c, p in canvases
     ]
