@@ -21,6 +21,7 @@ import pytest
 from dllmbench.api.hookspecs import hookimpl
 from dllmbench.core.types import Pool, Problem
 from dllmbench.testing import contracts
+from dllmbench.testing.doubles import ToyBackbone
 
 pytest_plugins = ("pytester",)
 
@@ -187,6 +188,18 @@ def dllmbench_register_strategies(register):
         register(name, factory)
 
 
+class ShortRows(ToyBackbone):
+    """The toy, but each step returns its rows one token short."""
+
+    def denoise_step_with_confidence(self, batch):  # its denoise_step too
+        return [(t[:-1], c[:-1]) for t, c in super().denoise_step_with_confidence(batch)]
+
+
+@hookimpl
+def dllmbench_register_backbones(register):
+    register("kit_short_rows", ShortRows)
+
+
 @hookimpl
 def dllmbench_register_selectors(register):
     register("kit_minus_one", MinusOne)
@@ -267,6 +280,12 @@ FAILS = [
         r"at T=3: OverCap: method 'kit_over_its_cap\+first' \(strategy 'kit_over_its_cap'\) "
         r"spent \{'denoise': 7\} passes on problem 'test-\d', over its cap \{'denoise': 6, "
         r"'score:prm': 3\}.*a capped strategy may spend less than cost\(T\), never more",
+    ),
+    (
+        "test_backbone_row_alone_equals_row_in_batch",
+        "kit_short_rows",
+        r"backbone 'kit_short_rows': denoise_step returned row 0 as \(\d+,\) torch.int64 for a "
+        r"row of \(\d+,\) torch.int64: each row comes back as long, of its dtype",
     ),
     (
         "test_selector_returns_an_index_in_range",

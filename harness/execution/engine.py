@@ -311,6 +311,9 @@ class Engine:
         """Format the prompt, build the canvas, and start one coroutine per unit."""
         prompt_ids = self.backbone.encode(self.task.prompt(problem, self.sampling.prompt_style))
         canvas = self.backbone.canvas(prompt_ids, self.sampling.gen_length)
+        if not _token_row(canvas, None):
+            what = f"canvas() gave {_described(canvas)}; return a 1-D integer (long) tensor"
+            raise self.origins.violation("backbone", self.origins.backbone, what)
         if isinstance(self.backbone, KeepsState):
             self.backbone.hold(prompt_ids)
             self._held[problem.id] = list(prompt_ids)
@@ -499,6 +502,15 @@ class Engine:
             if len(out) != size:
                 what = f"denoise_step() returned {len(out)} rows for a batch of {size}"
                 raise self.origins.violation("backbone", self.origins.backbone, what)
+            reported = confident and isinstance(self.backbone, ReportsConfidence)
+            for i, row in enumerate(out):
+                tokens, given = (row[0] if reported else row), batch.tokens[i]
+                if not _token_row(tokens, given.shape):
+                    what = (
+                        f"denoise_step() returned row {i} as {_described(tokens)} for a row of "
+                        f"{given.numel()} token ids; return a 1-D integer tensor as long as the row"
+                    )
+                    raise self.origins.violation("backbone", self.origins.backbone, what)
             return out
         with self.origins.blame("scorer", self.origins.scorer(batch.scorer)):
             values = np.asarray(self.scorers[batch.scorer].score(batch.batch), dtype=np.float64)
@@ -707,3 +719,22 @@ def _charged(owners: list[tuple[str, Owners]], same: list[int]) -> tuple[str, Ow
 def _computed(wait: Wait) -> Iterable[int]:
     """The rows of a request a round computes."""
     return wait.computed() if isinstance(wait, DenoiseWait) else range(len(wait.rows))
+
+
+def _token_row(tokens: object, shape: torch.Size | None) -> bool:
+    """A row of token ids: a 1-D integer tensor (of `shape`, when given)."""
+    return (
+        isinstance(tokens, torch.Tensor)
+        and tokens.dim() == 1
+        and not tokens.dtype.is_floating_point
+        and not tokens.dtype.is_complex
+        and tokens.dtype != torch.bool
+        and (shape is None or tokens.shape == shape)
+    )
+
+
+def _described(value: object) -> str:
+    """What a plugin returned, in a few words: a tensor's shape and dtype, else its type."""
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)} and dtype {value.dtype}"
+    return f"a {type(value).__name__}"

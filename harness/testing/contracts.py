@@ -776,7 +776,18 @@ def test_backbone_row_alone_equals_row_in_batch(dllmbench_backbone):
         for i, (c, p) in enumerate(_canvases(backbone, 6))
     ]
     batched = _step(backbone, rows)
+    assert len(batched) == len(rows), (
+        f"backbone {name!r}: denoise_step returned {len(batched)} rows for {len(rows)}"
+    )
     for i, (row, out) in enumerate(zip(rows, batched, strict=True)):
+        given = row[0]
+        same = isinstance(out, torch.Tensor) and out.shape == given.shape
+        assert same and out.dtype == given.dtype, (
+            f"backbone {name!r}: denoise_step returned row {i} as "
+            f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}"
+            f"{' ' + str(out.dtype) if isinstance(out, torch.Tensor) else ''} for a row of "
+            f"{tuple(given.shape)} {given.dtype}: each row comes back as long, of its dtype"
+        )
         for _ in range(2):  # twice: no hidden state
             assert torch.equal(_step(backbone, [row])[0], out), (
                 f"backbone {name!r}: row {i} alone differs from row {i} in a batch of {len(rows)}"
