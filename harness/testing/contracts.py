@@ -794,6 +794,16 @@ def test_backbone_row_alone_equals_row_in_batch(dllmbench_backbone):
             )
 
 
+def test_backbone_config_roundtrips(dllmbench_backbone):
+    name, config = dllmbench_backbone
+    _roundtrip("backbone", name, built("backbone", name, **config))
+
+
+def test_task_config_roundtrips(dllmbench_task):
+    name, config = dllmbench_task
+    _roundtrip("task", name, built("task", name, **config))
+
+
 def test_backbone_trajectory_ends_decodable(dllmbench_backbone):
     name, config = dllmbench_backbone
     backbone = built("backbone", name, **config)
