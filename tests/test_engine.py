@@ -470,6 +470,16 @@ class MiscountingBackbone(ToyBackbone):
         return [*out, out[0]]
 
 
+class ShortRows(ToyBackbone):
+    def denoise_step_with_confidence(self, batch):  # its denoise_step too
+        return [(t[:-1], c[:-1]) for t, c in super().denoise_step_with_confidence(batch)]
+
+
+class FloatCanvas(ToyBackbone):
+    def canvas(self, prompt_ids, gen_length):
+        return super().canvas(prompt_ids, gen_length).float()
+
+
 class MiscountingGrader(ToySum):
     def grade_many(self, items):
         return [True]
@@ -481,6 +491,16 @@ class MiscountingGrader(ToySum):
         ("scorers", "score() returned shape (1,) for a batch of 2 rows"),
         ("backbone", "denoise_step() returned 3 rows for a batch of 2"),
         ("task", "grade_many() returned 1 grades for 2 candidates"),
+        (
+            "short rows",
+            "denoise_step() returned row 0 as a tensor of shape (20,) and dtype torch.int64 for "
+            "a row of 21 token ids; return each row as long as it came, in its dtype",
+        ),
+        (
+            "float canvas",
+            "canvas() gave a tensor of shape (21,) and dtype torch.float32; return a 1-D long "
+            "tensor",
+        ),
     ],
 )
 def test_a_backbone_scorer_or_task_miscounting_is_a_violation_naming_it(part, needle):
@@ -490,6 +510,10 @@ def test_a_backbone_scorer_or_task_miscounting_is_a_violation_naming_it(part, ne
         eng.scorers = {"prm": ToyScorer(), "orm": MiscountingScorer(partial=False)}
     elif part == "backbone":
         eng.backbone = MiscountingBackbone()
+    elif part == "short rows":
+        eng.backbone = ShortRows()
+    elif part == "float canvas":
+        eng.backbone = FloatCanvas()
     else:
         eng.task = MiscountingGrader(size=1)
     with pytest.raises(PluginViolation, match=re.escape(needle)) as info:

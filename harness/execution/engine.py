@@ -311,8 +311,10 @@ class Engine:
         """Format the prompt, build the canvas, and start one coroutine per unit."""
         prompt_ids = self.backbone.encode(self.task.prompt(problem, self.sampling.prompt_style))
         canvas = self.backbone.canvas(prompt_ids, self.sampling.gen_length)
-        if not _token_row(canvas, None):
-            what = f"canvas() gave {_described(canvas)}; return a 1-D integer (long) tensor"
+        if not (
+            isinstance(canvas, torch.Tensor) and canvas.dim() == 1 and canvas.dtype == torch.long
+        ):
+            what = f"canvas() gave {_described(canvas)}; return a 1-D long tensor"
             raise self.origins.violation("backbone", self.origins.backbone, what)
         if isinstance(self.backbone, KeepsState):
             self.backbone.hold(prompt_ids)
@@ -505,10 +507,12 @@ class Engine:
             reported = confident and isinstance(self.backbone, ReportsConfidence)
             for i, row in enumerate(out):
                 tokens, given = (row[0] if reported else row), batch.tokens[i]
-                if not _token_row(tokens, given.shape):
+                same = isinstance(tokens, torch.Tensor) and tokens.shape == given.shape
+                if not (same and tokens.dtype == given.dtype):
                     what = (
                         f"denoise_step() returned row {i} as {_described(tokens)} for a row of "
-                        f"{given.numel()} token ids; return a 1-D integer tensor as long as the row"
+                        f"{given.numel()} token ids; return each row as long as it came, in its "
+                        "dtype"
                     )
                     raise self.origins.violation("backbone", self.origins.backbone, what)
             return out
@@ -719,18 +723,6 @@ def _charged(owners: list[tuple[str, Owners]], same: list[int]) -> tuple[str, Ow
 def _computed(wait: Wait) -> Iterable[int]:
     """The rows of a request a round computes."""
     return wait.computed() if isinstance(wait, DenoiseWait) else range(len(wait.rows))
-
-
-def _token_row(tokens: object, shape: torch.Size | None) -> bool:
-    """A row of token ids: a 1-D integer tensor (of `shape`, when given)."""
-    return (
-        isinstance(tokens, torch.Tensor)
-        and tokens.dim() == 1
-        and not tokens.dtype.is_floating_point
-        and not tokens.dtype.is_complex
-        and tokens.dtype != torch.bool
-        and (shape is None or tokens.shape == shape)
-    )
 
 
 def _described(value: object) -> str:
