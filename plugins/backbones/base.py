@@ -28,6 +28,7 @@ from dllmbench.core.errors import UserError
 from dllmbench.core.flops import Work
 from dllmbench.core.keys import torch_generator
 from dllmbench.core.types import Prompt
+from dllmbench.plugins.backbones.cpu_linear import use_onednn
 from dllmbench.plugins.backbones.loading import (
     char_tokenizer,
     checkpoint_files,
@@ -231,6 +232,8 @@ class DiffusionBackbone(abc.ABC):
                 self.arch, str(self.checkpoint), self.device, self.dtype
             )
         self.transformer.to(self.device).eval().requires_grad_(False)
+        if self.device.type == "cpu":  # float32 linears through oneDNN (cpu_linear.py)
+            use_onednn(self.transformer)
         self.mask_id = (
             c.mask_id
             if c.mask_id is not None

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from peft.tuners.tuners_utils import BaseTunerLayer
 
 from dllmbench.core.errors import UserError
+from dllmbench.plugins.backbones.cpu_linear import use_onednn
 
 
 def tuner_layers(net: torch.nn.Module) -> list[BaseTunerLayer]:
@@ -67,6 +68,8 @@ def inject(
     for param in net.parameters():  # the base stays frozen; adapters train only when asked
         param.requires_grad_(False)
     net.eval()  # the new LoRA dropout modules start in training mode
+    if next(net.parameters()).device.type == "cpu":  # the adapter's linears too
+        use_onednn(net)
     switch(net, None)
 
 
