@@ -1,5 +1,6 @@
 """A toy backbone that takes its time (`delay` seconds per forward), so that a test can kill a
-share of a launched run while it runs. Registered in child processes only, through
+share of a launched run while it runs; with `until=PATH` only while PATH exists, so that what
+runs after the kill runs at the toy's own speed. Registered in child processes only, through
 DLLMBENCH_PLUGIN_MODULES (with this folder on PYTHONPATH).
 
 With DLLMBENCH_LEDGER_LOG=FILE set, every charge of the ledger appends a line to FILE: the
@@ -24,6 +25,7 @@ from dllmbench.testing.doubles import ToyBackbone, ToyBackboneConfig
 class SlowToyConfig(ToyBackboneConfig):
     delay: float = 0.1  # seconds per denoising forward
     load_delay: float = 0.0  # seconds the backbone takes to load
+    until: str = ""  # a file: the delay only while it exists ("": always)
 
 
 class SlowToy(ToyBackbone):
@@ -34,7 +36,8 @@ class SlowToy(ToyBackbone):
         time.sleep(self.config.load_delay)
 
     def denoise_step(self, batch: StepBatch) -> list[torch.Tensor]:
-        time.sleep(self.config.delay)
+        if not self.config.until or os.path.exists(self.config.until):
+            time.sleep(self.config.delay)
         return super().denoise_step(batch)
 
 

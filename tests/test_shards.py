@@ -633,8 +633,10 @@ def test_a_process_killed_holding_chunks_is_taken_over(tmp_path):
     """Two tasks of a Slurm step (no launcher to stop the others): the second is killed while
     it holds a chunk; the first takes the chunk over and finishes the run, with no record
     missing or written twice, and compute.json accounting for every record exactly."""
-    out = tmp_path / "killed"
-    procs = slurm_step(*slow_run("toy_slow:delay=0.4"), "--out", out, env=slow_env())
+    out, slow = tmp_path / "killed", tmp_path / "slow"
+    slow.touch()  # slow until the kill, so that the second is killed holding its chunk
+    backbone = f"toy_slow:delay=0.4,until={slow}"
+    procs = slurm_step(*slow_run(backbone), "--out", out, env=slow_env())
     second = out / "samples.shard-2-of-2.jsonl"
     wait_until(lambda: second.exists() and second.read_text().count("\n") >= 2, procs)
     beat = json.loads((out / "heartbeat.shard-2-of-2.json").read_text())
@@ -650,6 +652,7 @@ def test_a_process_killed_holding_chunks_is_taken_over(tmp_path):
     assert chunks["held"] + chunks["done"] + chunks["free"] == 3
     assert not running["complete"]
     os.kill(beat["pid"], signal.SIGKILL)
+    slow.unlink()
     _, stderr = procs[0].communicate(timeout=600)
     procs[1].wait()
     assert procs[0].returncode == 0, stderr
@@ -700,14 +703,16 @@ def test_a_killed_share_resumes_and_compute_json_counts_every_invocation(tmp_pat
     """kill -9 of a fixed share mid-run: `merge --wait` names it at once; run again, it
     resumes; compute.json keeps both of its invocations and its total is exactly the
     records' ledgers, with the killed invocation's unrecorded work apart."""
-    out = tmp_path / "killed"
+    out, slow = tmp_path / "killed", tmp_path / "slow"
+    slow.touch()  # slow until the kill, so that it is killed mid-run
     env = slow_env()
-    argv = [*slow_run(), "--out", str(out)]
+    argv = [*slow_run(f"toy_slow:delay=0.1,until={slow}"), "--out", str(out)]
     proc = dllmbench_process(*argv, "--shard", "2/2", env=env)
     second = out / "samples.shard-2-of-2.jsonl"
     wait_until(lambda: second.exists() and second.read_text().count("\n") >= 2, [proc])
     proc.kill()
     proc.communicate()
+    slow.unlink()
     waited = cli_subprocess("merge", out, "--wait", "--wait-timeout", "60", env=env)
     assert_user_error(waited, "share 2/2 (pid", "died without finishing", "--shard 2/2")
     again = cli_subprocess(*argv, "--shard", "2/2", env=env, timeout=300)
