@@ -80,6 +80,37 @@ def test_native_class_is_bidirectional_and_matches_a_reference_forward(cls):
     assert (native - causal).abs().max() > 1e-3  # the causal mask really is off
 
 
+@pytest.mark.parametrize("cls", [Dream, LLaDA])
+def test_a_batch_without_padding_goes_without_a_mask_and_stays_bidirectional(cls):
+    """`hidden` leaves the mask out when no row is padded: the same bits as the all-ones mask
+    (bidirectional, as the test above shows of the unmasked forward), and a padded batch keeps
+    its mask."""
+    bb = cls(model="random", seed=3)
+    ids = torch.randint(0, len(bb.tokenizer), (3, 17), generator=torch.Generator().manual_seed(1))
+    ones = torch.ones_like(ids)
+    masks = []
+    model_forward = bb.transformer.model.forward
+
+    def forward(*args, **kwargs):
+        masks.append(kwargs["attention_mask"])
+        return model_forward(*args, **kwargs)
+
+    bb.transformer.model.forward = forward
+    unmasked = bb.hidden(ids, ones)
+    assert masks == [None]
+    with torch.no_grad():
+        masked = bb.transformer.model(
+            input_ids=ids, attention_mask=ones, position_ids=torch.arange(17).expand(3, -1)
+        ).last_hidden_state
+    if bb.shift:
+        masked = torch.cat([masked[:, :1], masked[:, :-1]], dim=1)
+    assert torch.equal(unmasked, masked)
+    padded = ones.clone()
+    padded[0, :2] = 0
+    bb.hidden(ids, padded)
+    assert masks[-1] is not None and torch.equal(masks[-1], padded)
+
+
 def test_dream_shifts_logits_and_llada_does_not():
     for cls, shifted in ((Dream, True), (LLaDA, False)):
         bb = cls(model="random")

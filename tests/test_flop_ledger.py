@@ -252,12 +252,15 @@ def test_recorded_flops_equal_a_hand_count_of_what_the_model_computed(
     forward = modeling_qwen2.Qwen2Model.forward
 
     def observed_forward(self, *args, **kwargs):
-        lengths = kwargs["attention_mask"].sum(-1).tolist()
+        mask = kwargs["attention_mask"]  # None: a batch without padding
+        if mask is None:
+            mask = torch.ones_like(kwargs["input_ids"])
+        lengths = mask.sum(-1).tolist()
         adapter = _lora(scoring[0], hidden, width, layers) if scoring[0] else 0
         causal = kwargs.get("is_causal") is True
         keys = sum(n * (n + 1) // 2 if causal else n * n for n in lengths)
         counted["flops"] += 2 * (body + adapter) * sum(lengths) + 4 * layers * hidden * keys
-        last_mask[:] = [kwargs["attention_mask"]]
+        last_mask[:] = [mask]
         return forward(self, *args, **kwargs)
 
     head = DiffusionBackbone.head

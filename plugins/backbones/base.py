@@ -368,13 +368,16 @@ class DiffusionBackbone(abc.ABC):
     def hidden(self, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """Last hidden states [B, L, H] of the bidirectional forward, aligned with the logits
         the sampler reads: shifted one position right for Dream."""
+        # a batch without padding goes without a mask: the same attention, and SDPA takes its
+        # unmasked kernel (about 6% of the demo's forward on the CPU; FlashAttention on a GPU)
+        padded = not bool(attn.all())
         ids, attn = ids.to(self.device), attn.to(self.device)
         if self.config.attention == "packed":
             out = packed_hidden(self.transformer, ids, attn, self.pad_id)
         else:
             positions = (attn.cumsum(-1) - 1).clamp(min=0)
             out = self.transformer.model(
-                input_ids=ids, attention_mask=attn, position_ids=positions
+                input_ids=ids, attention_mask=attn if padded else None, position_ids=positions
             ).last_hidden_state
         if self.shift:
             out = torch.cat([out[:, :1], out[:, :-1]], dim=1)
