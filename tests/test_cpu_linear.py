@@ -93,6 +93,13 @@ def test_switched_off_the_module_is_as_torch_made_it():
     assert spy.call_count == 0
 
 
+def test_the_check_at_first_use_leaves_the_global_generator_alone():
+    cpu_linear.available.cache_clear()
+    state = torch.random.get_rng_state()
+    assert cpu_linear.available()
+    assert torch.equal(torch.random.get_rng_state(), state)
+
+
 def test_an_unusable_onednn_leaves_every_linear_alone():
     layer = _layer(16, 16, True)
     with mock.patch.object(cpu_linear, "available", lambda: False):
