@@ -3,9 +3,10 @@
 torch computes a float32 `nn.Linear` on the CPU with MKL, and MKL runs its AVX2 code on AMD
 processors even where they have AVX-512. oneDNN, torch's other CPU library (the one its
 bfloat16 matmuls already use), runs the AVX-512 code: on a Zen 5 core the demo model's
-linears take 2.1 to 2.3 times less time through it, and a denoising forward about 1.5 times
-less (`benchmarks/bench_cpu_linear.py`). Both sum each output in float32; they can differ in
-the last bits where a row is longer than oneDNN's block of 128, as two BLAS builds do.
+linears over a thousand rows or more take 2.1 to 2.5 times less time through it (1.8 to 2.0 at
+256 rows), and a denoising forward 1.2 to 1.6 times less (`benchmarks/bench_cpu_linear.py`).
+Both sum each output in float32; they can differ in the last bits where a row is longer than
+oneDNN's block of 128, as two BLAS builds do.
 
 Below `MIN_ROWS` rows oneDNN's set-up costs more than the product saves, so small inputs stay
 with torch's own linear, as does everything that needs a gradient, every other device and
