@@ -219,9 +219,16 @@ def _marker_lines(ax) -> list[Line2D]:
     return [line for line in ax.get_lines() if line.get_marker() not in ("None", "", "_", "|")]
 
 
+def _drawn(fig) -> None:
+    """Lay the figure out and draw it, unless nothing changed since it was last drawn: the
+    boxes read after it are those the renderer draws."""
+    if fig.stale:
+        fig.canvas.draw()
+
+
 def _inside(fig, ax, legend) -> bool:
     """Whether a legend's box overlaps the axes' data area."""
-    fig.canvas.draw()
+    _drawn(fig)
     return legend.get_window_extent().overlaps(ax.get_window_extent())
 
 
@@ -245,7 +252,7 @@ def _drawn_tick_labels(axis) -> list[Text]:
 def _texts(fig) -> list[Text]:
     """Every text a figure draws, once drawn: titles, axis labels, captions, annotations,
     legend entries, and the tick labels each axis draws."""
-    fig.canvas.draw()
+    _drawn(fig)
     axes = [axis for ax in _axes(fig) for axis in (ax.xaxis, ax.yaxis)]
     ticks = {
         id(label)
