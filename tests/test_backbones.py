@@ -219,7 +219,7 @@ class MaskLover(torch.nn.Module):
         torch.nn.init.zeros_(self.lm_head.weight)
         self.lm_head.weight.data[mask_id] = 10.0
 
-    def model(self, input_ids, attention_mask=None, position_ids=None):
+    def model(self, input_ids, attention_mask=None, position_ids=None, use_cache=None):
         hidden = torch.ones(*input_ids.shape, 1)
         return type("Out", (), {"last_hidden_state": hidden})()
 

@@ -377,7 +377,10 @@ class DiffusionBackbone(abc.ABC):
         else:
             positions = (attn.cumsum(-1) - 1).clamp(min=0)
             out = self.transformer.model(
-                input_ids=ids, attention_mask=attn if padded else None, position_ids=positions
+                input_ids=ids,
+                attention_mask=attn if padded else None,
+                position_ids=positions,
+                use_cache=False,  # a denoising forward keeps no keys and values
             ).last_hidden_state
         if self.shift:
             out = torch.cat([out[:, :1], out[:, :-1]], dim=1)

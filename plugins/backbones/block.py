@@ -438,6 +438,7 @@ class BlockDiffusion(DiffusionBackbone):
                 input_ids=ids.to(self.device),
                 attention_mask=mask.to(self.device),
                 position_ids=pos.to(self.device),
+                use_cache=False,
             ).last_hidden_state
         return self.head(out)
 

@@ -177,7 +177,9 @@ def packed_hidden(model: torch.nn.Module, ids: torch.Tensor, attn: torch.Tensor,
     )
     mask = document_block_mask(doc)
     with attention_implementation(model, _registered()):
-        out = model.model(input_ids=flat, attention_mask=mask, position_ids=positions)
+        out = model.model(
+            input_ids=flat, attention_mask=mask, position_ids=positions, use_cache=False
+        )
     hidden = out.last_hidden_state
     full = hidden.new_zeros(rows, ids.shape[1], hidden.shape[-1])
     full[real] = hidden[0, :used]

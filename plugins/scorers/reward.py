@@ -359,7 +359,11 @@ class RewardScorer:
         causal = self.settings["attention"] == "causal"
         with active(self.net, self.adapter):
             hidden = self.net.model(
-                input_ids=ids, attention_mask=attn, position_ids=positions, is_causal=causal
+                input_ids=ids,
+                attention_mask=attn,
+                position_ids=positions,
+                is_causal=causal,
+                use_cache=False,
             ).last_hidden_state.float()
         start = torch.tensor(
             [o + p for o, p in zip(offsets, prompt_lens, strict=True)], device=ids.device
