@@ -15,6 +15,7 @@ it asks `isinstance(obj, Capability)` or calls one of the small readers at the b
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -510,13 +511,19 @@ KIND_PROTOCOLS: dict[str, type] = {
 
 def protocol_members(protocol: type) -> list[str]:
     """The attribute and method names a Protocol declares (its bases' included)."""
+    return list(_protocol_members(protocol))
+
+
+@functools.cache
+def _protocol_members(protocol: type) -> tuple[str, ...]:
+    """`protocol_members`, read once per Protocol (a plugin is held to one at every build)."""
     names: set[str] = set()
     for base in protocol.__mro__:
         if base in (Protocol, object) or base.__name__ == "Generic":
             continue
         names |= set(inspect.get_annotations(base))
         names |= {k for k, v in base.__dict__.items() if callable(v) and not k.startswith("_")}
-    return sorted(names)
+    return tuple(sorted(names))
 
 
 def missing_members(obj: object, protocol: type) -> list[str]:
@@ -617,10 +624,10 @@ def weight_files(obj: object) -> dict[str, list[Path]]:
 
 
 def config_class(factory: object) -> type | None:
-    """A factory's `Config` dataclass, or None when it declares none."""
-    if isinstance(factory, HasConfig) and dataclasses.is_dataclass(factory.Config):
-        return factory.Config
-    return None
+    """A factory's `Config` dataclass, or None when it declares none (`HasConfig`, read
+    with getattr: a runtime Protocol's isinstance costs more than the build it checks)."""
+    config = getattr(factory, "Config", None)
+    return config if config is not None and dataclasses.is_dataclass(config) else None
 
 
 def contract_configs(factory: object) -> list[dict[str, Any]]:

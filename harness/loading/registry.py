@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import types
 import typing
@@ -44,6 +45,13 @@ def options(factory: Any) -> list[str]:
     params = inspect.signature(factory).parameters.values()
     kinds = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     return [p.name for p in params if p.kind in kinds and p.name not in SHARED]
+
+
+@functools.cache
+def _hints(config_cls: type) -> dict[str, Any]:
+    """The resolved field types of a `Config` dataclass, read once per class (callers only
+    read them)."""
+    return typing.get_type_hints(config_cls)
 
 
 class _Mismatch(Exception):
@@ -175,7 +183,7 @@ class Registry:
         config_cls = config_class(factory)
         if config_cls is None:
             return dict(config)
-        hints = typing.get_type_hints(config_cls)
+        hints = _hints(config_cls)
         out = {}
         for key, value in config.items():
             if key in unchecked or key not in hints:
