@@ -21,6 +21,7 @@ from dllmbench.core.flops import Flops, ModelShape, Work, flops, format_flops, s
 from dllmbench.core.ledger import Ledger
 from dllmbench.demo import TASK_CONFIG, TINY_DIR
 from dllmbench.execution import engine
+from dllmbench.plugins.backbones import base
 from dllmbench.plugins.backbones.base import DiffusionBackbone
 from dllmbench.plugins.methods import FAMILIES
 from dllmbench.plugins.scorers.reward import RewardScorer
@@ -231,16 +232,11 @@ def _readout(kind: str, hidden: int) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", [name for name, _, _ in FAMILIES])
-def test_recorded_flops_equal_a_hand_count_of_what_the_model_computed(
-    family, tmp_path, monkeypatch
-):
-    """Each family alone on the demo's first problem at a FLOP budget: every forward of the
-    transformer (its rows' real lengths), every application of the LM head (its positions)
-    and of a scorer's readout is observed, and the FLOPs are worked out by hand from the
-    tiny model's config.json (2·P·tokens + 2·P_head·head positions + 4·layers·width·Σ keys).
-    The record's FLOPs must agree within 0.1%. Rows that are one computation are computed
-    once each here (the engine otherwise computes them once and charges every row)."""
+def _observe(monkeypatch) -> Counter[str]:
+    """Observe every forward of the tiny transformer (its rows' real lengths), every
+    application of the LM head (its positions) and of a scorer's readout, and count their
+    FLOPs by hand from the tiny model's config.json (2·P·tokens + 2·P_head·head positions +
+    4·layers·width·Σ keys) into the returned counter's "flops"."""
     c = _tiny()
     hidden, width, layers = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
     body = layers * (4 * hidden * hidden + 3 * hidden * width)  # q, k, v, o and the MLP
@@ -283,18 +279,54 @@ def test_recorded_flops_equal_a_hand_count_of_what_the_model_computed(
         counted["flops"] += 2 * _readout(self.kind, hidden) * len(tokens)
         return out
 
-    # rows that are one computation (equal final states scored, equal steps) are computed once
-    # but charged to each row as if alone: computing each makes what runs what is charged
-    monkeypatch.setattr(engine, "_identical", lambda rows: [[n] for n, _ in enumerate(rows)])
     monkeypatch.setattr(modeling_qwen2.Qwen2Model, "forward", observed_forward)
     monkeypatch.setattr(DiffusionBackbone, "head", observed_head)
     monkeypatch.setattr(RewardScorer, "logits", observed_logits)
+    return counted
+
+
+@pytest.mark.parametrize("family", [name for name, _, _ in FAMILIES])
+def test_recorded_flops_equal_a_hand_count_of_what_the_model_computed(
+    family, tmp_path, monkeypatch
+):
+    """Each family alone on the demo's first problem at a FLOP budget, its forwards observed
+    and counted by hand (`_observe`): the record's FLOPs must agree within 0.1%. Rows that
+    are one computation, and rows of one canvas, are computed once each here (the engine and
+    the backbone otherwise compute them once and charge every row as if it ran alone)."""
+    counted = _observe(monkeypatch)
+    # computing each row makes what runs what is charged
+    monkeypatch.setattr(engine, "_identical", lambda rows: [[n] for n, _ in enumerate(rows)])
+    monkeypatch.setattr(base, "distinct_rows", _every_row)
     out = tmp_path / "run"
     argv = ["run", "--limit", "1", "--budget", DEMO_FLOPS, "--methods", family, "--out", out]
     assert main([*map(str, argv), "--json"]) == 0
     (record,) = [json.loads(line) for line in (out / "samples.jsonl").open()]
     recorded = record["ledger"]["total_flops"]
     assert recorded == pytest.approx(counted["flops"], rel=1e-3), (family, record["ledger"])
+
+
+def _every_row(rows) -> tuple[list[int], list[int]]:
+    """`distinct_rows` that calls every row distinct."""
+    every = list(range(len(rows)))
+    return every, every
+
+
+def test_physical_flops_count_each_canvas_once_as_the_model_computed_it(tmp_path, monkeypatch):
+    """Families whose rows share canvases (every row of a problem starts from the same one;
+    resampling copies a particle's canvas to its children; an ensemble steps one canvas at
+    several settings) on the demo's first problem: compute.json's physical FLOPs equal a
+    hand count of the forwards the model ran (`_observe`), and are well below the FLOPs
+    charged, which count every row as if it ran alone."""
+    counted = _observe(monkeypatch)
+    out = tmp_path / "run"
+    argv = ["run", "--limit", "1", "--budget", "208", "--methods", "majority,smc,hex,ensemble"]
+    assert main([*argv, "--out", str(out), "--json"]) == 0
+    total = json.loads((out / "compute.json").read_text())["total"]
+    physical = sum(kind["flops"] for kind in total["physical"].values())
+    assert physical == pytest.approx(counted["flops"], rel=1e-3)
+    denoise = total["physical"]["denoise"]
+    assert denoise["tokens"] == denoise["real_tokens"]  # one problem: no padding
+    assert physical < 0.8 * sum(total["charged_flops"].values())
 
 
 # -- what came before ---------------------------------------------------------------------------

@@ -320,6 +320,18 @@ class CountsTokens(Protocol):
 
 
 @runtime_checkable
+class SharesCanvases(Protocol):
+    """A backbone that computes the forward of each distinct canvas of a denoising batch
+    once: rows with the same tokens share it (a row's forward is a function of its canvas
+    alone), and each is still sampled with its own key. `computed_rows`: the rows whose
+    forward it computes, the first of each canvas. compute.json's physical tokens and FLOPs
+    count those; what each method is charged does not change (every row its passes, as if it
+    ran alone)."""
+
+    def computed_rows(self, batch: StepBatch) -> list[int]: ...
+
+
+@runtime_checkable
 class HasModelShape(Protocol):
     """A backbone or scorer that states its `ModelShape` (matmul parameters, head, layers,
     attention width) for the FLOP ledger. A `TransformerBackbone` without it is read from its

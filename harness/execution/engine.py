@@ -40,6 +40,7 @@ from dllmbench.api.interfaces import (
     ScoreBatch,
     Scorer,
     SearchStrategy,
+    SharesCanvases,
     StepBatch,
     Task,
     TransformerBackbone,
@@ -227,6 +228,7 @@ class Engine:
         # who counts its own work: runtime Protocol checks, asked once rather than per forward
         self._step_work = backbone if isinstance(backbone, CountsStepWork) else None
         self._packs = backbone if isinstance(backbone, CountsTokens) else None
+        self._shares = backbone if isinstance(backbone, SharesCanvases) else None
         self._score_work = {
             name: scorer for name, scorer in scorers.items() if isinstance(scorer, CountsScoreWork)
         }
@@ -414,7 +416,16 @@ class Engine:
             seconds = time.perf_counter() - start
             widths = [lengths[j] for j in batch]
             row_flops = [None if shape is None else passes * flops(shape, w) for w in works]
-            own = None if shape is None else sum(f for f in row_flops if f is not None)
+            # what the model computed: a row that shares its canvas's forward still has the
+            # head applied at its own positions
+            computed = self._computed_rows(call)
+            alone = set(computed)
+            own = None
+            if shape is not None:
+                own = sum(
+                    passes * flops(shape, w if k in alone else Work(0, 0, w.head))
+                    for k, w in enumerate(works)
+                )
             for j, output, cost in zip(batch, outputs, row_flops, strict=True):
                 for n in same[j]:
                     wait, i = flat[n]
@@ -428,7 +439,10 @@ class Engine:
                 kind,
                 [_charged(owners, same[j]) for j in batch],
                 seconds,
-                tokens=(self._computed_tokens(kind, widths), sum(widths)),
+                tokens=(
+                    self._computed_tokens(kind, [widths[k] for k in computed]),
+                    sum(widths[k] for k in computed),
+                ),
                 flops=own,
             )
 
@@ -457,6 +471,13 @@ class Engine:
         if isinstance(call, _Scoring) and call.scorer in self._score_work:
             return list(self._score_work[call.scorer].score_work(call.batch))
         return [Work.full(len(t), head=1) for t in call.tokens]
+
+    def _computed_rows(self, call: StepBatch | _Scoring) -> list[int]:
+        """The rows of a call whose forward is computed: the first of each canvas where the
+        backbone shares one canvas's forward among its rows (`SharesCanvases`), else all."""
+        if isinstance(call, StepBatch) and self._shares is not None:
+            return self._shares.computed_rows(call)
+        return list(range(len(call.tokens)))
 
     def _computed_tokens(self, kind: str, widths: list[int]) -> int:
         """Tokens one forward over rows of these widths computed: the backbone's own count

@@ -16,7 +16,7 @@ import abc
 import dataclasses
 import hashlib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal, get_args
@@ -202,6 +202,19 @@ def parallel_commits(
     return eligible & top_ranked(confidence[None], k, ties[None])[0]
 
 
+def distinct_rows(rows: Iterable[torch.Tensor]) -> tuple[list[int], list[int]]:
+    """The first of each distinct row (same length and tokens) in order, and for every row
+    the position of its own among those firsts."""
+    seen: dict[bytes, int] = {}
+    first, inverse = [], []
+    for i, row in enumerate(rows):
+        n = seen.setdefault(row.cpu().numpy().tobytes(), len(first))
+        if n == len(first):
+            first.append(i)
+        inverse.append(n)
+    return first, inverse
+
+
 class DiffusionBackbone(abc.ABC):
     """A masked-diffusion LM on a native transformers class. Subclasses supply `commit`.
 
@@ -367,7 +380,23 @@ class DiffusionBackbone(abc.ABC):
     @torch.no_grad()
     def hidden(self, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """Last hidden states [B, L, H] of the bidirectional forward, aligned with the logits
-        the sampler reads: shifted one position right for Dream."""
+        the sampler reads: shifted one position right for Dream. Rows of one canvas (the
+        same tokens and padding) are computed once and share the result: a row's forward is a
+        function of its canvas alone, whatever else the batch holds (`SharesCanvases`)."""
+        first, inverse = distinct_rows(torch.cat([ids, attn.to(ids.dtype)], dim=1))
+        if len(first) == ids.shape[0]:
+            return self._hidden(ids, attn)
+        out = self._hidden(ids[first], attn[first])
+        return out[torch.tensor(inverse, device=out.device)]
+
+    def computed_rows(self, batch: StepBatch) -> list[int]:
+        """The rows of a denoising batch whose forward this backbone computes: the first of
+        each canvas (`hidden` shares it with the rest), every row with the fast cache on."""
+        if self.fast_cache is not None:
+            return list(range(len(batch.tokens)))
+        return distinct_rows(batch.tokens)[0]
+
+    def _hidden(self, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         # a batch without padding goes without a mask: the same attention, and SDPA takes its
         # unmasked kernel (about 6% of the demo's forward on the CPU; FlashAttention on a GPU)
         padded = not bool(attn.all())

@@ -420,6 +420,10 @@ class BlockDiffusion(DiffusionBackbone):
             kv = new[:, :, :, lo - plan.start : hi - plan.start].clone()
             self.store.put(plan.root, digest, Entry(parent, lo, hi, kv))
 
+    def computed_rows(self, batch: StepBatch) -> list[int]:
+        """Every row: a block step computes each row's own queries against its own cache."""
+        return list(range(len(batch.tokens)))
+
     def logits(self, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """Logits [B, L, V] of a left-padded batch under the block-causal mask (each row's
         blocks counted from its first real token), no cache."""
