@@ -231,7 +231,6 @@ def _readout(kind: str, hidden: int) -> int:
     return (256 * 256 if step else 0) + (hidden + step) * width + width
 
 
-@pytest.mark.slow
 def _observe(monkeypatch) -> Counter[str]:
     """Observe every forward of the tiny transformer (its rows' real lengths), every
     application of the LM head (its positions) and of a scorer's readout, and count their
@@ -285,6 +284,7 @@ def _observe(monkeypatch) -> Counter[str]:
     return counted
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", [name for name, _, _ in FAMILIES])
 def test_recorded_flops_equal_a_hand_count_of_what_the_model_computed(
     family, tmp_path, monkeypatch
@@ -311,6 +311,7 @@ def _every_row(rows) -> tuple[list[int], list[int]]:
     return every, every
 
 
+@pytest.mark.slow
 def test_physical_flops_count_each_canvas_once_as_the_model_computed_it(tmp_path, monkeypatch):
     """Families whose rows share canvases (every row of a problem starts from the same one;
     resampling copies a particle's canvas to its children; an ensemble steps one canvas at
