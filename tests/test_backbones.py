@@ -111,6 +111,47 @@ def test_a_batch_without_padding_goes_without_a_mask_and_stays_bidirectional(cls
     assert masks[-1] is not None and torch.equal(masks[-1], padded)
 
 
+@pytest.mark.parametrize("cls", [Dream, LLaDA])
+def test_rows_of_one_canvas_share_a_forward_and_are_stepped_each_with_its_own_key(cls):
+    """The transformer sees each distinct canvas (tokens and padding) of a batch once; every
+    row gets the hidden states it gets alone; `computed_rows` names the first of each canvas;
+    and rows of one canvas at one step still draw their own tokens from their own keys."""
+    bb = cls(model="random", seed=3)
+    draw = torch.Generator().manual_seed(1)
+    a, b = (torch.randint(0, len(bb.tokenizer), (17,), generator=draw) for _ in range(2))
+    ids = torch.stack([a, b, a, a, b])
+    attn = torch.ones_like(ids)
+    attn[[1, 4], :3] = 0  # b's rows padded alike; an a row padded otherwise is another canvas
+    ids = torch.cat([ids, a[None]])
+    attn = torch.cat([attn, torch.cat([torch.zeros(2), torch.ones(15)]).long()[None]])
+    seen = []
+    model_forward = bb.transformer.model.forward
+
+    def forward(*args, **kwargs):
+        seen.append(kwargs["input_ids"].shape[0])
+        return model_forward(*args, **kwargs)
+
+    bb.transformer.model.forward = forward
+    shared = bb.hidden(ids, attn)
+    assert seen == [3]  # a, b padded, a padded otherwise
+    for i in range(len(ids)):
+        assert torch.equal(shared[i], bb.hidden(ids[i : i + 1], attn[i : i + 1])[0]), i
+
+    mask = bb.mask_id
+    canvas = torch.cat([a[:6], torch.full((11,), mask)])
+    other = torch.cat([b[:6], torch.full((11,), mask)])
+    rows = [canvas, canvas, other, canvas]
+    batch = StepBatch(rows, [6] * 4, [0] * 4, [11, 12, 13, 11], total_steps=4)
+    assert bb.computed_rows(batch) == [0, 2]
+    seen.clear()
+    stepped = bb.denoise_step(batch)
+    assert seen == [2]
+    assert torch.equal(stepped[0], stepped[3])  # one canvas, one key, one step: one row
+    assert not torch.equal(stepped[0], stepped[1])  # one canvas, another key
+    alone = bb.denoise_step(StepBatch([canvas], [6], [0], [12], total_steps=4))
+    assert torch.equal(stepped[1], alone[0])
+
+
 def test_dream_shifts_logits_and_llada_does_not():
     for cls, shifted in ((Dream, True), (LLaDA, False)):
         bb = cls(model="random")

@@ -383,7 +383,7 @@ class DiffusionBackbone(abc.ABC):
         the sampler reads: shifted one position right for Dream. Rows of one canvas (the
         same tokens and padding) are computed once and share the result: a row's forward is a
         function of its canvas alone, whatever else the batch holds (`SharesCanvases`)."""
-        first, inverse = distinct_rows(torch.cat([ids, attn.to(ids.dtype)], dim=1))
+        first, inverse = distinct_rows(torch.cat([ids, attn.to(ids.dtype)], dim=1).cpu())
         if len(first) == ids.shape[0]:
             return self._hidden(ids, attn)
         out = self._hidden(ids[first], attn[first])
