@@ -423,8 +423,8 @@ class Engine:
             own = None
             if shape is not None:
                 own = sum(
-                    passes * flops(shape, w if k in alone else Work(0, 0, w.head))
-                    for k, w in enumerate(works)
+                    cost if k in alone else passes * flops(shape, Work(0, 0, w.head))
+                    for k, (w, cost) in enumerate(zip(works, row_flops, strict=True))
                 )
             for j, output, cost in zip(batch, outputs, row_flops, strict=True):
                 for n in same[j]:
