@@ -625,6 +625,62 @@ def test_capacity_cuts_rows_sorted_by_length_within_both_caps():
         Capacity(problems=0)
 
 
+def test_capacity_keeps_the_rows_of_one_canvas_in_one_batch():
+    """Rows whose forward the backbone shares (`canvases`: one id per row) sit side by side
+    and are cut where the batches compute the fewest canvases × width; without ids the cut is
+    as before."""
+    lengths = [5] * 8
+    interleaved = [0, 1, 2, 3, 0, 1, 2, 3]
+    assert Capacity(batch_rows=4).batches(lengths) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    cut = Capacity(batch_rows=4).batches(lengths, interleaved)
+    assert sorted(len({interleaved[i] for i in b}) for b in cut) == [2, 2]  # each canvas once
+    assert sorted(i for b in cut for i in b) == list(range(8))
+    # two canvases of three rows: by rows alone any cut costs as much, and the first (four
+    # rows, then two) splits the second canvas; by canvases the cut keeps both whole
+    lengths, canvases = [5] * 6, [0, 0, 0, 1, 1, 1]
+    assert Capacity(batch_rows=4).batches(lengths) == [[0, 1, 2, 3], [4, 5]]
+    assert Capacity(batch_rows=4).batches(lengths, canvases) == [[0, 1, 2], [3, 4, 5]]
+
+
+class SharingToy(ToyBackbone):
+    """The toy as a backbone that computes each canvas of a batch once (`SharesCanvases`),
+    counting the canvases it computed."""
+
+    def __init__(self, **config):
+        super().__init__(**config)
+        self.computed = 0
+
+    def computed_rows(self, batch):
+        firsts: dict[bytes, int] = {}
+        for i, tokens in enumerate(batch.tokens):
+            firsts.setdefault(tokens.numpy().tobytes(), i)
+        return list(firsts.values())
+
+    def denoise_step_with_confidence(self, batch):
+        self.computed += len(self.computed_rows(batch))
+        return super().denoise_step_with_confidence(batch)
+
+
+def test_rows_of_one_canvas_are_batched_together_and_no_record_changes(monkeypatch):
+    """Every row of a problem starts from one canvas and an ensemble steps one canvas at
+    several settings: with small batches, keeping a canvas's rows in one batch computes
+    fewer canvases than cutting by length alone, and every record is the same."""
+    methods = [method(f"{name}:n=8+majority") for name in ("ensemble", "independent", "hex")]
+
+    def run() -> tuple[list[str], int, int]:
+        task, eng = engine(methods, batch_rows=6, problems_in_flight=2, size=3)
+        eng.backbone = eng._shares = SharingToy()
+        records = sorted(map(str, map(comparable, eng.run(task.problems("test")))))
+        return records, eng.backbone.computed, eng.ledger.physical()["denoise"]["forwards"]
+
+    together, computed, forwards = run()
+    monkeypatch.setattr(Engine, "_canvases", lambda self, like, items: None)
+    apart, computed_apart, forwards_apart = run()
+    assert together == apart and len(together) == 3 * len(methods)
+    assert forwards == forwards_apart  # as many forwards, each computing fewer canvases
+    assert computed < 0.9 * computed_apart
+
+
 def test_scoring_waits_are_served_before_any_denoising_step_and_resume_in_order():
     problem = ToySum(size=1).problems("test")[0]
     canvas = ToyBackbone().canvas([1, 2], GEN)

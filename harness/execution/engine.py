@@ -407,7 +407,8 @@ class Engine:
         confident = any(isinstance(w, DenoiseWait) and w.confidence is not None for w in waits)
         shape = self.shapes.get(kind)
         passes = self.passes_per_step if kind == "denoise" else 1
-        for batch in self.capacity.batches(lengths):
+        canvases = self._canvases(waits[0], [flat[rows[0]] for rows in same])
+        for batch in self.capacity.batches(lengths, canvases):
             items = [flat[same[j][0]] for j in batch]
             call = self._batch(waits[0], items)
             works = self._works(call)
@@ -478,6 +479,18 @@ class Engine:
         if isinstance(call, StepBatch) and self._shares is not None:
             return self._shares.computed_rows(call)
         return list(range(len(call.tokens)))
+
+    def _canvases(self, like: Wait, items: list[tuple[Any, int]]) -> list[int] | None:
+        """A canvas id for each row of a denoising round whose backbone computes each canvas
+        of a batch once (`SharesCanvases`), for the batches to keep rows of one canvas
+        together; None where no two rows would share a forward."""
+        if not isinstance(like, DenoiseWait) or self._shares is None or len(items) < 2:
+            return None
+        call = self._batch(like, items)
+        if len(self._shares.computed_rows(call)) == len(items):
+            return None
+        ids: dict[bytes, int] = {}
+        return [ids.setdefault(t.numpy().tobytes(), len(ids)) for t in call.tokens]
 
     def _computed_tokens(self, kind: str, widths: list[int]) -> int:
         """Tokens one forward over rows of these widths computed: the backbone's own count

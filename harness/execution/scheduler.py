@@ -52,16 +52,23 @@ class Capacity:
             return True
         return self.batch_tokens is not None and tokens >= self.round_batches * self.batch_tokens
 
-    def batches(self, lengths: Sequence[int]) -> list[list[int]]:
+    def batches(
+        self, lengths: Sequence[int], canvases: Sequence[int] | None = None
+    ) -> list[list[int]]:
         """Indices sorted by canvas length, cut into batches within the row and token caps.
 
         As many batches as filling each to the row cap takes, cut where they compute the
         fewest tokens (rows × the widest row of each batch: `_least_padding`); filled in
-        order when that cut would break the token cap."""
-        order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+        order when that cut would break the token cap. `canvases` (one id per index) names
+        the rows whose forward the backbone shares (`SharesCanvases`): they sit side by side,
+        and a batch computes each canvas of it once, so the cut keeps them together where
+        it can."""
+        key = (lambda i: lengths[i]) if canvases is None else (lambda i: (lengths[i], canvases[i]))
+        order = sorted(range(len(lengths)), key=key)
         if not order:
             return []
-        cut = _least_padding([lengths[i] for i in order], self.batch_rows)
+        shared = None if canvases is None else [canvases[i] for i in order]
+        cut = _least_padding([lengths[i] for i in order], self.batch_rows, shared)
         if self.batch_tokens is None or all(
             len(b) * lengths[order[b[-1]]] <= self.batch_tokens for b in cut
         ):
@@ -92,14 +99,21 @@ def _size(waits: Sequence[DenoiseWait]) -> tuple[int, int]:
     return sum(rows), sum(n * w.tokens.shape[1] for n, w in zip(rows, waits, strict=True))
 
 
-def _least_padding(ascending: Sequence[int], rows: int) -> list[list[int]]:
+def _least_padding(
+    ascending: Sequence[int], rows: int, canvases: Sequence[int] | None = None
+) -> list[list[int]]:
     """Positions 0..n−1 of ascending lengths cut into the fewest batches of at most `rows`
-    (⌈n / rows⌉), contiguous, so that Σ batch size × its last (widest) length is least: a
-    dynamic programme over (batches, rows covered), one vector step per batch size."""
+    (⌈n / rows⌉), contiguous, so that Σ canvases computed × the batch's last (widest) length
+    is least: a dynamic programme over (batches, rows covered), one vector step per batch
+    size. A batch computes each of its rows, or each run of equal `canvases` ids once."""
     n = len(ascending)
     if n <= rows:  # one batch holds them all: the only cut
         return [list(range(n))]
     widths = np.asarray(ascending, dtype=np.int64)
+    # new[k]: canvases begun at positions 1..k, so positions a..b−1 compute
+    # new[b−1] − new[a] + 1 canvases
+    ids = np.arange(n) if canvases is None else np.asarray(canvases)
+    new = np.concatenate([[0], np.cumsum(ids[1:] != ids[:-1])])
     never = np.iinfo(np.int64).max // 4
     best = np.full(n + 1, never, dtype=np.int64)
     best[0] = 0
@@ -108,7 +122,9 @@ def _least_padding(ascending: Sequence[int], rows: int) -> list[list[int]]:
         step = np.full(n + 1, never, dtype=np.int64)
         size = np.zeros(n + 1, dtype=np.int64)
         for d in range(1, min(rows, n) + 1):
-            cost = best[:-d] + d * widths[d - 1 :]  # the batch ending at j = d..n holds d rows
+            # the batch ending at j = d..n holds positions j−d..j−1
+            computed = new[d - 1 :] - new[: n - d + 1] + 1
+            cost = best[:-d] + computed * widths[d - 1 :]
             better = cost < step[d:]
             step[d:][better] = cost[better]
             size[d:][better] = d
