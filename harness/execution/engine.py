@@ -483,9 +483,11 @@ class Engine:
     def _canvases(self, like: Wait, items: list[tuple[Any, int]]) -> list[int] | None:
         """A canvas id for each row of a denoising round whose backbone computes each canvas
         of a batch once (`SharesCanvases`), for the batches to keep rows of one canvas
-        together; None where no two rows would share a forward."""
-        if not isinstance(like, DenoiseWait) or self._shares is None or len(items) < 2:
+        together; None where no two rows would share a forward or one batch holds them all."""
+        if not isinstance(like, DenoiseWait) or self._shares is None:
             return None
+        if len(items) <= self.capacity.batch_rows and self.capacity.batch_tokens is None:
+            return None  # one batch: no cut to place
         call = self._batch(like, items)
         if len(self._shares.computed_rows(call)) == len(items):
             return None
