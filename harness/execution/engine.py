@@ -488,11 +488,17 @@ class Engine:
             return None
         if len(items) <= self.capacity.batch_rows and self.capacity.batch_tokens is None:
             return None  # one batch: no cut to place
-        call = self._batch(like, items)
-        if len(self._shares.computed_rows(call)) == len(items):
+        firsts: dict[bytes, int] = {}  # a canvas's tokens → its first row, the canvas's id
+        canvases, repeat = [], None
+        for n, (wait, i) in enumerate(items):
+            first = firsts.setdefault(wait.tokens[i].numpy().tobytes(), n)
+            canvases.append(first)
+            if repeat is None and first != n:
+                repeat = [items[first], items[n]]
+        # whether the backbone shares a forward: asked of two rows of one canvas of the round
+        if repeat is None or len(self._shares.computed_rows(self._batch(like, repeat))) == 2:
             return None
-        ids: dict[bytes, int] = {}
-        return [ids.setdefault(t.numpy().tobytes(), len(ids)) for t in call.tokens]
+        return canvases
 
     def _computed_tokens(self, kind: str, widths: list[int]) -> int:
         """Tokens one forward over rows of these widths computed: the backbone's own count
