@@ -6,6 +6,7 @@ dataclasses' source without importing their modules."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -157,3 +158,28 @@ def test_a_default_that_is_no_literal_or_constant_is_refused(tmp_path, monkeypat
         declared_default("computed_defaults.Config", "names")
     with pytest.raises(KeyError):
         declared_default("computed_defaults.Config", "missing")
+
+
+def test_torch_threads_spin_for_a_third_of_a_millisecond_unless_the_user_says(monkeypatch):
+    """Before torch loads, `dllmbench` has its OpenMP threads spin about 0.3 ms before they
+    sleep (GOMP_SPINCOUNT=30000): not OpenMP's 3 ms, which burns busy cores, nor so short that
+    a thread sleeps in the sampler's pauses inside a forward (benchmarks/bench_busy.py). A
+    user's GOMP_SPINCOUNT or OMP_WAIT_POLICY wins; once torch is loaded nothing is set."""
+    from dllmbench.cli import SPIN_COUNT, spin_briefly
+
+    monkeypatch.delitem(sys.modules, "torch")  # as in a fresh `dllmbench` process
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    spin_briefly()
+    assert os.environ["GOMP_SPINCOUNT"] == SPIN_COUNT == "30000"
+    monkeypatch.setenv("GOMP_SPINCOUNT", "0")
+    spin_briefly()
+    assert os.environ["GOMP_SPINCOUNT"] == "0"
+    monkeypatch.delenv("GOMP_SPINCOUNT")
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    spin_briefly()
+    assert "GOMP_SPINCOUNT" not in os.environ
+    monkeypatch.delenv("OMP_WAIT_POLICY")
+    monkeypatch.setitem(sys.modules, "torch", object())  # loaded: too late to set anything
+    spin_briefly()
+    assert "GOMP_SPINCOUNT" not in os.environ

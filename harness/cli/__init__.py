@@ -42,7 +42,7 @@ COMMANDS = (run, merge, status, report, plan, plugins, tasks, collect, train_sco
 # exit statuses (docs/user-guide.md)
 OK, USER_ERROR, INTERRUPTED, BROKEN_PIPE, TERMINATED = 0, 2, 130, 141, 143
 # OpenMP spin-waits before a torch thread sleeps (`spin_briefly`)
-SPIN_COUNT = "3000"
+SPIN_COUNT = "30000"
 
 __all__ = ["COMMANDS", "Reply", "build_parser", "main"]
 
@@ -97,12 +97,15 @@ def _debugging(args: argparse.Namespace) -> bool:
 
 
 def spin_briefly() -> None:
-    """torch's CPU threads (OpenMP) wait for the next parallel region by spinning about 30 µs
-    (GOMP_SPINCOUNT=3000) before they sleep, instead of OpenMP's own 3 ms, unless
+    """torch's CPU threads (OpenMP) wait for the next parallel region by spinning about 0.3 ms
+    (GOMP_SPINCOUNT=30000) before they sleep, instead of OpenMP's own 3 ms, unless
     OMP_WAIT_POLICY or GOMP_SPINCOUNT says otherwise. On cores busy with other work a spinning
     thread burns the time its sibling needs to reach the barrier: beside two spinning processes
-    the demo cost 3.5 times its idle CPU-seconds, 1.1 now, and on idle cores it is as fast
-    (benchmarks/bench_busy.py). Read once, when torch loads: so before any command imports it."""
+    the demo cost 3.5 to 3.9 times its idle CPU-seconds, 1.1 now. A shorter spin costs as
+    little there but puts the thread to sleep in the sampler's pauses between a forward's
+    operations, to be woken for the next: on idle cores 0.3 ms made the demo 11% faster than
+    30 µs (benchmarks/bench_busy.py, docs/performance.md). Read once, when torch loads: so
+    before any command imports it."""
     if "torch" not in sys.modules and not {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"} & set(os.environ):
         os.environ["GOMP_SPINCOUNT"] = SPIN_COUNT
 
