@@ -14,6 +14,7 @@ from dllmbench.analysis.results import summarize
 from dllmbench.analysis.stats import (
     Discordant,
     Interval,
+    binomial_cdf_half,
     binomial_pmf,
     bootstrap_ci,
     entropy_bits,
@@ -182,6 +183,18 @@ def test_mcnemar_matches_scipy_binomtest(better, worse):
     p = mcnemar_p(Discordant(better, worse, 100))
     expected = 1.0 if better + worse == 0 else scipy.stats.binomtest(better, better + worse).pvalue
     assert p == pytest.approx(expected)
+
+
+def test_the_exact_mcnemar_sum_is_scipys_binomial_cdf():
+    """P(X <= k) for X ~ Binomial(m, 1/2), summed in whole numbers, equals scipy.special's
+    `bdtr` to 1e-12 relative for every k at small m and across large m, down to the smallest
+    tails (2 / 2^1000 and below) that a float holds."""
+    from scipy.special import bdtr
+
+    for m in [*range(1, 41), 200, 1319, 3000]:
+        for k in sorted({*range(min(m, 40) + 1), m // 3, m // 2, m}):
+            assert binomial_cdf_half(k, m) == pytest.approx(bdtr(k, m, 0.5), rel=1e-12), (k, m)
+    assert binomial_cdf_half(0, 1000) == 2.0**-1000 > 0
 
 
 @pytest.mark.parametrize("n", [1, 7, 100, 1319])
