@@ -57,8 +57,12 @@ def binomial_pmf(k: np.ndarray, n: int, p: float) -> np.ndarray:
 
 def binomial_cdf_half(k: int, n: int) -> float:
     """P(X <= k) for X ~ Binomial(n, 1/2), exactly: the sum of binomial coefficients over 2^n
-    in whole numbers, rounded once."""
-    return sum(math.comb(n, i) for i in range(k + 1)) / 2**n
+    in whole numbers, rounded once. Each coefficient from the one before it."""
+    total = term = 1  # C(n, 0)
+    for i in range(k):
+        term = term * (n - i) // (i + 1)  # C(n, i + 1), exact: i + 1 divides the product
+        total += term
+    return total / 2**n
 
 
 @dataclass(frozen=True)
