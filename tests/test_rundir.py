@@ -6,6 +6,7 @@ import json
 import math
 import os
 import shutil
+import signal
 from typing import Any, Protocol
 
 import pytest
@@ -294,6 +295,46 @@ def test_an_interrupted_invocation_is_in_compute_json_with_its_records(tmp_path)
     assert entry["finished"] is False
     assert entry["physical"]["denoise"]["forwards"] > 0
     assert not (tmp_path / "r" / ".lock").exists()  # the lock is given back
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_the_moment_a_record_is_on_disk_still_counts_it(tmp_path, monkeypatch, signum):
+    """Python runs a signal's handler between any two statements: a SIGTERM (or Ctrl-C) that
+    comes the moment the third record is on disk, before the invocation counts it, waits until
+    it is counted. The run stops there, and compute.json holds every record the file does."""
+    real = RunDir.append
+
+    def append(self, record):
+        real(self, record)
+        if len(self.read_records()) == 3:
+            signal.raise_signal(signum)  # its handler would run before the next statement
+
+    monkeypatch.setattr(RunDir, "append", append)
+    with pytest.raises(KeyboardInterrupt):
+        run(config(tmp_path / "r", methods=["vanilla"]))
+    (entry,) = json.loads((tmp_path / "r" / "compute.json").read_text())["invocations"]
+    assert entry["records_written"] == 3 == len(RunDir(tmp_path / "r").read_records())
+    assert entry["finished"] is False
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # as they were
+
+
+def test_interrupts_held_pass_on_the_first_signal_to_the_handler_before_it():
+    from dllmbench.running.invocation import interrupts_held
+
+    seen = []
+    handler = signal.signal(signal.SIGTERM, lambda s, frame: seen.append(("handler", s)))
+    try:
+        with interrupts_held():
+            signal.raise_signal(signal.SIGTERM)
+            signal.raise_signal(signal.SIGTERM)
+            seen.append("inside, after the signals")
+        seen.append("after")
+        assert seen == ["inside, after the signals", ("handler", signal.SIGTERM), "after"]
+        with interrupts_held():
+            seen.clear()
+        assert seen == []  # none came: none is passed on
+    finally:
+        signal.signal(signal.SIGTERM, handler)
 
 
 def test_compute_json_is_saved_before_each_record(tmp_path, monkeypatch):

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from dllmbench.core.errors import UserError
@@ -22,6 +23,31 @@ from dllmbench.core.ledger import Ledger
 from dllmbench.running.merge import check_complete
 from dllmbench.storage.heartbeat import Heartbeat
 from dllmbench.storage.rundir import RunDir
+
+INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM that arrive inside wait until it ends, then act as they would have
+    (the handler that was there before runs): what is done inside is done whole. Python runs
+    a signal's handler between any two statements, so without this a record could be on disk
+    and not counted in compute.json. In the main thread only (where handlers run); a handler
+    not set from Python is left alone."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    before = {s: h for s in INTERRUPTS if (h := signal.getsignal(s)) is not None}
+    for signum in before:
+        signal.signal(signum, lambda s, frame: caught.append(s))
+    try:
+        yield
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+        if caught:
+            signal.raise_signal(caught[0])  # to the handler restored: it runs now
 
 
 class Invocation:
@@ -102,10 +128,11 @@ class Invocation:
         # the entry first: every pass of a written record is in a saved entry, whenever a
         # kill comes (synced to disk every `save_every` seconds, written each time)
         self.save(durable=time.monotonic() - self._saved >= self.save_every)
-        self.rundir.append(record)
-        self.written += 1
-        if self.heart is not None:
-            self.heart.update(records_written=self.written)
+        with interrupts_held():  # on disk and counted, or neither, whenever Ctrl-C comes
+            self.rundir.append(record)
+            self.written += 1
+            if self.heart is not None:
+                self.heart.update(records_written=self.written)
         if self.on_record is not None:
             self.on_record(record)
 
