@@ -303,6 +303,14 @@ SYSCALLS = {
             "socket": 41,
             "socketpair": 53,
             "prlimit64": 302,
+            "setpriority": 141,
+            "sched_setparam": 142,
+            "sched_setscheduler": 144,
+            "sched_setaffinity": 203,
+            "sched_setattr": 314,
+            "ioprio_set": 251,
+            "migrate_pages": 256,
+            "move_pages": 279,
             "fcntl": 72,
             "ioctl": 16,
             "kill": 62,
@@ -409,6 +417,14 @@ SYSCALLS = {
             "socket": 198,
             "socketpair": 199,
             "prlimit64": 261,
+            "setpriority": 140,
+            "sched_setparam": 118,
+            "sched_setscheduler": 119,
+            "sched_setaffinity": 122,
+            "sched_setattr": 274,
+            "ioprio_set": 30,
+            "migrate_pages": 238,
+            "move_pages": 239,
             "fcntl": 25,
             "ioctl": 29,
             "kill": 129,
@@ -502,6 +518,22 @@ SYSCALLS = {
 # calls allowed on a condition: (argument, test, value) — the own process as target, a thread
 # rather than a process, a UNIX socket
 SIGNALS_TO_SELF = ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")
+# calls that change a process given by its pid (its limits, its scheduling, its priority, where
+# its memory lies): the kernel lets a process change any other of its uid, and without a PID
+# namespace the grader is one of them. Allowed on the program itself (pid 0 or its own) only:
+# name → (the argument saying what kind of target and its value for one process, or None; the
+# argument that holds the pid)
+ON_ITSELF: dict[str, tuple[tuple[int, int] | None, int]] = {
+    "prlimit64": (None, 0),
+    "sched_setparam": (None, 0),
+    "sched_setscheduler": (None, 0),
+    "sched_setaffinity": (None, 0),
+    "sched_setattr": (None, 0),
+    "migrate_pages": (None, 0),
+    "move_pages": (None, 0),
+    "setpriority": ((0, 0), 1),  # PRIO_PROCESS, not a process group or a whole user
+    "ioprio_set": ((0, 1), 1),  # IOPRIO_WHO_PROCESS
+}
 # fcntl commands that aim the descriptor's SIGIO (or any signal) at a process or group:
 # F_SETOWN, F_SETSIG, F_SETOWN_EX; those that lock or lease a file a host process may use
 # (F_SETLK, F_SETLKW, F_OFD_SETLK, F_OFD_SETLKW, F_SETLEASE: a shown file locked blocks its
@@ -532,9 +564,9 @@ def seccomp_program(
     machine: str, pid: int, unix_sockets: bool, threads: bool = True
 ) -> list[tuple[int, int, int, int]]:
     """The filter as (code, jt, jf, k) instructions: every call in the table denied, except a
-    clone that makes a thread (if `threads`), signals to `pid` itself, `prlimit64` on itself
-    (pid 0 or `pid`), `fcntl` and `ioctl` but for the commands that aim signals at a process,
-    and (if `unix_sockets`) UNIX sockets and socket pairs."""
+    clone that makes a thread (if `threads`), signals to `pid` itself, the calls of `ON_ITSELF`
+    aimed at itself (pid 0 or `pid`), `fcntl` and `ioctl` but for the commands that aim
+    signals at a process, and (if `unix_sockets`) UNIX sockets and socket pairs."""
     if machine not in SYSCALLS:
         raise SetupError(f"no seccomp filter for the {machine} architecture")
     arch, table = SYSCALLS[machine]
@@ -553,8 +585,12 @@ def seccomp_program(
             body = [(LD_W_ABS, 0, 0, _arg_low(0)), (JEQ_K, 0, 1, AF_UNIX), allow, deny]
         elif name in SIGNALS_TO_SELF:
             body = [(LD_W_ABS, 0, 0, _arg_low(0)), (JEQ_K, 0, 1, pid), allow, deny]
-        elif name == "prlimit64":
-            body = [(LD_W_ABS, 0, 0, _arg_low(0)), (JEQ_K, 1, 0, 0), (JEQ_K, 0, 1, pid)]
+        elif name in ON_ITSELF:
+            kind, who = ON_ITSELF[name]
+            body = []
+            if kind is not None:  # another kind of target: denied (4 on is the deny)
+                body += [(LD_W_ABS, 0, 0, _arg_low(kind[0])), (JEQ_K, 0, 4, kind[1])]
+            body += [(LD_W_ABS, 0, 0, _arg_low(who)), (JEQ_K, 1, 0, 0), (JEQ_K, 0, 1, pid)]
             body += [allow, deny]
         elif name in ("fcntl", "ioctl"):
             refused = FCNTL_REFUSED if name == "fcntl" else IOCTL_REFUSED

@@ -365,7 +365,7 @@ def test_the_seccomp_program_of_each_architecture(machine):
         nr = table[name_or_nr] if isinstance(name_or_nr, str) else name_or_nr
         return _filter_verdict(program, arch, nr, args)
 
-    conditional = ("clone", "clone3", "socket", "socketpair", "prlimit64", "fcntl", "ioctl")
+    conditional = ("clone", "clone3", "socket", "socketpair", "fcntl", "ioctl", *boot.ON_ITSELF)
     for name in table:
         if name not in (*conditional, *boot.SIGNALS_TO_SELF):
             assert verdict(name) == eperm, name
@@ -377,6 +377,21 @@ def test_the_seccomp_program_of_each_architecture(machine):
     # its own limits (pid 0 or its own), never another process's
     assert verdict("prlimit64", 0, 7) == allow and verdict("prlimit64", me, 7) == allow
     assert verdict("prlimit64", 1, 7) == eperm and verdict("prlimit64", me + 1, 7) == eperm
+    # its own scheduling, priority and memory placement; never another process's, a group's
+    # or a user's (PRIO_PGRP, PRIO_USER; IOPRIO_WHO_PGRP, IOPRIO_WHO_USER)
+    for name in ("sched_setparam", "sched_setscheduler", "sched_setaffinity", "sched_setattr"):
+        assert verdict(name, 0, 5) == allow and verdict(name, me, 5) == allow, name
+        assert verdict(name, 1, 5) == eperm and verdict(name, me + 1, 5) == eperm, name
+    for name in ("migrate_pages", "move_pages"):
+        assert verdict(name, 0) == allow and verdict(name, 1) == eperm, name
+    assert verdict("setpriority", 0, 0, 10) == allow and verdict("setpriority", 0, me, 10) == allow
+    assert verdict("setpriority", 0, 1, 10) == eperm
+    assert verdict("setpriority", 1, 0, 10) == eperm and verdict("setpriority", 2, me, 10) == eperm
+    assert verdict("ioprio_set", 1, 0, 3 << 13) == allow
+    assert verdict("ioprio_set", 1, me, 3 << 13) == allow
+    assert verdict("ioprio_set", 1, 1, 3 << 13) == eperm
+    assert verdict("ioprio_set", 2, 0, 3 << 13) == eperm
+    assert verdict("ioprio_set", 3, me, 3 << 13) == eperm
     # a descriptor's signals aimed elsewhere: F_SETOWN, F_SETSIG, F_SETOWN_EX; FIOSETOWN
     for cmd in (8, 10, 15):
         assert verdict("fcntl", 3, cmd, 1) == eperm, cmd

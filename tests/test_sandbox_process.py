@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from dllmbench.core.errors import UserError
+from dllmbench.tasks import _sandbox_boot as boot
 from dllmbench.tasks import cgroups
 from dllmbench.tasks import sandbox as sandbox_module
 from dllmbench.tasks.data import PACKAGED
@@ -74,6 +75,56 @@ def test_prlimit_on_another_process_is_refused(isolation, victim):
     assert not outcome.passed and "PermissionError" in outcome.stderr, outcome
     assert "own limits read" in outcome.stdout  # it got past its own limits to the refusal
     assert resource.prlimit(victim.pid, resource.RLIMIT_NOFILE) == before
+    _assert_neighbours_right(neighbours)
+
+
+def _scheduling(pid: int) -> tuple:
+    return (
+        os.sched_getaffinity(pid),
+        os.sched_getscheduler(pid),
+        os.getpriority(os.PRIO_PROCESS, pid),
+    )
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_the_scheduling_of_another_process_is_left_alone(isolation, victim):
+    """Without a PID namespace the grader is a process of the program's own uid, which the
+    kernel lets it re-schedule: its CPUs, its scheduling class, its priority and I/O class (of
+    one process, or through PRIO_USER every process of the user), where its memory lies. Each
+    is refused; the program may still change its own."""
+    before = _scheduling(victim.pid), _scheduling(os.getpid())
+    calls = boot.SYSCALLS[os.uname().machine][1]
+    attack = (
+        "import os\n"
+        "os.sched_setaffinity(0, os.sched_getaffinity(0))  # its own: allowed\n"
+        "os.setpriority(os.PRIO_PROCESS, 0, 5)\n"
+        "print('own scheduling set', flush=True)\n"
+        "refused = []\n"
+        f"for pid in (os.getppid(), {victim.pid}):\n"
+        "    for call in (\n"
+        "        lambda: os.sched_setaffinity(pid, {0}),\n"
+        "        lambda: os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0)),\n"
+        "        lambda: os.sched_setparam(pid, os.sched_param(0)),\n"
+        "        lambda: os.setpriority(os.PRIO_PROCESS, pid, 19),\n"
+        "    ):\n"
+        "        try:\n"
+        "            call()\n"
+        "            refused.append(False)\n"
+        "        except OSError:\n"
+        "            refused.append(True)\n"
+        f"    refused.append(libc.syscall({calls['ioprio_set']}, 1, pid, 3 << 13) == -1)\n"
+        f"    refused.append(libc.syscall({calls['migrate_pages']}, pid, 64, None, None) == -1)\n"
+        "refused.append(libc.setpriority(2, os.getuid(), 19) == -1)  # PRIO_USER: every process\n"
+        "refused.append(libc.setpriority(1, 0, 19) == -1)  # PRIO_PGRP\n"
+        "print('refused', refused, flush=True)\n"
+        "assert all(refused)\n"
+        "assert False, 'refused, and wrong'\n"
+    )
+    outcome, neighbours = _neighbours_and(attack, isolation)
+    assert "own scheduling set" in outcome.stdout, outcome
+    assert "refused, and wrong" in outcome.stderr, outcome  # every call above was refused
+    assert not outcome.passed
+    assert (_scheduling(victim.pid), _scheduling(os.getpid())) == before
     _assert_neighbours_right(neighbours)
 
 
