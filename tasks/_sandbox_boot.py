@@ -587,11 +587,11 @@ def seccomp_program(
             body = [(LD_W_ABS, 0, 0, _arg_low(0)), (JEQ_K, 0, 1, pid), allow, deny]
         elif name in ON_ITSELF:
             kind, who = ON_ITSELF[name]
+            target = [(LD_W_ABS, 0, 0, _arg_low(who)), (JEQ_K, 1, 0, 0), (JEQ_K, 0, 1, pid), allow]
             body = []
-            if kind is not None:  # another kind of target: denied (4 on is the deny)
-                body += [(LD_W_ABS, 0, 0, _arg_low(kind[0])), (JEQ_K, 0, 4, kind[1])]
-            body += [(LD_W_ABS, 0, 0, _arg_low(who)), (JEQ_K, 1, 0, 0), (JEQ_K, 0, 1, pid)]
-            body += [allow, deny]
+            if kind is not None:  # another kind of target: on to the deny after `target`
+                body += [(LD_W_ABS, 0, 0, _arg_low(kind[0])), (JEQ_K, 0, len(target), kind[1])]
+            body += [*target, deny]
         elif name in ("fcntl", "ioctl"):
             refused = FCNTL_REFUSED if name == "fcntl" else IOCTL_REFUSED
             body = [(LD_W_ABS, 0, 0, _arg_low(1))]
