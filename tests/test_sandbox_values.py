@@ -1,6 +1,7 @@
 """Values a legitimate program returns are judged as Python's own assert would judge them:
 subclasses of the builtin types through their base type, Fraction and Decimal as numbers,
-numpy scalars and arrays as numpy values (a one-element array equals its number; `numpy.True_`
+numpy scalars and arrays as numpy values (a one-element array equals its number and is within
+a tolerance of it, a float32 is subtracted in float32; `numpy.True_`
 is not `True`), dict views as views; a class with its own equality cannot
 pass where Python's assert fails. Each case runs twice in the sandbox: as the plain asserts,
 and through the judge outside the program."""
@@ -84,6 +85,17 @@ PASSING = {
         "    return np.array([[0.5]])",
         ["assert f() == 5", "assert f() == [5]", "assert g() == 0.5", "assert f() != 4"],
     ),
+    "numpy one-element arrays and scalars within a tolerance": (
+        "import numpy as np\ndef f():\n    return np.array([0.5000001])\ndef g():\n"
+        "    return np.array([[2]])\ndef h():\n    return np.float32(0.1)",
+        [
+            "assert abs(f() - 0.5) < 1e-06",
+            "assert abs(0.5 - f()) < 1e-06",
+            "assert abs(g() - 2.0) < 1e-09",
+            "assert abs(h() - 0.1) < 1e-09",
+            "assert math.isclose(h(), 0.1, rel_tol=1e-06)",
+        ],
+    ),
     "dict keys and items for sets": (
         "def f():\n    return {1: 'a', 2: 'b'}.keys()\ndef g():\n    return {1: 'a'}.items()",
         ["assert f() == {1, 2}", "assert g() == {(1, 'a')}", "assert f() != {1}"],
@@ -118,6 +130,18 @@ FAILING = {
     "a longer array is asserted equal to nothing": (
         "import numpy as np\ndef f():\n    return np.array([1, 2])",
         ["assert f() == [1, 2]"],
+    ),
+    "a longer array within a tolerance is no truth": (
+        "import numpy as np\ndef f():\n    return np.array([0.5, 0.5])",
+        ["assert abs(f() - 0.5) < 1e-06"],
+    ),
+    "an empty array within a tolerance is no truth": (
+        "import numpy as np\ndef f():\n    return np.array([])",
+        ["assert abs(f() - 0.5) < 1e-06"],
+    ),
+    "a one-element array outside the tolerance": (
+        "import numpy as np\ndef f():\n    return np.array([0.51])",
+        ["assert abs(f() - 0.5) < 1e-06"],
     ),
     "dict values are no list": (
         "def f():\n    return {1: 'a'}.values()",
