@@ -191,6 +191,30 @@ def test_the_demo_samples_with_the_papers_dream_settings():
     assert written["data"] == TASK_CONFIG  # the model learned the demo's problems
 
 
+def test_the_shipped_models_read_every_demo_prompt_and_say_when_a_prompt_has_other_words():
+    """Every prompt of the demo's problems is in the tiny models' vocabulary; a word outside it
+    (read as end-of-text) is said once, as a `Notice` naming it."""
+    import warnings
+
+    from dllmbench.core.errors import Notice
+    from dllmbench.core.types import Prompt
+    from dllmbench.plugins.backbones.tiny_block import TinyBlock
+    from dllmbench.tasks.arith import Arith
+
+    task = Arith(**TASK_CONFIG)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Notice)
+        for backbone in (tiny.Tiny(), TinyBlock()):
+            for problem in task.problems("test")[: DEMO["limit"]]:
+                backbone.encode(task.prompt(problem, DEMO["prompt"]))
+    backbone = tiny.Tiny()
+    with pytest.warns(Notice) as said:
+        ids = backbone.encode(Prompt(text="Question: Tom has 3 apples. def f(x):"))
+        backbone.encode(Prompt(text="Question: return x"))
+    assert len(said) == 1 and "(' def', ' f', '(', 'x', ')')" in str(said[0].message)
+    assert ids.count(backbone.tokenizer.convert_tokens_to_ids("<|endoftext|>")) == 5
+
+
 @pytest.mark.slow
 def test_the_demo_gates_and_findings_hold(tmp_path, cli):
     """On the demo's problems at its first budget, the gates: Vanilla 20–70%, Oracle@8 at

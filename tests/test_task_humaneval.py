@@ -113,6 +113,10 @@ def test_a_run_end_to_end(cli, tmp_path):
     result = cli(*argv)
     assert result.code == 0, result.err
     assert "humaneval" in result.out and (out / "manifest.json").is_file()
+    # the tiny model knows arith's words only: the run says so once, in one line
+    (said,) = [line for line in result.err.splitlines() if "warning" in line]
+    assert said.startswith("dllmbench: warning: ") and "not in the vocabulary" in said
+    assert "'def'" in said and "<|endoftext|>" in said
 
 
 def test_a_replayed_check_runs_where_the_program_cannot_reach_it(task, problems):

@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import traceback
+import warnings
 from typing import Any
 
 from dllmbench import __version__
@@ -35,7 +36,7 @@ from dllmbench.cli import (
     train_scorer,
 )
 from dllmbench.cli.common import Interrupted, Parser, Reply, stdout_console
-from dllmbench.core.errors import CostMismatch, PluginViolation, Terminated, UserError
+from dllmbench.core.errors import CostMismatch, Notice, PluginViolation, Terminated, UserError
 
 COMMANDS = (run, merge, status, report, plan, plugins, tasks, collect, train_scorer, diagnose, demo)
 
@@ -140,7 +141,10 @@ def main(argv: list[str] | None = None) -> int:
         from dllmbench.loading.registry import use_plugins
 
         use_plugins(PluginSelection.from_environment(os.environ))
-        return _reply(args)
+        with warnings.catch_warnings():
+            warnings.simplefilter("always", Notice)  # each is said once where it arises
+            warnings.showwarning = _notice_line(warnings.showwarning)
+            return _reply(args)
     except UserError as exc:
         return _error(f"error: {exc}", USER_ERROR, debug)
     except PluginViolation as exc:
@@ -162,6 +166,19 @@ def main(argv: list[str] | None = None) -> int:
         return _error(f"error: cannot write to stdout: {exc}", USER_ERROR)
     finally:
         sys.stdout = stdout
+
+
+def _notice_line(show: Any) -> Any:
+    """`warnings.showwarning` that prints a `Notice` as one line on stderr and passes any
+    other warning to `show`."""
+
+    def shown(message, category, filename, lineno, file=None, line=None) -> None:
+        if issubclass(category, Notice):
+            sys.stderr.write(f"dllmbench: warning: {message}\n")
+        else:
+            show(message, category, filename, lineno, file, line)
+
+    return shown
 
 
 class StdoutFailed(Exception):

@@ -9,6 +9,12 @@ class UserError(Exception):
     """Something the user asked for cannot be done; the message says what would work."""
 
 
+class Notice(UserWarning):
+    """Something the user should know that stops nothing (a prompt the model cannot read in
+    full): a Python warning, which the command line prints as one line,
+    `dllmbench: warning: …`."""
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM (a scheduler pre-empting the job): unwinds as Ctrl-C does, so every finished
     record, the compute entry and the locks are saved or released on the way out."""

@@ -16,6 +16,7 @@ import abc
 import dataclasses
 import hashlib
 import math
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ from typing import Any, ClassVar, Literal, get_args
 import torch
 
 from dllmbench.api.interfaces import StepBatch
-from dllmbench.core.errors import UserError
+from dllmbench.core.errors import Notice, UserError
 from dllmbench.core.flops import Work
 from dllmbench.core.keys import torch_generator
 from dllmbench.core.types import Prompt
@@ -234,6 +235,7 @@ class DiffusionBackbone(abc.ABC):
         self.device, self.dtype = device_and_dtype(c.device, c.dtype)
         raw: dict[str, Any] = {}
         self.checkpoint: Path | None = None  # the checkpoint directory read, if any
+        self._unknown_told = False  # a prompt's unknown words are said once (`encode`)
         if transformer is not None:  # an in-memory model (tests, the shipped demo)
             self.transformer, self.tokenizer = transformer, tokenizer
         elif c.model == "random":
@@ -334,15 +336,40 @@ class DiffusionBackbone(abc.ABC):
 
     # -- prompts and canvases -----------------------------------------------------------------
     def encode(self, prompt: Prompt) -> list[int]:
-        if prompt.is_chat and not self.chat:
-            text = "\n\n".join(m["content"] for m in prompt.messages)
-            return list(self.tokenizer(text)["input_ids"])
-        if prompt.is_chat:
+        if prompt.is_chat and self.chat:
             ids = self.tokenizer.apply_chat_template(
                 list(prompt.messages), add_generation_prompt=True, tokenize=True
             )
             return list(ids["input_ids"] if isinstance(ids, Mapping) else ids)
-        return list(self.tokenizer(prompt.text)["input_ids"])
+        text = "\n\n".join(m["content"] for m in prompt.messages) if prompt.is_chat else prompt.text
+        ids = list(self.tokenizer(text)["input_ids"])
+        if not self._unknown_told:
+            self._tell_unknown(text, ids)
+        return ids
+
+    def _tell_unknown(self, text: str, ids: list[int]) -> None:
+        """Say once, as a `Notice`, that a prompt holds words the tokenizer reads as its unknown
+        token: the shipped tiny models know only arith's 67 pieces, and read any other word as
+        end-of-text (a byte-level tokenizer, as Dream's and LLaDA's, has no unknown word)."""
+        token = getattr(self.tokenizer, "unk_token", None)
+        if token is None:  # a tokenizers model's own (WordLevel, WordPiece)
+            model = getattr(getattr(self.tokenizer, "backend_tokenizer", None), "model", None)
+            token = getattr(model, "unk_token", None)
+        unknown = self.tokenizer.convert_tokens_to_ids(token) if token else None
+        if unknown is None or ids.count(unknown) <= text.count(token):
+            return
+        self._unknown_told = True
+        offsets = self.tokenizer(text, return_offsets_mapping=True)["offset_mapping"]
+        words = [text[a:b] for i, (a, b) in zip(ids, offsets, strict=True) if i == unknown]
+        words = [w for w in dict.fromkeys(words) if w != token]
+        shown = ", ".join(repr(w) for w in words[:5]) + (", ..." if len(words) > 5 else "")
+        warnings.warn(
+            f"{len(words)} pieces of the prompt are not in the vocabulary of {self.config.model} "
+            f"and read as {token} ({shown}): it knows only the words of the task it was "
+            "trained on",
+            Notice,
+            stacklevel=2,
+        )
 
     def canvas(self, prompt_ids: Sequence[int], gen_length: int) -> torch.Tensor:
         ids = torch.tensor(list(prompt_ids), dtype=torch.long)
