@@ -779,7 +779,7 @@ def main() -> None:
         help="comma-separated: dream, llada, block (the block model's cached step beside Dream's)",
     )
     parser.add_argument("--tiny", action="store_true", help="a tiny shape, on a CPU in seconds")
-    parser.add_argument("--device", help="default: cuda when available, else cpu")
+    parser.add_argument("--device", help="default: cuda when available (not with --tiny)")
     parser.add_argument("--dtype", help="default: bfloat16 on a GPU, float32 on a CPU")
     parser.add_argument("--peak-tflops", type=float, help="for MFU; default by device name")
     parser.add_argument("--rows", type=int, help="rows per forward")
@@ -807,7 +807,8 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--json-file", help="also write the JSON report to this file")
     args = parser.parse_args()
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    gpu = torch.cuda.is_available() and not args.tiny  # --tiny: a CPU's check unless told
+    device = torch.device(args.device or ("cuda" if gpu else "cpu"))
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     setup = SMALL if args.tiny else FULL
     block_setup = BLOCK_SMALL if args.tiny else BLOCK_FULL

@@ -36,6 +36,17 @@ def share_the_cores() -> None:
 share_the_cores()
 
 
+def hide_the_gpus() -> None:
+    """The suite tests the CPU paths, each in the dtype it names; on a machine with a GPU the
+    backbones' defaults (cuda, bfloat16) would take every model there instead. Hidden before
+    torch loads, from this process and every child (the GPU's own check is
+    `benchmarks/bench_gpu.py --check`)."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+
+hide_the_gpus()
+
+
 def pytest_configure(config):
     """The doubles are plugins for the whole session: for the registry, and in the environment
     for the command line (run here or in a child process) and the contract kit, which read

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -96,6 +97,35 @@ def test_training_moves_only_the_trained_scorers_adapter_and_head():
         if "lora_" not in k:
             torch.testing.assert_close(p, base[k])
     assert not any(p.requires_grad for p in bb.transformer.parameters())
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_the_adapter_trains_in_float32_on_a_half_precision_base(dtype):
+    """On a bfloat16 (a GPU's default) or float16 base, the adapter is float32: one AdamW step
+    at train-scorer's learning rate moves every entry of every lora_A (in the base's dtype,
+    most such steps round away), and scoring still gives the base's dtype's forward."""
+    bb = Dream(model="random", dtype=dtype)
+    prm = PRM(backbone=bb)
+    mine = adapter_parameters(prm.net, prm.adapter)
+    assert {p.dtype for p in mine.values()} == {torch.float32}
+    assert {p.dtype for k, p in bb.transformer.named_parameters() if "lora_" not in k} == {
+        getattr(torch, dtype)
+    }
+    before = {k: p.clone() for k, p in mine.items()}
+    opt = torch.optim.AdamW(prm.trainable(), lr=2e-5)
+    prm.train_mode(True)
+    rows = canvases(bb)
+    z = prm.logits([c for c, _ in rows], [p for _, p in rows])
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(
+        z.float(), torch.tensor([1.0, 0.0, 1.0])
+    )
+    loss.backward()
+    opt.step()
+    prm.train_mode(False)
+    for k, p in mine.items():
+        if "lora_A" in k:
+            assert bool((p != before[k]).all()), k
+    assert all(math.isfinite(s) for s in prm.score(batch(rows)))
 
 
 def test_bidirectional_and_causal_attention_really_differ():

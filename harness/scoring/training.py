@@ -268,7 +268,9 @@ def resume(
     path = _state_file(out)
     if not path.exists():
         return False
-    saved = torch.load(path, weights_only=True)
+    # on the CPU: a run saved on a GPU resumes anywhere (the optimizer's state follows the
+    # parameters' device as it loads)
+    saved = torch.load(path, weights_only=True, map_location="cpu")
     if json.loads(saved["config"]) != asdict(cfg):
         raise UserError(
             f"{out} holds a training run with another configuration; choose another --out"
@@ -281,6 +283,9 @@ def resume(
     state.step, state.best = int(saved["step"]), json.loads(saved["best"])
     state.history = json.loads(saved["history"])
     torch.set_rng_state(saved["rng"])
+    cuda = saved.get("cuda_rng", [])  # LoRA dropout on a GPU draws from the GPU's generator
+    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)
     return True
 
 
@@ -299,6 +304,7 @@ def save_checkpoint(
             "best": json.dumps(state.best),
             "history": json.dumps(state.history),
             "rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
         },
         _state_file(out),
     )

@@ -65,6 +65,12 @@ def inject(
         inject_adapter_in_model(config, net, adapter_name=name)
     if not any(name in layer.lora_A for layer in lora_layers(net)):
         raise UserError(f"no module of the backbone matches target_modules {list(targets)}")
+    # The adapter is float32 whatever the base's dtype (peft takes the base's): on a bfloat16
+    # base, AdamW's steps of about lr (2e-5) are below half an ulp of lora_A's entries and
+    # round away, so the adapter would hardly train. peft's LoRA forward casts its input to the
+    # adapter's dtype and the result back to the base's.
+    for param in adapter_parameters(net, name).values():
+        param.data = param.data.float()
     for param in net.parameters():  # the base stays frozen; adapters train only when asked
         param.requires_grad_(False)
     net.eval()  # the new LoRA dropout modules start in training mode
