@@ -384,6 +384,50 @@ def test_cache_memory_is_set_aside_before_a_forward_is_sized(monkeypatch):
         sized_to_memory(Capacity(), bb, 10**5)
 
 
+class _Sized(Exception):
+    pass
+
+
+@pytest.mark.parametrize("rollouts", [0, 2])
+def test_a_collection_is_sized_to_the_gpu_as_a_run_is(monkeypatch, tmp_path, rollouts):
+    """`collect` and `demo retrain`'s collection on a (pretended) GPU: the KV cache gets its
+    share of the free memory and the problems in flight are as many as fit there, each holding
+    its rows (n, and R rollouts of each at every snapshot before the end) × the longest
+    prompt's canvas, as `run` sizes them; a problem that cannot fit is one line."""
+    import dllmbench.scoring.collect as collect
+    from dllmbench.execution.engine import CACHE_SHARE, Capacity, Sampling
+    from dllmbench.loading.registry import registry
+    from dllmbench.tasks.arith import Arith
+
+    bb = BlockDiffusion(model="random")
+    bb.device = "cuda"
+    task = Arith(test_size=6)
+    problems = task.problems("test")
+    sampling = Sampling(total_steps=8, gen_length=16, prompt_style="fewshot")
+    prompt = max(len(bb.encode(task.prompt(p, "fewshot"))) for p in problems)
+    tokens = 2 * (1 + rollouts * 2) * (prompt + 16)
+    free = int(4.5 * bb.cache_bytes(tokens) / CACHE_SHARE)  # room for 4 problems' caches
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (free, free))
+    seen: list[Capacity] = []
+
+    def engine(**kwargs):
+        seen.append(kwargs["capacity"])
+        raise _Sized
+
+    monkeypatch.setattr(collect, "Engine", engine)
+    cfg = collect.CollectConfig(
+        task, bb, {}, problems, 2, [2, 4, 8], sampling, Capacity(problems=32), rollouts=rollouts
+    )
+    with pytest.raises(_Sized):
+        collect.run_collection(cfg, registry(), tmp_path / "out")
+    share = int(free * CACHE_SHARE)
+    assert seen[0].problems == share // bb.cache_bytes(tokens) == 4
+    assert bb.store.budget == share
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (10**5, 10**5))
+    with pytest.raises(UserError, match="one problem's KV cache"):
+        collect.run_collection(cfg, registry(), tmp_path / "again")
+
+
 def test_a_store_over_its_budget_frees_other_problems_then_refuses():
     from dllmbench.plugins.backbones.kvstore import Entry, PrefixStore
 

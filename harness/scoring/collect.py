@@ -45,7 +45,7 @@ from dllmbench.api.ops import Ops
 from dllmbench.core.errors import UserError
 from dllmbench.core.schema import Record, TrajectoryLine
 from dllmbench.core.types import Pool, Problem, Rows
-from dllmbench.execution.engine import Capacity, Engine, Sampling
+from dllmbench.execution.engine import Capacity, Engine, Sampling, sized_to_memory
 from dllmbench.execution.method import Method, MethodSpec
 from dllmbench.loading.provenance import config_data
 from dllmbench.loading.registry import Registry
@@ -98,6 +98,11 @@ class Trajectories:
     def pool_size(self) -> int:
         return self.n
 
+    def rows_per_problem(self, total_steps: int) -> int:
+        """The rows one problem holds at most: its n, and R rollouts of each at every
+        snapshot before the end."""
+        return self.n * (1 + self.rollouts * sum(s < total_steps for s in self.steps))
+
     def pool_scores(self) -> frozenset[str]:
         return frozenset()
 
@@ -118,6 +123,18 @@ class Trajectories:
             kept.rollouts = await ops.denoise(rollout_rows(states, self.rollouts))
         self.kept[problem.id] = kept
         return ops.pool(rows)
+
+
+def _cached_tokens(cfg: CollectConfig, problems: list[Problem], kept: Trajectories) -> int:
+    """What one problem may hold in a backbone's KV cache, in tokens (as a run sizes it): its
+    rows × the canvas of the longest prompt. Sized on a GPU only: nothing is encoded here on a
+    CPU."""
+    if not problems or str(getattr(cfg.backbone, "device", "cpu")).split(":")[0] != "cuda":
+        return 0
+    style = cfg.sampling.prompt_style
+    prompt = max(len(cfg.backbone.encode(cfg.task.prompt(p, style))) for p in problems)
+    rows = kept.rows_per_problem(cfg.sampling.total_steps)
+    return rows * (prompt + cfg.sampling.gen_length)
 
 
 def rollout_rows(states: list[Rows], r: int) -> Rows:
@@ -185,6 +202,7 @@ def run_collection(
     todo = [p for p in cfg.problems if p.id not in done]
     trajectories = Trajectories(cfg.n, cfg.steps, cfg.rollouts)
     method = Method("collect", MethodSpec("collect"), trajectories, reg.selector("first"))
+    capacity = sized_to_memory(cfg.capacity, cfg.backbone, _cached_tokens(cfg, todo, trajectories))
     written = 0
     for start in range(0, len(todo), cfg.shard_problems):
         chunk = todo[start : start + cfg.shard_problems]
@@ -194,7 +212,7 @@ def run_collection(
             task=cfg.task,
             methods=[method],
             sampling=cfg.sampling,
-            capacity=cfg.capacity,
+            capacity=capacity,
         )
         finished = _grading(engine, trajectories, chunk, advance)
         records = engine.run(chunk, on_record=finished)
