@@ -210,7 +210,11 @@ class LLaDA(DiffusionBackbone):
             for i, (off, plen) in enumerate(zip(offsets, batch.prompt_lens, strict=True)):
                 unprompted[i, off : off + plen] = self.mask_id
             un = self.head(self.hidden(unprompted, attn)[eligible])
-            logits = un + (c.cfg_scale + 1) * (logits - un)
+            # the reference's un + (s + 1)(logits - un), in place: the same values (each
+            # operation commutes exactly), without three more [M, V] temporaries (on LLaDA-8B,
+            # 253 KB each per position)
+            logits.sub_(un).mul_(c.cfg_scale + 1).add_(un)
+            del un
         if c.suppress_mask:
             logits[:, self.mask_id] = -torch.inf
         eos, eot = self.end_ids
