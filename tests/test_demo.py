@@ -193,11 +193,13 @@ def test_the_demo_samples_with_the_papers_dream_settings():
 
 def test_the_shipped_models_read_every_demo_prompt_and_say_when_a_prompt_has_other_words():
     """Every prompt of the demo's problems is in the tiny models' vocabulary; a word outside it
-    (read as end-of-text) is said once, as a `Notice` naming it."""
+    (read as end-of-text) is said once, as a `Notice` naming it. The random models' character
+    tokenizer knows every character, newlines in a row too."""
     import warnings
 
     from dllmbench.core.errors import Notice
     from dllmbench.core.types import Prompt
+    from dllmbench.plugins.backbones.dream import Dream
     from dllmbench.plugins.backbones.tiny_block import TinyBlock
     from dllmbench.tasks.arith import Arith
 
@@ -213,6 +215,12 @@ def test_the_shipped_models_read_every_demo_prompt_and_say_when_a_prompt_has_oth
         backbone.encode(Prompt(text="Question: return x"))
     assert len(said) == 1 and "(' def', ' f', '(', 'x', ')')" in str(said[0].message)
     assert ids.count(backbone.tokenizer.convert_tokens_to_ids("<|endoftext|>")) == 5
+    # the random models' characters are all known, blank lines too
+    random = Dream(model="random")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Notice)
+        ids = random.encode(Prompt(text="a\n\nb\n\n\n"))
+    assert random.tokenizer.convert_ids_to_tokens(ids) == ["a", "\n", "\n", "b", *"\n\n\n"]
 
 
 @pytest.mark.slow

@@ -364,7 +364,8 @@ class DiffusionBackbone(abc.ABC):
         words = [w for w in dict.fromkeys(words) if w != token]
         shown = ", ".join(repr(w) for w in words[:5]) + (", ..." if len(words) > 5 else "")
         warnings.warn(
-            f"{len(words)} pieces of the prompt are not in the vocabulary of {self.config.model} "
+            f"{len(words)} piece{'s' * (len(words) > 1)} of the prompt "
+            f"{'are' if len(words) > 1 else 'is'} not in the vocabulary of {self.config.model} "
             f"and read as {token} ({shown}): it knows only the words of the task it was "
             "trained on",
             Notice,

@@ -416,7 +416,8 @@ def char_tokenizer(extra_specials: tuple[str, ...] = ()) -> PreTrainedTokenizerF
     chars = [c for c in string.printable if c not in "\x0b\x0c\r"]
     vocab = {tok: i for i, tok in enumerate([*specials, *chars])}
     core = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    # every character alone, newlines too (`.` left "\n\n" one piece, outside the vocabulary)
+    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     core.decoder = decoders.Fuse()
     tok = PreTrainedTokenizerFast(
         tokenizer_object=core,
