@@ -122,6 +122,7 @@ RUN_NUMBERS = [
     ("--batch-rows", "0"),
     ("--batch-tokens", "0"),
     ("--max-problems", "-2"),
+    ("--resamples", "100001"),  # a resamples × problems array for every method: 1 GB and more
 ]
 
 
@@ -451,3 +452,14 @@ def test_a_share_of_a_finished_whole_run_is_refused(cli, finished_run):
         needles=("holds every record of share 1/2 already", "(it is finished)", "drop --shard"),
     )
     assert not list(finished_run.glob("*shard*"))
+
+
+def test_a_prompt_longer_than_the_model_is_refused_before_a_forward(cli, tmp_path):
+    """GSM8K's eight-shot prompt is over 1,000 tokens for the tiny model's word-level
+    tokenizer, which has 256 positions: one line naming the problem, nothing written but the
+    refusal (the notice of the words it cannot read comes first)."""
+    out = tmp_path / "run"
+    argv = ["run", "--task", "gsm8k", "--backbone", "tiny", "--limit", "1", "--budget", "208"]
+    result = cli(*argv, "--methods", "vanilla", "--out", out)
+    assert_user_error(result, "problem 'test-0'", "do not fit the backbone's 256 positions")
+    assert not (out / "samples.jsonl").exists() or not (out / "samples.jsonl").read_text()

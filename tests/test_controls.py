@@ -10,12 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import assert_user_error
 from sklearn.metrics import roc_auc_score
 
 from dllmbench.analysis import controls as c
 from dllmbench.analysis.controls_markdown import markdown, md_removal
 from dllmbench.analysis.controls_slicing import risk_entry
 from dllmbench.analysis.pooled import argmax_at_k
+from dllmbench.loading.registry import Registry
 from dllmbench.scoring.controls import readout_pairs, reversed_solution, suffix_ablated
 
 BOOT = c.Boot(seed=0, resamples=300)
@@ -319,6 +321,18 @@ def test_diagnose_runs_every_control_on_the_demo_scorers(cli, tmp_path):
     assert text == markdown(data)
     for title in ("Removal risk", "Readout", "Suffix ablation", "Reversed-input", "rerankers"):
         assert title in text
+
+
+def test_diagnose_refuses_a_collection_of_one_outcome_before_scoring(cli, tmp_path, monkeypatch):
+    """Trajectories that all end wrong (four steps of four tokens) have no AUC: one line,
+    before any scorer loads."""
+    collection = tmp_path / "collection"
+    argv = ["collect", "--task", "arith", "--backbone", "tiny", "--limit", "2", "--steps", "4"]
+    argv += ["--gen-length", "4", "--prompt", "fewshot", "--n", "2", "--snapshots", "2"]
+    assert cli(*argv, "--out", str(collection)).code == 0
+    monkeypatch.setattr(Registry, "scorer", lambda *a, **k: pytest.fail("a scorer was built"))
+    result = cli("diagnose", str(collection))
+    assert_user_error(result, "ends wrong", "--limit")
 
 
 def test_diagnose_refuses_what_is_not_a_collection(cli, tmp_path):

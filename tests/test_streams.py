@@ -9,6 +9,7 @@ import io
 import os
 import sys
 
+import pytest
 from conftest import TOY_RUN
 
 from dllmbench.cli import BROKEN_PIPE, USER_ERROR, main
@@ -46,6 +47,17 @@ def test_a_closed_stdout_is_one_line(monkeypatch):
     monkeypatch.setattr(sys, "stdout", None)
     assert main(["plugins"]) == USER_ERROR
     assert err.getvalue().count("\n") == 1 and "stdout is closed" in err.getvalue()
+
+
+def test_a_closed_stderr_runs_and_keeps_the_exit_statuses(monkeypatch, tmp_path):
+    """`2>&-`: the progress and error lines go nowhere; a run still runs, a mistake is 2."""
+    monkeypatch.setattr(sys, "stderr", None)
+    assert main([*TOY_RUN, "--out", str(tmp_path / "run")]) == 0
+    assert (tmp_path / "run" / "results.json").is_file()
+    monkeypatch.setattr(sys, "stderr", None)
+    with pytest.raises(SystemExit) as exited:  # argparse's error, as at a terminal
+        main(["plugins", "--no-such-flag"])
+    assert exited.value.code == USER_ERROR
 
 
 def test_an_ascii_terminal_gets_the_run_with_question_marks(monkeypatch, tmp_path):

@@ -121,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         value = os.environ.get(name, "0")
         if not (value.isascii() and value.isdigit()):
             del os.environ[name]
+    if sys.stderr is None:  # `dllmbench … 2>&-`: the lines meant for it go nowhere
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115 (for the process's life)
     if sys.stdout is None:  # `dllmbench … >&-`: nowhere to print
         sys.stderr.write(
             "dllmbench: error: stdout is closed; give the command somewhere to write\n"

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 
 from dllmbench.analysis.leaderboard import rich_table
+from dllmbench.analysis.stats import MOST_RESAMPLES
 from dllmbench.cli.argtypes import budgets, positive_int
 from dllmbench.cli.common import (
     CAPACITY,
@@ -111,9 +112,9 @@ def add_parser(sub: Any) -> None:
     )
     run.add_argument(
         "--resamples",
-        type=positive_int,
+        type=lambda text: positive_int(text, MOST_RESAMPLES),
         default=declared_default(RUN_CONFIG, "resamples"),
-        help="bootstrap resamples (default %(default)s)",
+        help=f"bootstrap resamples, at most {MOST_RESAMPLES} (default %(default)s)",
     )
     run.add_argument(
         "--out", help="run directory (default runs/TASK-BACKBONE-bBUDGETS-seedSEED, e.g. b1040)"

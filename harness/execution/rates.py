@@ -31,7 +31,9 @@ from dllmbench.api.interfaces import (
     Task,
     model_shape,
     passes_per_step,
+    positions,
 )
+from dllmbench.core.errors import UserError
 from dllmbench.core.flops import Work, flops
 from dllmbench.core.types import Problem
 
@@ -65,6 +67,7 @@ def reference(
     """The reference row of a run's problems, and the FLOPs of one pass of each kind there."""
     encoded = [backbone.encode(task.prompt(p, prompt_style)) for p in problems]
     lengths = [len(ids) for ids in encoded]
+    _fits(backbone, problems, lengths, gen_length)
     prompt = round(sum(lengths) / len(lengths)) if lengths else 0
     canvas = backbone.canvas([0] * prompt, gen_length)
     rates: dict[str, int] = {}
@@ -96,6 +99,21 @@ def reference(
             work = Work.full(len(finished), head=1)
         rates[f"score:{name}"] = flops(shape, work)
     return Reference(prompt, gen_length, rates)
+
+
+def _fits(backbone: Backbone, problems: Sequence[Problem], lengths: list[int], gen: int) -> None:
+    """Every problem's prompt and the canvas must fit the backbone's positions
+    (`KnowsPositions`): one line before any forward, instead of a run over positions the model
+    never learned (the tiny models have 256: a GSM8K prompt of eight shots is over 1,000)."""
+    limit = positions(getattr(backbone, "config", None))
+    longest = max(lengths, default=0)
+    if limit is not None and longest + gen > limit:
+        problem = problems[lengths.index(longest)].id
+        raise UserError(
+            f"the prompt of problem {problem!r} ({longest} tokens) and the canvas ({gen}) do "
+            f"not fit the backbone's {limit} positions; give a shorter prompt (fewer shots, "
+            "another --prompt), a shorter --gen-length, or a model with more positions"
+        )
 
 
 def written(encoded: Sequence[Sequence[int]], width: int) -> torch.Tensor:

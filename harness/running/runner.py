@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dllmbench import __version__
-from dllmbench.analysis.stats import CONFIDENCE, RESAMPLES
+from dllmbench.analysis.stats import CONFIDENCE, MOST_RESAMPLES, RESAMPLES
 from dllmbench.api.interfaces import (
     is_approximate,
     is_deterministic,
@@ -253,8 +253,8 @@ def prepare(
     several candidates per problem.
     """
     reg = reg or registry()
-    if cfg.resamples < 1:
-        raise UserError(f"--resamples must be a positive integer, got {cfg.resamples}")
+    if not 1 <= cfg.resamples <= MOST_RESAMPLES:
+        raise UserError(f"--resamples must be between 1 and {MOST_RESAMPLES}, got {cfg.resamples}")
     task = reg.task(cfg.task, **cfg.task_config)
     splits = task.splits()
     if cfg.split not in splits:

@@ -168,6 +168,12 @@ def run_controls(
     snaps, problems = snapshot_arrays(meta, states, backbone.mask_id)
     if int(meta["n"]) < 2:
         raise UserError(f"{path} has one trajectory per problem; collect with --n 2 or more")
+    if snaps.label.all() or not snaps.label.any():  # AUCs need both, before any scoring
+        outcome = "correct" if snaps.label.all() else "wrong"
+        raise UserError(
+            f"every trajectory in {path} ends {outcome}: the controls need correct and wrong "
+            "ones; collect more problems (--limit) or more trajectories per problem (--n)"
+        )
     tokens = [s.tokens for s in states]
     plens = [s.prompt_len for s in states]
     steps = [s.step for s in states]
