@@ -395,7 +395,10 @@ def test_prepare_leaves_its_configuration_as_it_was(tmp_path):
 
     from dllmbench.running.runner import prepare
 
-    cfg = RunConfig(task="arith", backbone="tiny", limit=2, out=str(tmp_path / "r"))
+    sampling = Sampling(total_steps=24, gen_length=32, prompt_style="fewshot")  # tiny's own
+    cfg = RunConfig(
+        task="arith", backbone="tiny", limit=2, sampling=sampling, out=str(tmp_path / "r")
+    )
     before = copy.deepcopy(cfg)
     prepared = prepare(cfg)
     assert cfg == before and cfg.scorers is None and cfg.budget is None
@@ -598,6 +601,28 @@ def test_a_nul_damaged_line_is_named_as_such(tmp_path):
         run(config(tmp_path / "r", methods=["vanilla"]))
     assert "line 2 is damaged" in str(err.value) and "NUL bytes" in str(err.value)
     assert "utf-32" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "damage,needle",
+    [
+        (lambda r: r["candidates"].__setitem__(0, "x"), "candidate 0 is a JSON str"),
+        (lambda r: r["candidates"][0].pop("correct"), "no bool 'candidates[0].correct'"),
+        (lambda r: r["candidates"][0].__setitem__("valid", 1), "no bool 'candidates[0].valid'"),
+        (lambda r: r["ledger"].__setitem__("total_flops", "x"), "'ledger.total_flops' is no int"),
+    ],
+)
+def test_a_record_with_a_damaged_candidate_is_one_line_naming_the_line(tmp_path, damage, needle):
+    """What the summary reads of each candidate is checked where records are read: a resume
+    (and `merge`) names the line instead of a TypeError once every record is computed."""
+    run(config(tmp_path / "r", methods=["vanilla"]))
+    samples = tmp_path / "r" / "samples.jsonl"
+    records = [json.loads(line) for line in samples.read_text().splitlines()]
+    damage(records[1])
+    samples.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(UserError) as err:
+        run(config(tmp_path / "r", methods=["vanilla"]))
+    assert "line 2 is damaged" in str(err.value) and needle in str(err.value)
 
 
 def test_records_without_their_manifest_say_so(tmp_path):

@@ -74,6 +74,15 @@ def record_problem(value: Any) -> str | None:
             return f"no {kind.__name__} {key!r}"
     if not isinstance(value["ledger"].get("total_passes"), int):
         return "no int 'ledger.total_passes'"
+    flops = value["ledger"].get("total_flops")
+    if flops is not None and (isinstance(flops, bool) or not isinstance(flops, int)):
+        return "'ledger.total_flops' is no int"
+    for i, candidate in enumerate(value["candidates"]):  # what the summary reads of each
+        if not isinstance(candidate, dict):
+            return f"candidate {i} is a JSON {type(candidate).__name__}, not an object"
+        for key in ("valid", "correct"):
+            if not isinstance(candidate.get(key), bool):
+                return f"no bool 'candidates[{i}].{key}'"
     return None
 
 
