@@ -129,7 +129,7 @@ def _cached_tokens(cfg: CollectConfig, problems: list[Problem], kept: Trajectori
     """What one problem may hold in a backbone's KV cache, in tokens (as a run sizes it): its
     rows × the canvas of the longest prompt. Sized on a GPU only: nothing is encoded here on a
     CPU."""
-    if not problems or str(getattr(cfg.backbone, "device", "cpu")).split(":")[0] != "cuda":
+    if not problems or torch.device(getattr(cfg.backbone, "device", "cpu")).type != "cuda":
         return 0
     style = cfg.sampling.prompt_style
     prompt = max(len(cfg.backbone.encode(cfg.task.prompt(p, style))) for p in problems)

@@ -216,6 +216,18 @@ def distinct_rows(rows: Iterable[torch.Tensor]) -> tuple[list[int], list[int]]:
     return first, inverse
 
 
+def unknown_token(tokenizer: Any) -> tuple[str, int] | None:
+    """The token a tokenizer reads a word outside its vocabulary as, and its id: its own
+    `unk_token`, or its tokenizers model's (WordLevel, WordPiece); None for a byte-level
+    tokenizer (Dream's, LLaDA's), which has no unknown word."""
+    token = getattr(tokenizer, "unk_token", None)
+    if token is None:
+        model = getattr(getattr(tokenizer, "backend_tokenizer", None), "model", None)
+        token = getattr(model, "unk_token", None)
+    unknown = tokenizer.convert_tokens_to_ids(token) if token else None
+    return (token, unknown) if unknown is not None else None
+
+
 class DiffusionBackbone(abc.ABC):
     """A masked-diffusion LM on a native transformers class. Subclasses supply `commit`.
 
@@ -235,7 +247,6 @@ class DiffusionBackbone(abc.ABC):
         self.device, self.dtype = device_and_dtype(c.device, c.dtype)
         raw: dict[str, Any] = {}
         self.checkpoint: Path | None = None  # the checkpoint directory read, if any
-        self._unknown_told = False  # a prompt's unknown words are said once (`encode`)
         if transformer is not None:  # an in-memory model (tests, the shipped demo)
             self.transformer, self.tokenizer = transformer, tokenizer
         elif c.model == "random":
@@ -246,6 +257,8 @@ class DiffusionBackbone(abc.ABC):
             self.transformer, self.tokenizer, raw = load_checkpoint(
                 self.arch, str(self.checkpoint), self.device, self.dtype
             )
+        # what a word outside the vocabulary reads as; None once a prompt said so (`encode`)
+        self._unknown = unknown_token(self.tokenizer)
         self.transformer.to(self.device).eval().requires_grad_(False)
         if self.device.type == "cpu":  # float32 linears through oneDNN (cpu_linear.py)
             use_onednn(self.transformer)
@@ -343,7 +356,7 @@ class DiffusionBackbone(abc.ABC):
             return list(ids["input_ids"] if isinstance(ids, Mapping) else ids)
         text = "\n\n".join(m["content"] for m in prompt.messages) if prompt.is_chat else prompt.text
         ids = list(self.tokenizer(text)["input_ids"])
-        if not self._unknown_told:
+        if self._unknown is not None:
             self._tell_unknown(text, ids)
         return ids
 
@@ -351,14 +364,10 @@ class DiffusionBackbone(abc.ABC):
         """Say once, as a `Notice`, that a prompt holds words the tokenizer reads as its unknown
         token: the shipped tiny models know only arith's 67 pieces, and read any other word as
         end-of-text (a byte-level tokenizer, as Dream's and LLaDA's, has no unknown word)."""
-        token = getattr(self.tokenizer, "unk_token", None)
-        if token is None:  # a tokenizers model's own (WordLevel, WordPiece)
-            model = getattr(getattr(self.tokenizer, "backend_tokenizer", None), "model", None)
-            token = getattr(model, "unk_token", None)
-        unknown = self.tokenizer.convert_tokens_to_ids(token) if token else None
-        if unknown is None or ids.count(unknown) <= text.count(token):
+        token, unknown = self._unknown or ("", -1)
+        if ids.count(unknown) <= text.count(token):
             return
-        self._unknown_told = True
+        self._unknown = None
         offsets = self.tokenizer(text, return_offsets_mapping=True)["offset_mapping"]
         words = [text[a:b] for i, (a, b) in zip(ids, offsets, strict=True) if i == unknown]
         words = [w for w in dict.fromkeys(words) if w != token]
