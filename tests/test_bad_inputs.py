@@ -7,6 +7,7 @@ plan must be found before the backbone is built: `no_backbone` makes building on
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -60,6 +61,9 @@ def damage(file: Path, how: str) -> None:
         file.write_text("{not json")
     elif how == "missing keys":
         file.write_text('{"model_type": "Dream", "kind": "prm"}')
+    elif "=" in how:  # a config value edited: `key=JSON`
+        key, value = how.split("=", 1)
+        file.write_text(json.dumps({**json.loads(data), key: json.loads(value)}))
     else:
         raise ValueError(how)
 
@@ -77,12 +81,20 @@ def tiny_copy(tmp_path) -> Path:
         ("model.safetensors", "garbage", "not a readable safetensors file"),
         ("config.json", "not json", "is not valid JSON"),
         ("config.json", "missing keys", "lacks hidden_size"),
+        ("config.json", "hidden_size=0", "hidden_size is 0, not a positive integer"),
+        ("config.json", 'num_hidden_layers="2"', "num_hidden_layers is '2', not a positive"),
+        ("config.json", "max_position_embeddings=0", "max_position_embeddings is 0, not"),
+        ("config.json", 'rms_norm_eps="x"', "does not build a model"),
+        ("config.json", 'hidden_act="nope"', "does not build a model"),
+        # weights that do not fit the config: the first tensor named with both shapes
+        ("", "num_attention_heads=3", "q_proj.weight is [128, 128], the config makes it [126,"),
+        ("", "vocab_size=5", "embed_tokens.weight is [67, 128], the config makes it [5, 128]"),
     ],
 )
 def test_a_broken_backbone_checkpoint_names_the_file(
     cli, finished_run, tiny_copy, name, how, needle
 ):
-    damage(tiny_copy / name, how)
+    damage(tiny_copy / (name or "config.json"), how)
     argv = [*TINY, "--backbone", f"tiny:model={tiny_copy}", "--methods", "vanilla"]
     unchanged(cli, finished_run, *argv, needles=(str(tiny_copy / name), needle))
 
@@ -388,6 +400,9 @@ def test_malformed_lists_and_scorers(cli, finished_run, argv, needle):
         ("tiny-block:temperature=nan", "temperature must be a finite number >= 0"),
         ("llada:model=random,temperature=inf", "temperature must be a finite number >= 0"),
         ("llada:model=random,cfg_scale=nan", "cfg_scale must be a finite number >= 0"),
+        ("tiny:seed=-1", "seed must be >= 0, got -1"),  # as --seed
+        ("tiny-block:seed=-2", "seed must be >= 0, got -2"),
+        ("llada:model=random,seed=-1", "seed must be >= 0"),
     ],
 )
 def test_sampler_numbers_that_cannot_sample_are_refused_before_the_model_loads(
@@ -449,9 +464,18 @@ def test_a_share_of_a_finished_whole_run_is_refused(cli, finished_run):
         "--resume",
         "--shard",
         "1/2",
-        needles=("holds every record of share 1/2 already", "(it is finished)", "drop --shard"),
+        needles=(
+            "holds every record of share 1/2 already",
+            "written by a run without --shard (it is finished)",
+            "drop --shard",
+        ),
     )
     assert not list(finished_run.glob("*shard*"))
+    # its records written by shares of another count: they are named
+    (finished_run / "samples.jsonl").rename(finished_run / "samples.shard-1-of-2.jsonl")
+    (finished_run / "samples.shard-2-of-2.jsonl").touch()
+    needles = ("holds every record of share 1/3 already", "written by --shard 1/2, 2/2")
+    unchanged(cli, finished_run, *TOY_RUN, "--resume", "--shard", "1/3", needles=needles)
 
 
 def test_a_prompt_longer_than_the_model_is_refused_before_a_forward(cli, tmp_path):

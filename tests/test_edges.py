@@ -51,6 +51,11 @@ MANIFEST_DAMAGE = [
     ("no task problems", without("problems", ("task",)), "task lacks 'problems'"),
     ("seed not an int", lambda m: {**m, "sampling": {**m["sampling"], "seed": "x"}}, "seed"),
     ("methods not a list", lambda m: {**m, "methods": {}}, "methods is not a list"),
+    ("no budgets", lambda m: {**m, "budgets": []}, "budgets is empty"),
+    ("budgets descending", lambda m: {**m, "budgets": [9, 3]}, "positive and ascending"),
+    ("no resamples", lambda m: {**m, "statistics": {"resamples": 0, "level": 0.95}}, "1 to"),
+    ("negative resamples", lambda m: {**m, "statistics": {"resamples": -1, "level": 0.9}}, "1 to"),
+    ("level of 1", lambda m: {**m, "statistics": {"resamples": 9, "level": 1}}, "level 1 is not"),
 ]
 
 

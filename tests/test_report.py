@@ -209,6 +209,10 @@ def test_runs_with_budgets_in_different_units_are_not_combined(two_budgets, tmp_
 
 def test_unfinished_or_foreign_directories_are_one_line(two_budgets, tmp_path, cli):
     assert_user_error(cli("report", tmp_path / "nowhere"), "is not a directory")
+    (tmp_path / "afile").write_text("x")  # the run is judged before its report folder
+    result = cli("report", tmp_path / "afile")
+    assert_user_error(result, "afile is not a directory", "give a run directory")
+    assert "--out" not in result.err
     (tmp_path / "empty").mkdir()
     assert_user_error(cli("report", tmp_path / "empty"), "no manifest.json")
     partial = tmp_path / "partial"
@@ -220,6 +224,16 @@ def test_unfinished_or_foreign_directories_are_one_line(two_budgets, tmp_path, c
     lines = (torn / "samples.jsonl").read_text().splitlines(keepends=True)
     (torn / "samples.jsonl").write_text("".join(lines[:-3]))
     assert_user_error(cli("report", torn), "not a finished run", f"{len(lines) - 3} of")
+    # a record of a problem the run does not have, in place of one it lacks: merge refuses it
+    # as missing, and so does report (it counted records, not the run's problems)
+    stray = tmp_path / "stray"
+    shutil.copytree(two_budgets, stray)
+    records = [json.loads(line) for line in lines]
+    records[0]["problem"] = "test-77"
+    (stray / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    planned = len(records)
+    assert_user_error(cli("report", stray), "not a finished run", f"{planned - 1} of {planned}")
+    assert_user_error(cli("merge", stray), "is not complete: missing 1 of")
 
 
 def test_pooled_selector_names_majority_by_its_treatment_of_invalid_answers():

@@ -19,6 +19,7 @@ from conftest import (
     DEMO_PROBLEMS,
     LAUNCHER_VARIABLES,
     TORCHRUN,
+    TOY_RUN,
     assert_user_error,
     cli_subprocess,
     toy_argv,
@@ -297,6 +298,20 @@ def test_shares_then_merge_equal_one_process(tmp_path, cli, whole):
     assert merged.code == 0, merged.err
     assert len(lines(out)) == RECORDS  # each record once
     same_run(whole, out)
+
+
+def test_shares_not_started_are_named_by_status_and_merge(tmp_path, cli):
+    """Share 5/5 of four problems has none: it writes no samples file, yet status and merge
+    name the four shares that never ran (merge said "missing 16 of 16 records", status
+    listed 5/5 alone)."""
+    out = tmp_path / "run"
+    assert cli(*TOY_RUN, "--out", out, "--shard", "5/5").code == 0
+    assert not list(out.glob("samples*"))
+    found = cli("status", out, "--json")
+    assert json.loads(found.out)["not_started"] == ["1/5", "2/5", "3/5", "4/5"]
+    assert "not started: share 1/5, 2/5, 3/5, 4/5" in cli("status", out).out
+    missing = cli("merge", out)
+    assert_user_error(missing, "missing share 1/5 (4 of 4 records missing), share 2/5", "4/5")
 
 
 def test_a_rank_refused_for_another_budget_stops_the_others(tmp_path, cli, monkeypatch):

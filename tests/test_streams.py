@@ -85,3 +85,34 @@ def test_ctrl_c_while_a_command_loads_its_modules_is_one_line(monkeypatch):
     err = _stderr(monkeypatch)
     assert main(["plugins"]) == 130
     assert err.getvalue() == "dllmbench: interrupted\n"
+
+
+@pytest.mark.parametrize("status", [130, 143])
+def test_a_second_ctrl_c_after_an_interrupt_ends_the_process_with_its_status(monkeypatch, status):
+    """A user pressing Ctrl-C twice: the second comes while the interpreter shuts down, in
+    some exit handler, which printed its traceback under the interrupt's line. After an
+    interrupted command the entry point makes the next SIGINT or SIGTERM leave at once with
+    the command's status; a command that ended otherwise leaves the signals as they were."""
+    import signal
+
+    import dllmbench.cli as cli
+
+    left = []
+
+    def leave(code):
+        left.append(code)
+
+    monkeypatch.setattr(os, "_exit", leave)
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        monkeypatch.setattr(cli, "main", lambda: 0)
+        assert cli.command() == 0
+        assert {s: signal.getsignal(s) for s in before} == before
+        monkeypatch.setattr(cli, "main", lambda: status)
+        assert cli.command() == status
+        for signum in before:
+            signal.raise_signal(signum)  # the handler runs before the next statement
+        assert left == [status, status]
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)

@@ -43,11 +43,10 @@ from dllmbench.core.errors import UserError
 from dllmbench.core.schema import (
     REPORT_SCHEMA_VERSION,
     Controls,
-    Manifest,
     Report,
     SkippedMethod,
 )
-from dllmbench.core.shape import MANIFEST_FIX, require
+from dllmbench.core.shape import require_manifest
 from dllmbench.storage.rundir import manifest_differences
 
 # the manifest keys that must match for run directories to combine
@@ -77,10 +76,15 @@ def check_finished(path: Path) -> None:
 
 
 def _check_complete(run: evidence.RunData) -> None:
-    """Every planned method has a record for every problem of the run."""
-    problems = int(run.manifest["task"]["problems"])
-    done = sum(len(recs) for recs in run.by_method.values())
-    planned = problems * len(run.by_method)
+    """Every planned method has a record for every problem of the run (each problem id the
+    manifest lists, as `merge` checks; their count in a run that lists none)."""
+    ids = run.manifest["task"].get("problem_ids")
+    if ids is None:
+        done = sum(len(recs) for recs in run.by_method.values())
+        planned = int(run.manifest["task"]["problems"]) * len(run.by_method)
+    else:
+        done = sum(str(p) in recs for recs in run.by_method.values() for p in ids)
+        planned = len(ids) * len(run.by_method)
     if done < planned:
         raise UserError(
             f"{run.path} is not a finished run ({done} of {planned} records); finish it by "
@@ -102,7 +106,7 @@ def load_runs(paths: Sequence[str | Path]) -> list[evidence.RunData]:
         path = Path(raw)
         check_finished(path)
         run = evidence.load_run(path)
-        require(run.manifest, Manifest, path / "manifest.json", MANIFEST_FIX)
+        require_manifest(run.manifest, path / "manifest.json")
         _check_complete(run)
         if runs:
             diff = protocol_mismatch(runs[0].manifest, run.manifest)

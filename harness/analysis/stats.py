@@ -25,9 +25,6 @@ from dllmbench.core.schema import IntervalEntry
 # for others: their one source.
 CONFIDENCE = 0.95
 RESAMPLES = 2000
-# the most bootstrap resamples a run takes: their counts are a resamples × problems array
-# (100,000 × 1,319 GSM8K problems: 1 GB), made again for every method
-MOST_RESAMPLES = 100_000
 
 
 _log_factorial_table = np.zeros(1)  # log(0!)

@@ -14,9 +14,12 @@ tests/test_startup.py holds every command module to that.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import sys
+import threading
 import traceback
 import warnings
 from typing import Any
@@ -87,6 +90,31 @@ def _error(message: str, status: int, debug: bool = False) -> int:
         traceback.print_exc()
     sys.stderr.write(f"dllmbench: {message}\n")
     return status
+
+
+def command() -> int:
+    """The `dllmbench` command: `main` on the process's arguments, as its entry point."""
+    status = main()
+    if status in (INTERRUPTED, TERMINATED):
+        _leave_at_the_next_signal(status)
+    return status
+
+
+def _leave_at_the_next_signal(status: int) -> None:
+    """After an interrupt, a second Ctrl-C or SIGTERM (a user pressing twice) ends the process
+    at once with `status`, instead of a traceback from whatever exit handler it lands in.
+    Every record is written before the first interrupt's line; what is left is tidying (a lock
+    left behind is taken over by the next command)."""
+
+    def leave(signum: int, frame: Any) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                stream.flush()
+        os._exit(status)
+
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, leave)
 
 
 def _debugging(args: argparse.Namespace) -> bool:

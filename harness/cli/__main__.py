@@ -1,5 +1,5 @@
 """`python -m dllmbench.cli ARGS`: the `dllmbench` command."""
 
-from dllmbench.cli import main
+from dllmbench.cli import command
 
-raise SystemExit(main())
+raise SystemExit(command())

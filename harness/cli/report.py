@@ -58,6 +58,7 @@ def add_parser(sub: Any) -> None:
 
 def execute(args: argparse.Namespace) -> Reply:
     from dllmbench.analysis.report import (  # numpy, scipy and matplotlib: only when asked
+        check_finished,
         skip_line,
         write_report,
     )
@@ -70,6 +71,7 @@ def execute(args: argparse.Namespace) -> Reply:
                 f"{run} is given twice (as {seen[where]} before); give each run directory once"
             )
         seen[where] = run
+        check_finished(Path(run))  # before its report folder is judged (a file has none)
     claim(Path(args.runs[0]) / "report" if args.out is None else args.out, "report folder")
     start = time.perf_counter()
 

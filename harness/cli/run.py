@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 
 from dllmbench.analysis.leaderboard import rich_table
-from dllmbench.analysis.stats import MOST_RESAMPLES
 from dllmbench.cli.argtypes import budgets, positive_int
 from dllmbench.cli.common import (
     CAPACITY,
@@ -37,6 +36,7 @@ from dllmbench.cli.common import (
 from dllmbench.cli.progress import Progress
 from dllmbench.core.errors import Terminated, UserError
 from dllmbench.core.flops import Flops, format_flops
+from dllmbench.core.schema import MOST_RESAMPLES
 from dllmbench.demo import BLOCK_DEMO, DEMO_TASK
 from dllmbench.storage.shards import parse_shard, resolve
 

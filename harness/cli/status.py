@@ -44,6 +44,8 @@ def execute(args: argparse.Namespace) -> Reply:
         # never cut into lines: the path and the command it names are copied whole
         line = f"{found.path}: {found.done}/{found.planned} records ({pct}%), {state}{eta}"
         console.print(line, soft_wrap=True)
+        if found.not_started:
+            console.print(f"not started: share {', '.join(found.not_started)}", soft_wrap=True)
         if found.chunks is not None:
             c = found.chunks
             console.print(

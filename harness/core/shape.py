@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from dllmbench.core.errors import UserError
+from dllmbench.core.schema import MOST_RESAMPLES, Manifest
 
 # what to do about a manifest that lacks what is read of it: it cannot be rebuilt from the records
 MANIFEST_FIX = "restore it from a copy, or run the command again with another --out"
@@ -96,3 +97,29 @@ def require(value: Any, tp: Any, file: Path, fix: str) -> Any:
     if found:
         raise UserError(f"{file} is damaged: {found}; {fix}")
     return value
+
+
+def _manifest_values(manifest: dict[str, Any]) -> str | None:
+    """What of a well-typed manifest's values the summary cannot read, or None."""
+    budgets, statistics = manifest["budgets"], manifest["statistics"]
+    if not budgets:
+        return "budgets is empty"
+    if any(b <= 0 for b in budgets) or budgets != sorted(set(budgets)):
+        return f"budgets {budgets} are not positive and ascending"
+    if manifest["budget"] <= 0:
+        return f"budget {manifest['budget']} is not positive"
+    if not 1 <= statistics["resamples"] <= MOST_RESAMPLES:
+        return f"statistics.resamples {statistics['resamples']} is not 1 to {MOST_RESAMPLES}"
+    if not 0 < statistics["level"] < 1:
+        return f"statistics.level {statistics['level']} is not between 0 and 1"
+    return None
+
+
+def require_manifest(value: Any, file: Path) -> dict[str, Any]:
+    """`value` when it is a manifest the summary, `merge` and `report` can read: a `Manifest`
+    whose budgets and statistics are in range; else one line naming `file`."""
+    manifest = require(value, Manifest, file, MANIFEST_FIX)
+    found = _manifest_values(manifest)
+    if found:
+        raise UserError(f"{file} is damaged: {found}; {MANIFEST_FIX}")
+    return manifest

@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dllmbench.core.errors import UserError
-from dllmbench.core.schema import Manifest
-from dllmbench.core.shape import MANIFEST_FIX, require
+from dllmbench.core.shape import require_manifest
 from dllmbench.running.summary import summarize_run
 from dllmbench.storage.claims import CLAIMS, Claims, abandoned
 from dllmbench.storage.heartbeat import read_beats
@@ -44,7 +43,9 @@ def check_complete(rundir: RunDir, manifest: dict[str, Any], ids: list[str]) -> 
     lacking = Counter(p for p in ids for m in methods if (p, m) not in have)
     if not lacking:
         return
-    counts = sorted({s.count for s in shards_in(rundir.path)})
+    # the share counts that ran here (a share of no problems writes no samples file)
+    ran = [*shards_in(rundir.path), *shards_in(rundir.path, "compute")]
+    counts = sorted({s.count for s in ran})
     missing = sum(lacking.values())
     total = len(ids) * len(methods)
     if (rundir.path / CLAIMS).exists():  # a launched run: chunks, not fixed shares
@@ -86,7 +87,7 @@ def merge(
             f"share {', '.join(busy)} of {path} is still running; merge when it has finished"
         )
     with RunDir(path) as rundir:
-        manifest = require(rundir.read_manifest(), Manifest, rundir.manifest_path, MANIFEST_FIX)
+        manifest = require_manifest(rundir.read_manifest(), rundir.manifest_path)
         ids = problem_ids(manifest)
         check_complete(rundir, manifest, ids)
         results = summarize_run(

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dllmbench import __version__
-from dllmbench.analysis.stats import CONFIDENCE, MOST_RESAMPLES, RESAMPLES
+from dllmbench.analysis.stats import CONFIDENCE, RESAMPLES
 from dllmbench.api.interfaces import (
     is_approximate,
     is_deterministic,
@@ -31,7 +31,7 @@ from dllmbench.api.interfaces import (
 from dllmbench.core.checksums import sha256
 from dllmbench.core.errors import Terminated, UserError
 from dllmbench.core.flops import Flops, unit_of
-from dllmbench.core.schema import Results
+from dllmbench.core.schema import MOST_RESAMPLES, Results
 from dllmbench.execution.engine import Capacity, Engine, Sampling, capped, sized_to_memory
 from dllmbench.execution.method import Method
 from dllmbench.execution.planner import Plan, Planned, check_budgets, default_budget, plan
@@ -46,7 +46,7 @@ from dllmbench.running.summary import summarize_records, summarize_run
 from dllmbench.storage.claims import Claims, chunk_size
 from dllmbench.storage.heartbeat import Heartbeat, heartbeat_name
 from dllmbench.storage.rundir import RunDir, manifest_differences
-from dllmbench.storage.shards import Shard, claim_device, resolve
+from dllmbench.storage.shards import Shard, claim_device, resolve, shards_in
 
 
 @dataclass
@@ -617,9 +617,11 @@ def _refuse_a_share_with_nothing_to_do(rundir: RunDir, manifest: dict[str, Any])
     have = {(r["problem"], r["method"]) for r in rundir.read_records()}
     if all((p, m) in have for p in shard.share(ids) for m in methods):
         finished = " (it is finished)" if len(have) >= len(ids) * len(methods) else ""
+        others = [s.label for s in shards_in(rundir.path)]
+        by = f"by --shard {', '.join(others)}" if others else "by a run without --shard"
         raise UserError(
             f"{rundir.path} holds every record of share {shard.label} already, written "
-            f"without --shard {shard.label}{finished}: there is nothing for this share to run; "
+            f"{by}{finished}: there is nothing for this share to run; "
             f"drop --shard (dllmbench status {rundir.path} says how far the run is), or "
             "choose another --out"
         )

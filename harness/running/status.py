@@ -59,6 +59,9 @@ class RunStatus:
     processes: list[ProcessStatus] = field(default_factory=list)
     chunks: ChunkStatus | None = None
     eta_seconds: float | None = None
+    # fixed shares ("1/3") of the count the run's shares use that have no heartbeat: never
+    # started here (a job not yet scheduled, or lost before it began)
+    not_started: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -159,6 +162,13 @@ def status(path: Path, now: float | None = None) -> RunStatus:
             abandoned=len(gone),
             free=len(open_) - len(held) - len(gone),
         )
+    counts = {int(share.split("/")[1]) for share in beats if share is not None}
+    not_started = [
+        f"{i}/{n}"
+        for n in sorted(counts)
+        for i in range(1, n + 1)
+        if chunks is None and f"{i}/{n}" not in beats
+    ]
     rate = sum(p.rate or 0.0 for p in processes if p.state == "running")
     remaining = len(wanted) - done
     merged = remaining == 0 and (path / "results.json").exists()
@@ -174,6 +184,7 @@ def status(path: Path, now: float | None = None) -> RunStatus:
         processes=processes,
         chunks=chunks,
         eta_seconds=round(remaining / rate, 1) if rate and remaining else None,
+        not_started=not_started if remaining else [],
     )
 
 

@@ -152,6 +152,12 @@ def check_temperature(temperature: Any) -> None:
     check_finite("temperature", temperature, "0 draws the most probable token; e.g. 0.5")
 
 
+def check_seed(seed: int) -> None:
+    """The seed of `model="random"`: >= 0, as `--seed`."""
+    if seed < 0:
+        raise ValueError(f"seed must be >= 0, got {seed}")
+
+
 def check_parallel(
     threshold: float | None, factor: float | None, order: tuple[str, str, str]
 ) -> None:

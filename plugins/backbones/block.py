@@ -44,6 +44,7 @@ from dllmbench.api.interfaces import StepBatch
 from dllmbench.core.flops import Work
 from dllmbench.plugins.backbones.base import (
     DiffusionBackbone,
+    check_seed,
     check_temperature,
     purpose_generator,
     top_ranked,
@@ -96,6 +97,7 @@ class BlockConfig:
         if self.block_length < 1:
             raise ValueError("block_length must be >= 1")
         check_temperature(self.temperature)
+        check_seed(self.seed)
         if self.temperature < 0 or not 0 < self.top_p <= 1:
             raise ValueError("need temperature >= 0 and 0 < top_p <= 1")
         if self.top_k is not None and self.top_k < 1:

@@ -29,6 +29,7 @@ from dllmbench.plugins.backbones.base import (
     DiffusionBackbone,
     check_finite,
     check_parallel,
+    check_seed,
     check_temperature,
     parallel_commits,
     top_ranked,
@@ -78,6 +79,7 @@ class DreamConfig:
         if self.alg not in ALGS:
             raise ValueError(f"alg must be one of {', '.join(ALGS)}, got {self.alg!r}")
         check_temperature(self.temperature)
+        check_seed(self.seed)
         if self.alg_temp is not None:
             works = "0 or None: the most confident positions, no draw; e.g. 0.5"
             check_finite("alg_temp", self.alg_temp, works)

@@ -34,6 +34,7 @@ from dllmbench.plugins.backbones.base import (
     block_schedule,
     check_finite,
     check_parallel,
+    check_seed,
     check_temperature,
     parallel_commits,
     purpose_generator,
@@ -78,6 +79,7 @@ class LLaDAConfig:
         if self.remasking not in ("low_confidence", "random"):
             raise ValueError(f"remasking must be low_confidence or random, got {self.remasking!r}")
         check_temperature(self.temperature)
+        check_seed(self.seed)
         check_finite("cfg_scale", self.cfg_scale, "0: no classifier-free guidance")
         if self.temperature < 0 or self.cfg_scale < 0:
             raise ValueError("temperature and cfg_scale must be >= 0")

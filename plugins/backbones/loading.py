@@ -245,18 +245,42 @@ def read_config(arch: str, path: Path) -> dict[str, Any]:
         raise UserError(
             f"{file} lacks {', '.join(missing)}; is it a {arch} checkpoint's config.json?"
         )
+    for key in (*REQUIRED[arch], *(k for k in SIZES if raw.get(k) is not None)):
+        value = raw[key]
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise UserError(f"{file}: {key} is {value!r}, not a positive integer; restore it")
     return raw
+
+
+# config.json sizes that, when given (not null), are positive integers (beside REQUIRED's)
+SIZES = (
+    "vocab_size",
+    "embedding_size",
+    "num_key_value_heads",
+    "n_kv_heads",
+    "head_dim",
+    "max_position_embeddings",
+    "max_sequence_length",
+)
 
 
 def load_strict(model: torch.nn.Module, state: Mapping[str, torch.Tensor], where: str) -> None:
     """Load every key, and only those; a difference is an error naming the keys."""
-    expected = set(model.state_dict())
-    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+    expected = model.state_dict()
+    missing, unexpected = sorted(expected.keys() - state.keys()), sorted(state.keys() - expected)
     if missing or unexpected:
         raise UserError(
             f"{where} does not fit its model: missing {missing[:5]}"
             f"{'…' if len(missing) > 5 else ''}, unexpected {unexpected[:5]}"
             f"{'…' if len(unexpected) > 5 else ''}"
+        )
+    wrong = [k for k in expected if state[k].shape != expected[k].shape]
+    if wrong:
+        first = wrong[0]
+        raise UserError(
+            f"{where} does not fit its config.json: {first} is "
+            f"{list(state[first].shape)}, the config makes it {list(expected[first].shape)}"
+            f"{f' ({len(wrong) - 1} more)' if len(wrong) > 1 else ''}; restore the config"
         )
     model.load_state_dict(state, strict=True, assign=True)
 
@@ -344,9 +368,10 @@ def load_checkpoint(arch: str, model: str, device: torch.device, dtype: torch.dt
             config = block_config(raw, any(".q_norm." in k for k in state))
         else:
             config = qwen2_config(raw) if arch == "dream" else llama_config(raw)
-    except (TypeError, ValueError, KeyError) as exc:  # a value of the wrong kind
-        raise UserError(f"{path / 'config.json'}: {_one_line(str(exc))}") from None
-    net = build(arch, config, dtype)
+        net = build(arch, config, dtype)
+    except Exception as exc:  # a value of the wrong kind or out of range: the file's fault
+        reason = _one_line(f"{type(exc).__name__}: {exc}")
+        raise UserError(f"{path / 'config.json'} does not build a model ({reason})") from None
     if arch == "llada":
         state = rename_llada_keys(state)
     if getattr(config, "tie_word_embeddings", False) and "lm_head.weight" not in state:
