@@ -25,6 +25,7 @@ from dllmbench.plugins.backbones import base
 from dllmbench.plugins.backbones.base import DiffusionBackbone
 from dllmbench.plugins.methods import FAMILIES
 from dllmbench.plugins.scorers.reward import RewardScorer
+from dllmbench.plugins.scorers.self_verify import SelfVerify
 from dllmbench.storage.rundir import RunDir
 from dllmbench.tasks.arith import Arith
 
@@ -233,9 +234,10 @@ def _readout(kind: str, hidden: int) -> int:
 
 def _observe(monkeypatch) -> Counter[str]:
     """Observe every forward of the tiny transformer (its rows' real lengths), every
-    application of the LM head (its positions) and of a scorer's readout, and count their
-    FLOPs by hand from the tiny model's config.json (2·P·tokens + 2·P_head·head positions +
-    4·layers·width·Σ keys) into the returned counter's "flops"."""
+    application of the LM head (its positions), of a scorer's readout and of the
+    self-verifier's head row, and count their FLOPs by hand from the tiny model's
+    config.json (2·P·tokens + 2·P_head·head positions + 4·layers·width·Σ keys) into the
+    returned counter's "flops"."""
     c = _tiny()
     hidden, width, layers = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
     body = layers * (4 * hidden * hidden + 3 * hidden * width)  # q, k, v, o and the MLP
@@ -278,9 +280,17 @@ def _observe(monkeypatch) -> Counter[str]:
         counted["flops"] += 2 * _readout(self.kind, hidden) * len(tokens)
         return out
 
+    verdicts = SelfVerify.verdicts
+
+    def observed_verdicts(self, states):
+        # the self-verifier's one head row (Yes − No) at each row's last position
+        counted["flops"] += 2 * hidden * states.shape[0]
+        return verdicts(self, states)
+
     monkeypatch.setattr(modeling_qwen2.Qwen2Model, "forward", observed_forward)
     monkeypatch.setattr(DiffusionBackbone, "head", observed_head)
     monkeypatch.setattr(RewardScorer, "logits", observed_logits)
+    monkeypatch.setattr(SelfVerify, "verdicts", observed_verdicts)
     return counted
 
 

@@ -10,6 +10,7 @@ import torch
 from dllmbench.api.interfaces import StepBatch, commit_orders
 from dllmbench.api.ops import DenoiseRequest, Ops
 from dllmbench.core.errors import UserError
+from dllmbench.core.flops import Work
 from dllmbench.core.keys import row_key
 from dllmbench.core.types import Problem, Prompt, Rows
 from dllmbench.plugins.backbones.base import block_step
@@ -312,6 +313,50 @@ def test_self_verification_scores_a_row_the_same_beside_any_rows(dtype):
         alone = scorer.score(ScoreBatch([rows[i]], [plens[i]], [3], 6))
         assert alone[0] == pytest.approx(together[i], rel=1e-6, abs=1e-6)
     assert np.isfinite(together).all()
+
+
+@pytest.mark.parametrize("arch", ["dream", "llada", "block"])
+def test_self_verification_reads_one_head_row_as_the_full_logits_would(arch):
+    """The verdict is the head's Yes row minus its No row, in float64, at the last hidden
+    state the backbone's `logits` reads (Dream's shift, the block models' block-causal mask):
+    in float32 it equals logit(Yes) − logit(No) of the full [B, L, V] logits, and it is
+    charged as one head row at one position. In bfloat16 the two logits were rounded to 8
+    bits before their difference: the verdicts of distinct rows tied."""
+    from dllmbench.api.interfaces import ScoreBatch
+    from dllmbench.plugins.scorers.batching import by_width, pad_to
+    from dllmbench.plugins.scorers.self_verify import SelfVerify
+
+    build = {"dream": Dream, "llada": LLaDA, "block": BlockDiffusion}[arch]
+    verdicts = {}
+    for dtype in ("float32", "bfloat16"):
+        bb = build(model="random", dtype=dtype, **({"block_length": 4} if arch == "block" else {}))
+        scorer = SelfVerify(backbone=bb)
+        prompts = [bb.encode(Prompt(text=t)) for t in ("1+2=", "123+456+7890=", "9=", "77=")]
+        rows = [bb.canvas(p, 6) for p in prompts]
+        for n, (row, p) in enumerate(zip(rows, prompts, strict=True)):
+            row[len(p) : len(p) + 3] = torch.tensor(bb.encode(Prompt(text=f"a{n}c"))[-3:])
+        batch = ScoreBatch(rows, [len(p) for p in prompts], [3] * 4, 6)
+        verdicts[dtype] = scorer.score(batch)
+        full = SelfVerify(backbone=bb)
+        full._verdict = None  # the backbone's whole logits, as a foreign backbone is read
+        hidden = bb.transformer.config.hidden_size
+        assert scorer.model_shape == full.model_shape.plus(head=hidden)
+        asked = [len(r) for r in scorer._asked(batch)]
+        assert scorer.score_work(batch) == [Work.full(n, head=1) for n in asked]
+        if dtype == "float32":
+            assert verdicts[dtype] == pytest.approx(full.score(batch), rel=1e-5, abs=1e-6)
+            continue
+        # bfloat16: the logits of the states computed in float64, unrounded (the full
+        # logits in bfloat16 are off by up to half a step of 8 bits)
+        weight = bb.transformer.lm_head.weight.double()
+        asked = scorer._asked(batch)
+        for width, members in by_width(asked):  # batched as the scorer batches them
+            ids, attn, _ = pad_to(bb, [asked[i] for i in members], width, scorer._pad_id)
+            logits = bb.read_states(ids, attn)[:, -1].double() @ weight.T
+            exact = logits[:, scorer._yes] - logits[:, scorer._no]
+            assert verdicts[dtype][members] == pytest.approx(exact.numpy(), rel=1e-12, abs=1e-12)
+        # and as near the float32 model's as its bfloat16 states allow
+        assert verdicts[dtype] == pytest.approx(verdicts["float32"], rel=0.1, abs=0.05)
 
 
 def test_a_pool_holds_only_states_ops_produced():

@@ -479,9 +479,14 @@ class DiffusionBackbone(abc.ABC):
         which saves the [B, L, V] logits tensor of a full forward."""
         return self.transformer.lm_head(hidden)
 
+    def read_states(self, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """Hidden states [B, L, H] of a padded batch that `logits` applies the head to: a
+        scorer that reads a few positions, or a few rows of the head, reads these."""
+        return self.hidden(ids, attn)
+
     def logits(self, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """Logits [B, L, V] as the sampler reads them (shifted for Dream)."""
-        return self.head(self.hidden(ids, attn))
+        return self.head(self.read_states(ids, attn))
 
     @staticmethod
     def noise(batch: StepBatch, offsets: list[int], width: int, purpose: str) -> torch.Tensor:

@@ -429,9 +429,9 @@ class BlockDiffusion(DiffusionBackbone):
         """Every row: a block step computes each row's own queries against its own cache."""
         return list(range(len(batch.tokens)))
 
-    def logits(self, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        """Logits [B, L, V] of a left-padded batch under the block-causal mask (each row's
-        blocks counted from its first real token), no cache."""
+    def read_states(self, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """Hidden states [B, L, H] of a left-padded batch under the block-causal mask (each
+        row's blocks counted from its first real token), no cache; `logits` is their head."""
         width = ids.shape[1]
         block = self.config.block_length
         real = attn.bool()
@@ -449,7 +449,7 @@ class BlockDiffusion(DiffusionBackbone):
                 position_ids=pos.to(self.device),
                 use_cache=False,
             ).last_hidden_state
-        return self.head(out)
+        return out
 
     # -- one step --------------------------------------------------------------------------------
     def denoise_step(self, batch: StepBatch) -> list[torch.Tensor]:

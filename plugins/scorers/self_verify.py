@@ -3,9 +3,13 @@
 Each row's generated text so far (masked positions dropped) is followed by a question, e.g.
 "Is the answer above correct? Answer Yes or No.", and one masked position; the score is the
 backbone's logit of "Yes" minus its logit of "No" there: one forward of the backbone per row,
-charged as a `score:<name>` pass. Nothing is trained; it reads partial states, so Prism-style
-search prunes with it (`--scorer self=self`, `prism:scorer=self`). Works on any backbone built
-on a transformers model (dream, llada, tiny).
+charged as a `score:<name>` pass. The difference is read in float64 as one row of the head
+(the "Yes" row minus the "No" row) applied to the last hidden state: no [B, L, V] logits, and
+no rounding of the two logits to a bfloat16 backbone's 8 bits (0.125 apart at 20).
+
+Nothing is trained; it reads partial states, so Prism-style search prunes with it
+(`--scorer self=self`, `prism:scorer=self`). Works on any backbone built on a transformers
+model (dream, llada, tiny, the block models).
 """
 
 from __future__ import annotations
@@ -51,6 +55,23 @@ class SelfVerify:
         self._no = self._first_token(self.config.no)
         if self._yes == self._no:
             raise PluginError("scorer 'self': yes and no start with the same token; pick others")
+        self._verdict = self._verdict_row()
+
+    def _verdict_row(self) -> tuple[torch.Tensor, float] | None:
+        """The head's "Yes" row minus its "No" row [H] and bias difference, in float64, when
+        the backbone gives the states its head reads (`read_states`) and a linear `lm_head`;
+        None for another backbone, whose full logits are read instead."""
+        head = getattr(self.backbone.transformer, "lm_head", None)
+        if not callable(getattr(self.backbone, "read_states", None)):
+            return None
+        if not isinstance(head, torch.nn.Linear):
+            return None
+        weight = head.weight.detach()
+        row = weight[self._yes].double() - weight[self._no].double()
+        bias = 0.0
+        if head.bias is not None:
+            bias = float(head.bias[self._yes].double() - head.bias[self._no].double())
+        return row, bias
 
     def _text_ids(self, text: str) -> list[int]:
         """Token ids of raw text, without what the tokenizer puts before any text (BOS)."""
@@ -77,13 +98,24 @@ class SelfVerify:
 
     @property
     def model_shape(self) -> ModelShape | None:
-        """The backbone's own model, its LM head included."""
-        return model_shape(self.backbone)
+        """The backbone's own model; its head is the one row read (H weights), else the whole
+        LM head."""
+        shape = model_shape(self.backbone)
+        if shape is None or self._verdict is None:
+            return shape
+        return shape.plus(head=len(self._verdict[0]))
 
     def score_work(self, batch: ScoreBatch) -> list[Work]:
-        """A bidirectional forward over each asked row, the LM head at every position (the
-        backbone's `logits`, of which the last position is read)."""
-        return [Work.full(len(row)) for row in self._asked(batch)]
+        """The backbone's forward over each asked row; the head row at its last position, else
+        the LM head at every position (the backbone's `logits`, of which the last is read)."""
+        head = 1 if self._verdict is not None else None
+        return [Work.full(len(row), head=head) for row in self._asked(batch)]
+
+    def verdicts(self, states: torch.Tensor) -> np.ndarray:
+        """logit(Yes) − logit(No) [B] of the last hidden states [B, H], in float64."""
+        assert self._verdict is not None
+        row, bias = self._verdict
+        return (states.double() @ row + bias).cpu().numpy()
 
     @torch.no_grad()
     def score(self, batch: ScoreBatch) -> np.ndarray:
@@ -94,6 +126,10 @@ class SelfVerify:
         out = np.empty(len(rows))
         for width, members in by_width(rows):
             ids, attn, _ = pad_to(bb, [rows[i] for i in members], width, self._pad_id)
+            if self._verdict is not None:
+                states = bb.read_states(ids, attn)  # type: ignore[attr-defined]
+                out[members] = self.verdicts(states[:, -1])
+                continue
             logits = bb.logits(ids, attn)[:, -1].double()
             out[members] = (logits[:, self._yes] - logits[:, self._no]).cpu().numpy()
         return out
