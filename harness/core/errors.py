@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import traceback
+from pathlib import Path
 from typing import Any
 
 
@@ -104,4 +106,7 @@ class PluginCrashed(PluginViolation):
         source = f" (from {distribution})" if distribution else ""
         text = " ".join(str(exc).split())
         self.what = f"raised {type(exc).__name__}" + (f": {text}" if text else "")
+        frames = traceback.extract_tb(exc.__traceback__)
+        if frames:  # the line that raised it: the plugin's, or a library it called
+            self.what += f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})"
         Exception.__init__(self, f"{plugin}{source} {self.what}")

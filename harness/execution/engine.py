@@ -389,6 +389,16 @@ class Engine:
             if capped:
                 what += " (a capped strategy may return fewer, at least one)"
             raise self.origins.violation("strategy", unit.strategy_name, what)
+        try:  # its record holds it
+            if not isinstance(pool.info, dict):
+                raise TypeError(f"a {type(pool.info).__name__}, not a dict")
+            json.dumps(pool.info, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            what = (
+                f"its pool's info is not JSON data ({exc}): a dict of strings, finite numbers, "
+                "bools, None, lists and dicts, which the record holds"
+            )
+            raise self.origins.violation("strategy", unit.strategy_name, what) from None
         return pool
 
     # -- serving requests ----------------------------------------------------------------
@@ -563,6 +573,10 @@ class Engine:
         if values.shape != (size,):
             what = f"score() returned shape {values.shape} for a batch of {size} rows"
             raise self.origins.violation("scorer", self.origins.scorer(batch.scorer), what)
+        if not np.isfinite(values).all():
+            row = int(np.flatnonzero(~np.isfinite(values))[0])
+            what = f"score() returned {values[row]} for row {row} of {size}: scores are finite"
+            raise self.origins.violation("scorer", self.origins.scorer(batch.scorer), what)
         return values
 
     async def _selector_scores(self, unit: Unit, pool: Pool, ops: Ops) -> None:
@@ -590,6 +604,15 @@ class Engine:
         with self.origins.blame("task", self.origins.task):
             answers = [self.task.extract(text) for text in texts]
             answer_keys = [None if a is None else self.task.answer_key(a) for a in answers]
+        for answer, key in zip(answers, answer_keys, strict=True):
+            if answer is not None and not isinstance(answer, str):
+                what = f"extract() returned {answer!r}, not a string or None"
+                raise self.origins.violation("task", self.origins.task, what)
+            try:
+                hash(key)
+            except TypeError:
+                what = f"answer_key({answer!r}) returned {key!r}: not hashable (votes count keys)"
+                raise self.origins.violation("task", self.origins.task, what) from None
         return texts, answers, answer_keys
 
     def judge(self, problem: Problem, rows: Rows) -> Judged:
@@ -601,6 +624,9 @@ class Engine:
             notes: list[str | None] = [None] * len(answers)
             if isinstance(self.task, NotesGrades):
                 notes = [None if a is None else self.task.grade_note(problem, a) for a in answers]
+        if any(label and a is None for a, label in zip(answers, labels, strict=True)):
+            what = "grade() graded a candidate without an answer (extract gave None) correct"
+            raise self.origins.violation("task", self.origins.task, what)
         return Judged(texts, answers, answer_keys, labels, notes)
 
     def _grade(self, items: list[tuple[Problem, str | None, str]]) -> list[bool]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dllmbench.api.interfaces import SearchStrategy, Selector, evidence_of
-from dllmbench.core.errors import UserError
+from dllmbench.core.errors import PluginViolation, UserError, blame
 from dllmbench.core.numbers import ascii_float, ascii_int
 from dllmbench.core.schema import EvidenceEntry, MethodEntry, PluginEntry
 from dllmbench.loading.provenance import config_data
@@ -113,6 +113,7 @@ class Method:
     selector: Selector
     family: str | None = None
     budgets: tuple[int, ...] = ()  # the budgets the planner planned it at, ascending
+    distribution: str | None = None  # that registered its strategy, named when it errs
 
     @classmethod
     def build(
@@ -129,7 +130,8 @@ class Method:
             )
         strategy = registry.strategy(spec.strategy, **spec.strategy_config)
         selector = registry.selector(spec.selector, **spec.selector_config)
-        return cls(label or spec.text(), spec, strategy, selector, family)
+        distribution = registry.info("strategy", spec.strategy).distribution
+        return cls(label or spec.text(), spec, strategy, selector, family, (), distribution)
 
     @property
     def ceiling(self) -> bool:
@@ -149,13 +151,29 @@ class Method:
         `passes_per_step` is the backbone's forwards per row-step (2 with classifier-free
         guidance); it multiplies the denoising passes.
         """
-        cost = dict(self.strategy.cost(total_steps))
+        cost = self._declared_cost(total_steps)
         if "denoise" in cost:
             cost["denoise"] *= passes_per_step
         for scorer in self.selector_scoring():
             kind = f"score:{scorer}"
             cost[kind] = cost.get(kind, 0) + self.strategy.pool_size()
         return {k: v for k, v in sorted(cost.items()) if v}
+
+    def _declared_cost(self, total_steps: int) -> dict[str, int]:
+        """The strategy's `cost(T)`, held to its type: a dict of pass kinds to whole numbers
+        >= 0 (else its broken contract, one line)."""
+        with blame("strategy", self.spec.strategy, self.distribution):
+            cost = self.strategy.cost(total_steps)
+        if not isinstance(cost, dict) or not all(
+            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
+            for k, v in cost.items()
+        ):
+            what = (
+                f"cost({total_steps}) returned {cost!r}, not a dict of pass kinds to whole "
+                'numbers >= 0 (e.g. {"denoise": n * T})'
+            )
+            raise PluginViolation(self.spec.strategy, self.distribution, what)
+        return dict(cost)
 
     def total_cost(self, total_steps: int, passes_per_step: int = 1) -> int:
         return sum(self.cost(total_steps, passes_per_step).values())

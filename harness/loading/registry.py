@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import json
 import types
 import typing
 from collections.abc import Collection
@@ -32,6 +33,7 @@ from dllmbench.loading.manager import (
     collect,
     load_plugin_manager,
 )
+from dllmbench.loading.provenance import config_data
 
 # Run objects a factory may ask for by parameter name; never configuration.
 SHARED = ("backbone",)
@@ -239,6 +241,7 @@ class Registry:
         with blame(kind, name, info.distribution):
             built = info.factory(**extra, **config)
         conform(info, built)
+        declarations(info, built)
         return built
 
     def backbone(self, name: str, **config: Any) -> Backbone:
@@ -280,6 +283,37 @@ def conform(info: PluginInfo, built: Any) -> None:
     if missing:
         plugin = f"{info.kind} {info.name!r}"
         raise PluginIncomplete(plugin, info.distribution, protocol.__name__, missing)
+
+
+def _names(value: Any) -> bool:
+    return isinstance(value, (tuple, list)) and all(isinstance(v, str) for v in value)
+
+
+def declarations(info: PluginInfo, built: Any) -> None:
+    """What a built plugin declares once, of the types the engine reads: a strategy's
+    `scorers`, `pool_size()`, `pool_scores()` and an `async def search`, a selector's
+    `needs`, and any plugin's `config` as JSON data (the manifest records it). A wrong one is
+    its broken contract, one line, instead of a TypeError deep in the engine."""
+    found: list[str] = []
+    if info.kind == "strategy":
+        with blame(info.kind, info.name, info.distribution):
+            size, scores = built.pool_size(), built.pool_scores()
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            found.append(f"pool_size() returned {size!r}, not a whole number >= 1")
+        if not isinstance(scores, (set, frozenset)) or not all(isinstance(s, str) for s in scores):
+            found.append(f"pool_scores() returned {scores!r}, not a frozenset of scorer names")
+        if not _names(built.scorers):
+            found.append(f"scorers is {built.scorers!r}, not a tuple of scorer names")
+        if not inspect.iscoroutinefunction(built.search):
+            found.append("search is not a coroutine function: write `async def search(...)`")
+    if info.kind == "selector" and not _names(built.needs):
+        found.append(f"needs is {built.needs!r}, not a tuple of scorer names")
+    try:
+        json.dumps(config_data(built), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        found.append(f"its config is not JSON data ({exc}); the manifest records it")
+    if found:
+        raise PluginViolation(info.name, info.distribution, "; ".join(found))
 
 
 class _Current:

@@ -42,7 +42,7 @@ from dllmbench.api.interfaces import (
     evidence_of,
     is_capped,
 )
-from dllmbench.core.errors import CostMismatch, OverCap
+from dllmbench.core.errors import CostMismatch, OverCap, PluginCrashed
 from dllmbench.core.keys import row_key
 from dllmbench.core.types import Candidate, Pool, Problem, Prompt
 from dllmbench.execution.method import Method, MethodSpec
@@ -193,6 +193,8 @@ def explain(exc: BaseException) -> str:
     text = text if len(text) <= 400 else text[:400] + "…"
     frames = traceback.extract_tb(exc.__traceback__)
     where = f" (raised at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    if isinstance(exc, PluginCrashed):  # its message says where the plugin's code raised
+        where = ""
     hint = ""
     if isinstance(exc, OverCap):
         hint = "; a capped strategy may spend less than cost(T), never more, on every problem"
