@@ -317,18 +317,32 @@ class ScoresPartialWithAnORM(Misreporting):
         return ops.pool(rows)
 
 
-@pytest.mark.parametrize(
-    "strategy,needle",
-    [
-        (AsksForAnUnknownScorer(1, T), "which this run lacks"),
-        (ScoresPartialWithAnORM(1, T), "reads final states only"),
-    ],
-)
-def test_ops_refuses_scorers_the_run_cannot_serve(strategy, needle):
+class CallsAnUndeclaredScorer(Misreporting):
+    scorers = ()  # yet it calls the run's ORM
+
+    async def search(self, problem, ops):
+        rows = await ops.denoise(ops.start(problem, copies=self.n), ops.T)
+        await ops.score(rows, "orm")
+        return ops.pool(rows)
+
+
+def test_ops_refuses_a_partial_state_to_a_scorer_of_final_ones():
     from dllmbench.core.errors import PluginError
 
+    task, eng = engine([_bad(ScoresPartialWithAnORM(1, T))], size=1)
+    with pytest.raises(PluginError, match="reads final states only"):
+        eng.run(task.problems("test"))
+
+
+@pytest.mark.parametrize("strategy", [AsksForAnUnknownScorer(1, T), CallsAnUndeclaredScorer(1, T)])
+def test_a_strategy_calling_a_scorer_it_does_not_declare_or_the_run_lacks_is_at_fault(strategy):
+    """The planner leaves out a method whose declared scorer the run lacks, so a call of a
+    scorer ops cannot serve is a scorer the strategy did not declare: its fault (exit status
+    3), also when the run has that scorer for other methods."""
+    from dllmbench.core.errors import PluginCrashed
+
     task, eng = engine([_bad(strategy)], size=1)
-    with pytest.raises(PluginError, match=needle):
+    with pytest.raises(PluginCrashed, match="asks for a scorer it may not call here"):
         eng.run(task.problems("test"))
 
 

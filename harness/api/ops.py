@@ -227,11 +227,11 @@ class Ops:
     async def score(self, rows: Rows, scorer: str) -> np.ndarray:
         """One float per row from the named scorer (one pass per row)."""
         self._own(rows, "ops.score")
-        if scorer not in self._scorers:
+        if scorer not in self._scorers:  # the strategy's fault (exit status 3)
             known = ", ".join(sorted(self._scorers)) or "none"
-            raise PluginError(
-                f"a strategy asked for scorer {scorer!r}, which this run lacks "
-                f"(scorers: {known}); add it with --scorer {scorer}=PLUGIN"
+            raise ValueError(
+                f"ops.score(rows, {scorer!r}) asks for a scorer it may not call here (it may "
+                f"call: {known}); declare every scorer search calls in its `scorers`"
             )
         if not self._scorers[scorer] and not all(rows.finished):
             raise PluginError(

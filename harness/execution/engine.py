@@ -331,7 +331,11 @@ class Engine:
                 total_steps=self.sampling.total_steps,
                 canvas=canvas,
                 prompt_len=len(prompt_ids),
-                scorers={n: bool(s.reads_partial) for n, s in self.scorers.items()},
+                scorers={  # those it declares: a call of another is its fault
+                    n: bool(s.reads_partial)
+                    for n, s in self.scorers.items()
+                    if n in unit.strategy.scorers
+                },
                 owners=unit.owners,
                 row_settings=row_settings(self.backbone),
                 commit_orders=commit_orders(self.backbone),

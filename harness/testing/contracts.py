@@ -18,6 +18,7 @@ and a check that does not apply to a plugin skips, saying why.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import random
 import traceback
@@ -42,7 +43,7 @@ from dllmbench.api.interfaces import (
     evidence_of,
     is_capped,
 )
-from dllmbench.core.errors import CostMismatch, OverCap, PluginCrashed
+from dllmbench.core.errors import CostMismatch, OverCap, PluginViolation
 from dllmbench.core.keys import row_key
 from dllmbench.core.types import Candidate, Pool, Problem, Prompt
 from dllmbench.execution.method import Method, MethodSpec
@@ -193,7 +194,7 @@ def explain(exc: BaseException) -> str:
     text = text if len(text) <= 400 else text[:400] + "…"
     frames = traceback.extract_tb(exc.__traceback__)
     where = f" (raised at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
-    if isinstance(exc, PluginCrashed):  # its message says where the plugin's code raised
+    if isinstance(exc, PluginViolation):  # it names the plugin and what broke (a crash: where)
         where = ""
     hint = ""
     if isinstance(exc, OverCap):
@@ -404,8 +405,9 @@ def test_strategy_same_result_in_another_process(dllmbench_strategy):
             differences = there.get("error") or diff_records(_keyed(here), _keyed(there))
             raise AssertionError(
                 f"strategy {name!r}: a process with PYTHONHASHSEED={seed} gave other records; "
-                "does the pool depend on hash() or on a set's order? Sort by values, not "
-                f"hashes. First differences (this process != that one):\n{differences}"
+                "does the pool depend on hash() or on a set's order (sort by values, not "
+                "hashes), or on a global random generator (draw from ops.rng(label))? First "
+                f"differences (this process != that one):\n{differences}"
             )
 
 
@@ -591,6 +593,41 @@ def test_selector_declares_its_kind(dllmbench_selector):
         raise AssertionError(f"selector {name!r}: needs {selector.needs!r} are not all strings")
 
 
+def _changes(exc: BaseException) -> bool:
+    """Whether `exc` is what changing read-only candidates raises: a frozen candidate's
+    attribute, a read-only score, the candidates' tuple."""
+    text = str(exc)
+    return isinstance(exc, dataclasses.FrozenInstanceError) or any(
+        s in text for s in ("read-only", "does not support item", "'tuple' object has no attr")
+    )
+
+
+def _choose(name: str, selector: Any, cands: Sequence[Candidate], labels: Any) -> Any:
+    """`select` on `cands` with rng seed 0; whatever it raises, or an answer that is no index
+    or None, is an AssertionError naming the selector in one line."""
+    __tracebackhide__ = True
+    try:
+        chosen = selector.select(cands, rng=np.random.default_rng(0), labels=labels)
+    except Exception as exc:
+        if _changes(exc):
+            raise AssertionError(
+                f"selector {name!r} tried to change its candidates ({explain(exc)}); "
+                "candidates and their scores are read-only: copy what you need"
+            ) from None
+        given = "labels=None (it is not a ceiling: it never gets labels)"
+        raise AssertionError(
+            f"selector {name!r} raised on {len(cands)} candidates with "
+            f"{given if labels is None else 'labels'}: {explain(exc)}"
+        ) from None
+    index = isinstance(chosen, (int, np.integer)) and not isinstance(chosen, bool)
+    if chosen is not None and not index:
+        raise AssertionError(
+            f"selector {name!r} returned {_short(chosen)} ({type(chosen).__name__}) for "
+            f"{len(cands)} candidates; return an int index or None"
+        )
+    return chosen
+
+
 def test_selector_works_without_labels(dllmbench_selector):
     """A selector that is not a ceiling chooses with `labels=None`."""
     name, config = dllmbench_selector
@@ -598,8 +635,7 @@ def test_selector_works_without_labels(dllmbench_selector):
     if selector.ceiling:
         pytest.skip(f"selector {name} is a ceiling: it always gets labels")
     for answers in ANSWER_LISTS:
-        cands = selector_candidates(selector.needs, answers)
-        selector.select(cands, rng=np.random.default_rng(0), labels=None)
+        _choose(name, selector, selector_candidates(selector.needs, answers), None)
 
 
 def test_selector_ceiling_uses_labels(dllmbench_selector):
@@ -609,8 +645,7 @@ def test_selector_ceiling_uses_labels(dllmbench_selector):
     if not selector.ceiling:
         pytest.skip(f"selector {name} is not a ceiling: it never gets labels")
     answers = ANSWER_LISTS[0]
-    cands = selector_candidates(selector.needs, answers)
-    chosen = selector.select(cands, rng=np.random.default_rng(0), labels=_labels(answers))
+    chosen = _choose(name, selector, selector_candidates(selector.needs, answers), _labels(answers))
     if chosen is None:
         raise AssertionError(f"ceiling {name!r} chose nothing though a candidate is correct")
 
@@ -622,15 +657,9 @@ def test_selector_returns_an_index_in_range(dllmbench_selector):
     for answers in ANSWER_LISTS:
         n = len(answers)
         labels = _labels(answers) if selector.ceiling else None
-        cands = selector_candidates(selector.needs, answers)
-        chosen = selector.select(cands, rng=np.random.default_rng(0), labels=labels)
+        chosen = _choose(name, selector, selector_candidates(selector.needs, answers), labels)
         if chosen is None:
             continue
-        if isinstance(chosen, bool) or not isinstance(chosen, (int, np.integer)):
-            raise AssertionError(
-                f"selector {name!r} returned {_short(chosen)} ({type(chosen).__name__}) for "
-                f"{n} candidates; return an int index or None"
-            )
         if not 0 <= chosen < n:
             raise AssertionError(
                 f"selector {name!r} chose {chosen} of {n} candidates (answers {answers}); "
@@ -673,13 +702,7 @@ def test_selector_leaves_its_candidates_alone(dllmbench_selector):
         cands = selector_candidates(selector.needs, answers)
         before = _snapshot(cands)
         labels = tuple(_labels(answers)) if selector.ceiling else None
-        try:
-            selector.select(cands, rng=np.random.default_rng(0), labels=labels)
-        except (TypeError, AttributeError) as exc:
-            raise AssertionError(
-                f"selector {name!r} tried to change its candidates ({explain(exc)}); "
-                "candidates and their scores are read-only: copy what you need"
-            ) from None
+        _choose(name, selector, cands, labels)
         if _snapshot(cands) != before:
             raise AssertionError(
                 f"selector {name!r} changed its candidates (answers {answers}); "
@@ -711,13 +734,14 @@ def test_selector_same_choice_on_equal_inputs(dllmbench_selector):
         choices = set()
         for trial in range(8):
             cands = tuple(_fresh(selector.needs, answers, reverse=bool(trial % 2)))
-            chosen = selector.select(cands, rng=np.random.default_rng(0), labels=labels)
+            chosen = _choose(name, selector, cands, labels)
             choices.add(None if chosen is None else int(chosen))
         if len(choices) > 1:
             raise AssertionError(
                 f"selector {name!r} chose {sorted(c for c in choices if c is not None)} on "
                 f"equal candidates (answers {answers}, one rng seed): break ties by the "
-                "candidates and the rng only, never by object identity"
+                "candidates and the rng given only, never by object identity, hashing or a "
+                "global random generator"
             )
 
 
@@ -835,7 +859,14 @@ def test_scorer_returns_one_finite_float_per_row(dllmbench_scorer):
     single = [
         float(np.asarray(scorer.score(ScoreBatch([c], [p], [0], STEPS)))[0]) for c, p in canvases
     ]
-    np.testing.assert_allclose(values, single, rtol=1e-5, atol=1e-6)
+    apart = ~np.isclose(values, single, rtol=1e-5, atol=1e-6)
+    if apart.any():
+        i = int(np.flatnonzero(apart)[0])
+        raise AssertionError(
+            f"scorer {name!r}: a row's value depends on the rows beside it: row {i} scored "
+            f"{values[i]:.7g} in a batch of 4 and {single[i]:.7g} alone ({int(apart.sum())} of "
+            "4 rows differ); score each row as if alone"
+        )
     assert isinstance(scorer.reads_partial, bool), f"scorer {name!r}: reads_partial is not a bool"
 
 
