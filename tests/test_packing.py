@@ -347,6 +347,26 @@ def test_batch_sizing_counts_the_packed_forwards_mask(monkeypatch):
     assert sized_to_memory(Capacity(batch_tokens=7), packing_bb).batch_tokens == 7
 
 
+@pytest.mark.parametrize("cfg_scale", [0.0, 1.0])
+def test_batch_sizing_counts_llada_s_logits_over_every_position(monkeypatch, cfg_scale):
+    """LLaDA runs its head at once over a step's eligible positions (twice with guidance):
+    on a (pretended) GPU its `batch_tokens` leaves room for [tokens, vocabulary] logits in
+    the model's dtype beside the activations, the most tokens that fit."""
+    from dllmbench.plugins.backbones.llada import LLaDA
+
+    free = 40 * 10**9
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (free, free))
+    bb = LLaDA(model="random", cfg_scale=cfg_scale, dtype="bfloat16")
+    bb.device = "cuda"
+    config = bb.transformer.config
+    per_token = 2 * (6 * config.hidden_size + 3 * config.intermediate_size) * 2
+    logits = config.vocab_size * 2 * (2 if cfg_scale else 1)
+    assert bb.forward_extra_bytes(10) == 10 * logits
+    sized = sized_to_memory(Capacity(), bb).batch_tokens
+    budget = int(free * MEMORY_SHARE)
+    assert sized * (per_token + logits) <= budget < (sized + 1) * (per_token + logits)
+
+
 def test_forward_bytes_bound_what_packing_allocates():
     """`packed_forward_bytes` covers the block-rounded length: a forward capped at one token
     over a block still computes two blocks."""
