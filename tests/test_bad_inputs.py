@@ -243,8 +243,10 @@ def test_a_factory_error_with_several_lines_is_one_line_blaming_the_plugin():
     reg = Registry({"selector": {"crashes": info}})
     with pytest.raises(PluginCrashed) as caught:
         reg.selector("crashes", level=2)
+    line = Crashes.__init__.__code__.co_firstlineno + 1  # the line that raised
     assert str(caught.value) == (
-        "selector 'crashes' (from tests) raised RuntimeError: first line second line third"
+        "selector 'crashes' (from tests) raised RuntimeError: first line second line third "
+        f"(at test_bad_inputs.py:{line})"
     )
 
 

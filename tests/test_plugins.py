@@ -530,6 +530,7 @@ def dllmbench_register_tasks(register):
         (
             "crashes",
             "task 'crashes' (from module:twice_tasks) raised KeyError: 'test' "
+            "(at twice_tasks.py:14) "
             "(--debug shows the traceback)",
         ),
     ],

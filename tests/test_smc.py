@@ -506,8 +506,8 @@ def test_readouts(smc_run):
             assert rec["selected"] == next(i for i, c in enumerate(cands) if c["key"] == winner)
 
 
-def test_smc_refuses_a_nan_score():
-    from dllmbench.core.errors import PluginCrashed
+def test_a_nan_score_is_the_scorers_fault_before_smc_weighs_it():
+    from dllmbench.core.errors import PluginViolation
     from dllmbench.execution.engine import Engine, Sampling
     from dllmbench.execution.method import Method, MethodSpec
     from dllmbench.loading.registry import registry
@@ -528,7 +528,8 @@ def test_smc_refuses_a_nan_score():
         methods=[method],
         sampling=Sampling(12, 5, "fewshot", 0),
     )
-    # a plugin's fault (exit status 3), named: the strategy that found the NaN says so
-    with pytest.raises(PluginCrashed, match=r"strategy 'smc' raised ValueError: .* NaN") as err:
+    # the scorer's fault (exit status 3), named before any strategy weighs the NaN (SMC
+    # blamed itself, a selector reading it blamed the selector)
+    with pytest.raises(PluginViolation, match=r"score\(\) returned nan for row 0 of") as err:
         engine.run(task.problems("test"))
-    assert isinstance(err.value.__cause__, ValueError)
+    assert err.value.plugin == "prm"
