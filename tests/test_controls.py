@@ -335,6 +335,29 @@ def test_diagnose_refuses_a_collection_of_one_outcome_before_scoring(cli, tmp_pa
     assert_user_error(result, "ends wrong", "--limit")
 
 
+def test_collect_samples_a_shipped_model_as_it_was_trained_and_refuses_what_it_cannot_hold(
+    cli, tmp_path
+):
+    """`collect --backbone tiny` samples at the tiny model's own protocol (T = 24, 32 tokens,
+    few-shot), as `run` does; a canvas or prompt beyond its 256 positions is one line before
+    any forward (it wrote trajectories of empty text, exit status 0), and so is a snapshot
+    count over T (it was cut to T without a word)."""
+    out = tmp_path / "collection"
+    argv = ["collect", "--task", "arith", "--split", "test", "--backbone", "tiny", "--limit", "1"]
+    assert cli(*argv, "--n", "2", "--snapshots", "2", "--out", out).code == 0
+    meta = json.loads((out / "collect.json").read_text())
+    assert (meta["snapshot_steps"], meta["sampling"]["gen_length"]) == ([0, 12, 24], 32)
+    assert meta["sampling"]["prompt_style"] == "fewshot"
+    refused = tmp_path / "refused"
+    long = cli(*argv, "--gen-length", "512", "--out", refused)
+    assert_user_error(long, "--gen-length 512 does not fit backbone 'tiny'")
+    shots = cli(*argv[:2], "gsm8k", *argv[3:], "--out", refused)
+    assert_user_error(shots, "problem 'test-0'", "do not fit the backbone's 256 positions")
+    many = cli(*argv, "--steps", "4", "--snapshots", "5", "--out", refused)
+    assert_user_error(many, "--snapshots 5 is more than --steps 4")
+    assert not list(refused.glob("*.safetensors"))
+
+
 def test_diagnose_refuses_what_is_not_a_collection(cli, tmp_path):
     result = cli("diagnose", str(tmp_path))
     assert result.code == 2

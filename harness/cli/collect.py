@@ -10,14 +10,17 @@ from rich.console import Console
 from dllmbench.cli.argtypes import natural_int, positive_int
 from dllmbench.cli.common import (
     CAPACITY,
+    GENERAL,
     Reply,
     add_json,
     add_limit,
     add_sampling,
+    check_canvas,
     declared_default,
 )
 from dllmbench.cli.folders import claim
 from dllmbench.cli.progress import Progress
+from dllmbench.cli.run import DEMO_PROTOCOLS, fill_unset
 from dllmbench.core.errors import UserError
 
 COLLECT_CONFIG = "dllmbench.scoring.collect.CollectConfig"
@@ -26,14 +29,17 @@ COLLECT_CONFIG = "dllmbench.scoring.collect.CollectConfig"
 def add_parser(sub: Any) -> None:
     c = sub.add_parser("collect", help="on-policy trajectories with snapshots, for scorers")
     c.add_argument("--task", required=True)
-    c.add_argument("--split", default="train")
+    c.add_argument("--split", default="train", help="the task's split (default %(default)s)")
     c.add_argument("--backbone", required=True)
-    c.add_argument("--n", type=positive_int, default=4, help="trajectories per problem")
+    c.add_argument(
+        "--n", type=positive_int, default=4, help="trajectories per problem (default %(default)s)"
+    )
     c.add_argument(
         "--snapshots",
         type=positive_int,
         default=8,
-        help="snapshot steps per trajectory, spread over 1..T, after the all-mask canvas (step 0)",
+        help="snapshot steps per trajectory, spread over 1..T, after the all-mask canvas "
+        "(step 0); at most T (default %(default)s)",
     )
     c.add_argument(
         "--rollouts",
@@ -42,7 +48,7 @@ def add_parser(sub: Any) -> None:
         help="R continuations to T of every snapshot state before T, graded by the task; "
         "each snapshot stores how many were correct (train-scorer --labels rollout)",
     )
-    add_sampling(c, defaults=True)
+    add_sampling(c)  # unset: a shipped demo model's own protocol, else GENERAL
     add_limit(c)
     c.add_argument(
         "--batch-rows", type=positive_int, default=declared_default(CAPACITY, "batch_rows")
@@ -55,6 +61,7 @@ def add_parser(sub: Any) -> None:
 def execute(args: argparse.Namespace) -> Reply:
     from dllmbench.execution.engine import Capacity, Sampling
     from dllmbench.execution.method import parse_part
+    from dllmbench.execution.rates import prompts_fit
     from dllmbench.loading.registry import registry
     from dllmbench.scoring.collect import (
         CollectConfig,
@@ -68,6 +75,12 @@ def execute(args: argparse.Namespace) -> Reply:
     out = claim(args.out, "collection")  # before the backbone loads
     task_name, task_config = parse_part(args.task)
     backbone_name, backbone_config = parse_part(args.backbone)
+    # a shipped demo model samples as it was trained to, as `run` and `plan` do; else GENERAL
+    fill_unset(args, {**GENERAL, **DEMO_PROTOCOLS.get(backbone_name, {})})
+    steps = snapshot_steps(args.steps, args.snapshots)
+    check_canvas(
+        backbone_name, reg.check("backbone", backbone_name, **backbone_config), args.gen_length
+    )
     task = reg.task(task_name, **task_config)
     if args.split not in task.splits():
         raise UserError(
@@ -76,7 +89,7 @@ def execute(args: argparse.Namespace) -> Reply:
     problems = reg.problems(task_name, task, args.split)[: args.limit]
     backbone = reg.backbone(backbone_name, **backbone_config)
     sampling = Sampling(args.steps, args.gen_length, args.prompt, args.seed)
-    steps = snapshot_steps(args.steps, args.snapshots)
+    prompts_fit(backbone, task, problems, args.prompt, args.gen_length)
     description = collection_manifest(
         task_name,
         task,

@@ -65,9 +65,8 @@ def reference(
     total_steps: int,
 ) -> Reference:
     """The reference row of a run's problems, and the FLOPs of one pass of each kind there."""
-    encoded = [backbone.encode(task.prompt(p, prompt_style)) for p in problems]
+    encoded = prompts_fit(backbone, task, problems, prompt_style, gen_length)
     lengths = [len(ids) for ids in encoded]
-    _fits(backbone, problems, lengths, gen_length)
     prompt = round(sum(lengths) / len(lengths)) if lengths else 0
     canvas = backbone.canvas([0] * prompt, gen_length)
     rates: dict[str, int] = {}
@@ -101,10 +100,15 @@ def reference(
     return Reference(prompt, gen_length, rates)
 
 
-def _fits(backbone: Backbone, problems: Sequence[Problem], lengths: list[int], gen: int) -> None:
-    """Every problem's prompt and the canvas must fit the backbone's positions
-    (`KnowsPositions`): one line before any forward, instead of a run over positions the model
-    never learned (the tiny models have 256: a GSM8K prompt of eight shots is over 1,000)."""
+def prompts_fit(
+    backbone: Backbone, task: Task, problems: Sequence[Problem], prompt_style: str, gen: int
+) -> list[list[int]]:
+    """Every problem's prompt, encoded: with the canvas, each must fit the backbone's
+    positions (`KnowsPositions`), else one line before any forward, instead of a run (or a
+    collection) over positions the model never learned (the tiny models have 256: a GSM8K
+    prompt of eight shots is over 1,000)."""
+    encoded = [backbone.encode(task.prompt(p, prompt_style)) for p in problems]
+    lengths = [len(ids) for ids in encoded]
     limit = positions(getattr(backbone, "config", None))
     longest = max(lengths, default=0)
     if limit is not None and longest + gen > limit:
@@ -114,6 +118,7 @@ def _fits(backbone: Backbone, problems: Sequence[Problem], lengths: list[int], g
             f"not fit the backbone's {limit} positions; give a shorter prompt (fewer shots, "
             "another --prompt), a shorter --gen-length, or a model with more positions"
         )
+    return encoded
 
 
 def written(encoded: Sequence[Sequence[int]], width: int) -> torch.Tensor:

@@ -61,6 +61,11 @@ def snapshot_steps(total_steps: int, count: int) -> list[int]:
     (the final state)."""
     if count < 1:
         raise UserError(f"--snapshots must be >= 1, got {count}")
+    if count > total_steps:
+        raise UserError(
+            f"--snapshots {count} is more than --steps {total_steps}: at most one snapshot a "
+            f"step; give --snapshots {total_steps} or fewer"
+        )
     spread = {max(1, round(total_steps * (i + 1) / count)) for i in range(count)}
     return [0, *sorted(spread)]
 
