@@ -206,6 +206,9 @@ def test_the_demo_runs_at_its_budget_and_four_times_it():
     assert cfg.run_dir().name == f"arith-tiny-b{budget}+{4 * budget}-seed0"
     explicit = run_config(build_parser().parse_args(["run", "--budget", str(budget)]))
     assert explicit.budgets() == [budget]
+    # a FLOP budget names the directory as it is typed (it was `bFlops(1000000000)`)
+    flops = run_config(build_parser().parse_args(["run", "--budget", "1e9flops,2.5e12flops"]))
+    assert flops.run_dir().name == "arith-tiny-b1e9flops+2.5e12flops-seed0"
 
 
 FAULTS = """

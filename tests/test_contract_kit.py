@@ -258,8 +258,8 @@ FAILS = [
     (
         "test_strategy_pool_scores_are_true",
         "kit_stale_pool_scores",
-        r"the pool's 'prm' score of candidate \d on problem 'test-\d' at T=40 is \S+, but the "
-        r"scorer gives \S+ on that final candidate",
+        # the engine refuses it in the run, before the check compares the scores itself
+        r"its pool's 'prm' score of candidate \d \(\S+\) is not what ops.score gave that state",
     ),
     (
         "test_strategy_returns_its_pool_size",
@@ -305,9 +305,9 @@ FAILS = [
     (
         "test_strategy_spends_what_it_declares",
         "kit_other_problem",
-        r"strategy 'kit_other_problem' raised ValueError: ops.pool was given (rows of problem "
-        r"'test-\d', but this search serves problem 'test-\d'|\d+ row\(s\) whose tokens or "
-        r"steps ops never produced)",
+        r"strategy 'kit_other_problem' raised ValueError: ops.\w+ was given (rows of problem "
+        r"'test-\d', but this search serves problem 'test-\d'|\d+ row\(s\) whose tokens, "
+        r"steps or copy ops never produced)",
     ),
     (
         "test_selector_leaves_its_candidates_alone",

@@ -145,7 +145,7 @@ def test_remask_is_a_free_recorded_edit_by_each_policy():
     decoded[:, 3:] = torch.tensor([1, 2, 3, 4, 5, 6])
     confidence = torch.full(decoded.shape, float("nan"))
     confidence[:, 3:] = torch.tensor([0.9, 0.1, 0.8, 0.2, 0.7, 0.3])
-    rows = rows.advanced(decoded, (1, 1), confidence)
+    rows = ops._issue(rows.advanced(decoded, (1, 1), confidence))  # as a denoise gives it
 
     edited = ops.remask(rows, positions=[[0, 5], [2]])
     assert edited.edits == (((1, (0, 5)),), ((1, (2,)),))
@@ -167,7 +167,7 @@ def test_remask_is_a_free_recorded_edit_by_each_policy():
     with pytest.raises(ValueError, match="one of"):
         ops.remask(rows, sigma=0.5, positions=[0])
     # a row at its T is final: naming its positions is an error, a policy leaves it alone
-    finished = rows.advanced(decoded, (4, 1), confidence)
+    finished = ops._issue(rows.advanced(decoded, (4, 1), confidence))
     with pytest.raises(ValueError, match="at its T"):
         ops.remask(finished, positions=[0])
     kept = ops.remask(finished, sigma=1.0)

@@ -56,11 +56,14 @@ def segments(total_steps: int, every: int) -> list[int]:
 
 
 def _states(rows: Rows) -> list[bytes]:
-    """A digest of each row's state: its step, its T and its tokens."""
+    """A digest of each row's state: its tokens, its step, its T and the copy of `ops.start`
+    it descends from (its lineage's root, which says whom it is charged to)."""
     tokens = rows.tokens.detach().to("cpu").numpy()
     return [
         hashlib.blake2b(
-            tokens[i].tobytes() + f"{rows.steps[i]}/{rows.totals[i]}".encode(), digest_size=16
+            tokens[i].tobytes()
+            + f"{rows.steps[i]}/{rows.totals[i]}/{rows.lineage[i][:1]}".encode(),
+            digest_size=16,
         ).digest()
         for i in range(len(rows))
     ]
@@ -105,7 +108,8 @@ class Ops:
         self._check_settings = check_settings
         self._confidences = confidences
         self._answers = answers
-        self._issued: set[bytes] = set()  # every row state ops gave out: (step, T, tokens)
+        self._issued: set[bytes] = set()  # every row state ops gave out (`_states`)
+        self._scored: dict[tuple[bytes, str], float] = {}  # what ops.score gave each state
 
     # -- rows --------------------------------------------------------------------------------
     def start(
@@ -199,7 +203,7 @@ class Ops:
         is None (one pass per row per step, charged as the engine computes it). A row whose
         sampler ended it early (nothing left masked) stands at its T and takes no more steps:
         asking it for `steps` more advances only the others."""
-        self._own(rows, "ops.denoise")
+        self._own(rows, "ops.denoise", issued=True)
         if steps is None:
             asked = tuple(t - s for s, t in zip(rows.steps, rows.totals, strict=True))
             if not any(asked):
@@ -226,7 +230,7 @@ class Ops:
 
     async def score(self, rows: Rows, scorer: str) -> np.ndarray:
         """One float per row from the named scorer (one pass per row)."""
-        self._own(rows, "ops.score")
+        self._own(rows, "ops.score", issued=True)
         if scorer not in self._scorers:  # the strategy's fault (exit status 3)
             known = ", ".join(sorted(self._scorers)) or "none"
             raise ValueError(
@@ -237,13 +241,16 @@ class Ops:
             raise PluginError(
                 f"scorer {scorer!r} reads final states only, but was asked to score a partial one"
             )
-        return await Posted(ScoreRequest(rows, scorer))
+        values = await Posted(ScoreRequest(rows, scorer))
+        for state, value in zip(_states(rows), np.asarray(values).tolist(), strict=True):
+            self._scored[state, scorer] = value
+        return values
 
     def answers(self, rows: Rows) -> list[Hashable | None]:
         """Each final row's answer as the task keys it for voting (`task.answer_key` of the
         extracted answer; None when none was extracted): free, no forward, and never the
         grade. Adaptive sampling reads it to decide when to stop."""
-        self._own(rows, "ops.answers")
+        self._own(rows, "ops.answers", issued=True)
         if not all(rows.finished):
             raise ValueError("ops.answers reads final states only; some rows are not at their T")
         if self._answers is None:
@@ -276,7 +283,7 @@ class Ops:
         on a block backbone those of the current block (`ReopensPositions`). A row at its T
         is final: `sigma` and `least_confident` leave it as it is, and `positions` refuses it
         (no step would decode it)."""
-        self._own(rows, "ops.remask")
+        self._own(rows, "ops.remask", issued=True)
         chosen = [positions is not None, sigma is not None, least_confident is not None]
         if sum(chosen) != 1:
             raise ValueError("ops.remask takes one of positions=, sigma= or least_confident=")
@@ -350,24 +357,51 @@ class Ops:
         info: dict[str, Any] | None = None,
     ) -> Pool:
         """The final candidates, with any scores already computed on exactly these states."""
-        self._own(rows, "ops.pool")
+        self._own(rows, "ops.pool", issued=True)
         if not all(rows.finished):
             raise ValueError("a pool holds final states only; some rows are not at their T")
-        forged = [i for i, state in enumerate(_states(rows)) if state not in self._issued]
-        if forged:
-            raise ValueError(
-                f"ops.pool was given {len(forged)} row(s) whose tokens or steps ops never "
-                "produced (changed outside ops.denoise and ops.remask, uncharged)"
-            )
         return Pool(rows, dict(scores or {}), weights, dict(info or {}))
+
+    def returned(self, pool: Pool) -> str | None:
+        """What is wrong with the pool a search returned, or None: held to what `ops.pool`
+        checks (a Pool built by hand, or tokens changed after it), rows charged to the
+        owners of the copy they descend from, and scores that are the values `ops.score` gave
+        those very states (a pool's scores are read, never computed again)."""
+        try:
+            self._own(pool.rows, "the pool", issued=True)
+        except ValueError as exc:
+            return str(exc)
+        if not all(pool.rows.finished):
+            return "its pool holds rows that are not at their T"
+        rows = pool.rows
+        for i, (lineage, owners) in enumerate(zip(rows.lineage, rows.owners, strict=True)):
+            root = lineage[0] if lineage else -1
+            if root < 0 or tuple(owners) != tuple(self._owners(root + 1)[root]):
+                return (
+                    f"its pool's candidate {i} is charged to {list(owners)}, not to the owners "
+                    "of the copy it descends from: rows are charged as ops.start gave them"
+                )
+        states = _states(pool.rows)
+        for scorer, values in pool.scores.items():
+            given = np.asarray(values, dtype=np.float64)
+            for i, state in enumerate(states):
+                if self._scored.get((state, scorer)) != float(given[i]):
+                    return (
+                        f"its pool's {scorer!r} score of candidate {i} ({float(given[i]):g}) is "
+                        f"not what ops.score gave that state: a pool carries the values "
+                        "ops.score returned for its final states, unchanged"
+                    )
+        return None
 
     def _issue(self, rows: Rows) -> Rows:
         """Note the states of rows ops hands out: a pool may hold only those."""
         self._issued.update(_states(rows))
         return rows
 
-    def _own(self, rows: Any, call: str) -> None:
-        """Refuse rows this search did not start: another problem's, or built by hand."""
+    def _own(self, rows: Any, call: str, issued: bool = False) -> None:
+        """Refuse rows this search did not start: another problem's, or built by hand; with
+        `issued`, also rows in a state ops never gave out (tokens, steps or the copy they
+        descend from changed outside ops.denoise and ops.remask, uncharged)."""
         if not isinstance(rows, Rows):
             raise ValueError(f"{call} was given a {type(rows).__name__}, not Rows")
         if rows.problem.id != self.problem.id or rows.seed != self.seed:
@@ -382,6 +416,13 @@ class Ops:
         prompt = self._canvas[: self._prompt_len].to(rows.tokens.device)
         if not bool((rows.tokens[:, : self._prompt_len] == prompt).all()):
             raise ValueError(f"{call} was given rows whose prompt is not this problem's")
+        if issued:
+            forged = [i for i, state in enumerate(_states(rows)) if state not in self._issued]
+            if forged:
+                raise ValueError(
+                    f"{call} was given {len(forged)} row(s) whose tokens, steps or copy ops "
+                    "never produced (changed outside ops.denoise and ops.remask, uncharged)"
+                )
 
     @property
     def gen_length(self) -> int:

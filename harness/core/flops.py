@@ -137,6 +137,16 @@ class Flops(int):
     def __repr__(self) -> str:
         return f"Flops({int(self)})"
 
+    def typed(self) -> str:
+        """As `--budget` takes it, exactly: `2.1e15flops`, `1e9flops`, `123flops`."""
+        digits = str(int(self))
+        kept = digits.rstrip("0") or "0"
+        exponent = len(digits) - 1
+        if exponent < 3:
+            return f"{digits}flops"
+        mantissa = kept[0] + (f".{kept[1:]}" if len(kept) > 1 else "")
+        return f"{mantissa}e{exponent}flops"
+
 
 UNITS = ("passes", "flops")
 

@@ -364,7 +364,7 @@ class Engine:
 
     async def _strategy_run(self, unit: Unit, ops: Ops) -> Pool:
         """The strategy's search, then the scores its pool lacks for the members' selectors."""
-        pool = self._checked(unit, await unit.strategy.search(ops.problem, ops))
+        pool = self._checked(unit, await unit.strategy.search(ops.problem, ops), ops)
         self._paid_for(unit, pool)
         await self._selector_scores(unit, pool, ops)
         return pool
@@ -382,11 +382,19 @@ class Engine:
                 )
                 raise self.origins.violation("strategy", unit.strategy_name, what)
 
-    def _checked(self, unit: Unit, pool: Any) -> Pool:
-        """The pool a strategy returned, once it is a Pool of the size it declared."""
+    def _checked(self, unit: Unit, pool: Any, ops: Ops) -> Pool:
+        """The pool a strategy returned, once it is a Pool of the size it declared, of states
+        its ops gave out, charged to their owners, with the scores ops gave them (`returned`),
+        its tokens copied: what the strategy does to its tensors afterwards is not graded."""
         if not isinstance(pool, Pool):
             what = f"search() returned a {type(pool).__name__}, not a Pool"
             raise self.origins.violation("strategy", unit.strategy_name, what)
+        wrong = ops.returned(pool)
+        if wrong is not None:
+            raise self.origins.violation("strategy", unit.strategy_name, wrong)
+        pool = dataclasses.replace(
+            pool, rows=dataclasses.replace(pool.rows, tokens=pool.rows.tokens.clone())
+        )
         capped = all(m.id in self.capped for m, _ in unit.members)
         if len(pool) != unit.pool_size and not (capped and 1 <= len(pool) < unit.pool_size):
             what = f"search() returned {len(pool)} candidates but declared {unit.pool_size}"
@@ -688,16 +696,23 @@ class Engine:
             chosen = method.selector.select(
                 shown, rng=rng, labels=tuple(labels) if method.ceiling else None
             )
+            # read as a plain int here, under the watch: an int of the selector's own class
+            # whose conversion or comparison runs a model is the selector's forward
+            index = (
+                int(chosen)
+                if isinstance(chosen, int | np.integer) and not isinstance(chosen, bool)
+                else None
+            )
         self._watch.check("select", name, self.origins.distribution("selector", name))
         if chosen is None:
             return None
         size = len(candidates)
-        if isinstance(chosen, bool) or not isinstance(chosen, int | np.integer):
+        if index is None:
             what = f"select() returned a {type(chosen).__name__}, not an index or None"
-        elif not 0 <= chosen < size:
-            what = f"select() returned index {chosen} for a pool of {size} candidates"
+        elif not 0 <= index < size:
+            what = f"select() returned index {index} for a pool of {size} candidates"
         else:
-            return int(chosen)
+            return index
         raise self.origins.violation("selector", method.spec.selector, what)
 
     def _record(

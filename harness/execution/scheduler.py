@@ -522,11 +522,21 @@ class Scheduler:
         self.waiting = [w for w in self.waiting if id(w) not in done]
 
     def _wait(self, run: StrategyRun, request: Any) -> Wait:
-        if isinstance(request, DenoiseRequest | ScoreRequest):
+        if type(request) in (DenoiseRequest, ScoreRequest):  # not a class of the plugin's own
+            if type(request.rows) is not Rows:
+                what = f"search() posted a request of {type(request.rows).__name__}, not Rows"
+                raise PluginViolation(run.strategy, run.distribution, what)
+            if request.rows.problem.id != run.unit.problem.id:
+                what = (
+                    f"search() asked for a forward of rows of problem "
+                    f"{request.rows.problem.id!r} while serving problem "
+                    f"{run.unit.problem.id!r}: a search computes only its own problem's rows"
+                )
+                raise PluginViolation(run.strategy, run.distribution, what)
             self._check_owners(run, request.rows, self.trusted.take(request))
-        if isinstance(request, DenoiseRequest):
+        if type(request) is DenoiseRequest:
             return DenoiseWait(run, request.rows, tuple(request.steps))
-        if isinstance(request, ScoreRequest):
+        if type(request) is ScoreRequest:
             return ScoreWait(run, request.rows, request.scorer)
         raise PluginViolation(
             run.strategy,

@@ -90,7 +90,7 @@ class RunConfig:
     def run_dir(self) -> Path:
         if self.out:
             return Path(self.out)
-        budgets = "+".join(map(str, self.budgets()))
+        budgets = "+".join(b.typed() if isinstance(b, Flops) else str(b) for b in self.budgets())
         return Path("runs") / f"{self.task}-{self.backbone}-b{budgets}-seed{self.sampling.seed}"
 
 
