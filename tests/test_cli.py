@@ -55,6 +55,18 @@ def test_plan_leaves_out_what_does_not_fit_with_its_smallest_budget(capsys):
     assert "PRM Guided K=1 b=64" in ids and "Majority@1" in ids
 
 
+@pytest.mark.parametrize(
+    "backbone,capped", [("tiny-block", True), ("tiny:threshold=0.9", True), ("tiny", False)]
+)
+def test_plan_caps_every_method_on_a_backbone_whose_rows_end_early(cli, backbone, capped):
+    """A block model, or a confidence threshold, ends rows before their T: `run` records every
+    method's cost as a cap, and `plan` says so before any model loads (it showed them exact)."""
+    argv = ["plan", "--budget", "272", "--backbone", backbone, "--methods", "vanilla,majority"]
+    result = cli(*argv, "--json")
+    assert result.code == 0, result.err
+    assert [m["capped"] for m in json.loads(result.out)["methods"]] == [capped, capped]
+
+
 def test_plan_accepts_specs_with_a_free_size(capsys):
     out = cli_json(
         capsys,

@@ -333,6 +333,9 @@ def test_diagnose_refuses_a_collection_of_one_outcome_before_scoring(cli, tmp_pa
     monkeypatch.setattr(Registry, "scorer", lambda *a, **k: pytest.fail("a scorer was built"))
     result = cli("diagnose", str(collection))
     assert_user_error(result, "ends wrong", "--limit")
+    # a --width over the collection's n is said, not cut to n (the default 8 is)
+    wide = cli("diagnose", str(collection), "--width", "3")
+    assert_user_error(wide, "--width 3 is more than the 2 trajectories per problem")
 
 
 def test_collect_samples_a_shipped_model_as_it_was_trained_and_refuses_what_it_cannot_hold(

@@ -36,7 +36,9 @@ BOOT = c.Boot(seed=0, resamples=200)
 def test_snapshot_steps_start_at_the_all_mask_canvas():
     assert snapshot_steps(8, 2) == [0, 4, 8]
     assert snapshot_steps(24, 12) == list(range(0, 25, 2))
-    assert snapshot_steps(5, 9) == [0, 1, 2, 3, 4, 5]  # more snapshots than steps: each once
+    assert snapshot_steps(5, 5) == [0, 1, 2, 3, 4, 5]  # every step
+    with pytest.raises(UserError, match="--snapshots 9 is more than --steps 5"):
+        snapshot_steps(5, 9)  # was cut to each step once, without a word
 
 
 def _toy_collection(out: Path, steps: list[int]) -> None:

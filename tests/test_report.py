@@ -195,6 +195,16 @@ def test_runs_of_one_protocol_combine_and_a_mismatch_is_refused(two_budgets, tmp
     assert snapshot(tmp_path) == before
 
 
+def test_runs_of_other_plugins_name_the_plugin_not_its_first_option():
+    from dllmbench.analysis.report import protocol_mismatch
+
+    a = {"backbone": {"name": "tiny", "config": {"alg": "maskgit_plus", "seed": 0}}}
+    b = {"backbone": {"name": "toy", "config": {"seed": 0}}}
+    assert protocol_mismatch(a, b) == "backbone.name: 'tiny' → 'toy'"
+    c = {"backbone": {"name": "tiny", "config": {"alg": "entropy", "seed": 0}}}
+    assert protocol_mismatch(a, c) == "backbone.config.alg: 'maskgit_plus' → 'entropy'"
+
+
 def test_runs_with_budgets_in_different_units_are_not_combined(two_budgets, tmp_path, cli):
     flops = tmp_path / "flops"
     shutil.copytree(two_budgets, flops)

@@ -93,9 +93,11 @@ def _check_complete(run: evidence.RunData) -> None:
 
 
 def protocol_mismatch(a: dict[str, Any], b: dict[str, Any]) -> str | None:
-    """The first protocol key on which two manifests differ (`key: old → new`), or None."""
+    """The first protocol key on which two manifests differ (`key: old → new`), or None: a
+    plugin's name before its options (another backbone, not its first option that differs)."""
     diffs = manifest_differences({k: a.get(k) for k in PROTOCOL}, {k: b.get(k) for k in PROTOCOL})
-    return diffs[0] if diffs else None
+    named = [d for d in diffs if d.split(":", 1)[0] in {f"{k}.name" for k in PROTOCOL}]
+    return (named or diffs or [None])[0]
 
 
 def load_runs(paths: Sequence[str | Path]) -> list[evidence.RunData]:

@@ -430,6 +430,14 @@ class MaybeDeterministic(Protocol):
 
 
 @runtime_checkable
+class EndsEarly(Protocol):
+    """A backbone Config that can say, before the model loads, whether its rows may end before
+    their T (a confidence threshold, a block model): every method on it is then capped."""
+
+    ends_early: bool
+
+
+@runtime_checkable
 class MaybeApproximate(Protocol):
     """A backbone, or its Config, that can say its decoding approximates the model's own (an
     approximate KV cache refreshed once per block): its runs are flagged, and the report can
@@ -612,6 +620,11 @@ def positions(config: object) -> int | None:
     tell): a canvas as long leaves none for the prompt."""
     known = config.positions if isinstance(config, KnowsPositions) else None
     return int(known) if known else None
+
+
+def ends_early(config: object) -> bool:
+    """Whether a backbone Config's rows may end before their T (`EndsEarly`)."""
+    return bool(config.ends_early) if isinstance(config, EndsEarly) else False
 
 
 def is_deterministic(config: object) -> bool:

@@ -42,8 +42,9 @@ def add_parser(sub: Any) -> None:
     d.add_argument(
         "--width",
         type=positive_int,
-        default=declared_default(CONTROLS_CONFIG, "width"),
-        help="K: trajectories per group of the removal-risk counterfactual (the paper's 8)",
+        help="K: trajectories per group of the removal-risk counterfactual, at most the "
+        f"collection's n (default {declared_default(CONTROLS_CONFIG, 'width')}, the paper's, "
+        "or n when that is fewer)",
     )
     d.add_argument(
         "--seed",
@@ -93,7 +94,14 @@ def execute(args: argparse.Namespace) -> Reply:
             f"the backbone {backbone[0]!r} ships no scorers; name them with --scorer "
             "NAME=SPEC, e.g. --scorer prm=prm:checkpoint=DIR"
         )
-    cfg = ControlsConfig(width=args.width, seed=args.seed)
+    n = int(meta["n"])
+    if args.width is not None and args.width > n:
+        raise UserError(
+            f"--width {args.width} is more than the {n} trajectories per problem of {path}; "
+            f"give --width {n} or fewer (or collect with --n {args.width})"
+        )
+    width = args.width if args.width is not None else ControlsConfig().width
+    cfg = ControlsConfig(width=width, seed=args.seed)
     with Progress() as bar:
 
         def progress(name: str, rows: int):

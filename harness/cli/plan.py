@@ -65,7 +65,7 @@ def add_parser(sub: Any) -> None:
 
 
 def execute(args: argparse.Namespace) -> Reply:
-    from dllmbench.api.interfaces import passes_per_step, shipped_scorers
+    from dllmbench.api.interfaces import ends_early, passes_per_step, shipped_scorers
     from dllmbench.execution.planner import default_budget, plan, scorer_users
     from dllmbench.loading.registry import registry
 
@@ -97,7 +97,8 @@ def execute(args: argparse.Namespace) -> Reply:
         rates, passes, scorers = _rates(reg, args, s)
     selectors = presets.selector_options(s.preset)  # a preset's selector options
     entries = methods_arg(args)
-    result = plan(reg, args.budget, args.steps, entries, scorers, passes, rates, selectors)
+    early = ends_early(backbone_config)  # a threshold or block backbone caps every method
+    result = plan(reg, args.budget, args.steps, entries, scorers, passes, rates, selectors, early)
     resolved = dry_run(reg, args, s, backbone_config) if dry else None
 
     def show(console: Console) -> None:

@@ -42,6 +42,7 @@ class Planned:
     method: Method
     cost: dict[str, int]
     flops: int | None = None  # per problem at the run's reference row (`rates`), when known
+    early: bool = False  # the backbone's rows may end before their T (`ends_early`)
 
     @property
     def passes(self) -> int:
@@ -49,8 +50,9 @@ class Planned:
 
     @property
     def capped(self) -> bool:
-        """Whether the cost is a cap the method may stay under."""
-        return is_capped(self.method.strategy)
+        """Whether the cost is a cap the method may stay under: its strategy's, or every
+        method's on a backbone whose rows may end early."""
+        return is_capped(self.method.strategy) or self.early
 
     @property
     def budgets(self) -> list[int]:
@@ -500,6 +502,7 @@ def plan(
     passes_per_step: int = 1,
     rates: Mapping[str, int] | None = None,
     selectors: Mapping[str, Mapping[str, Any]] | None = None,
+    early: bool = False,
 ) -> Plan:
     """Choose every method for `budget`, or for each of several budgets. `entries` are family
     names, `all` or method specs. Budgets are passes per problem, or FLOPs per problem
@@ -509,6 +512,7 @@ def plan(
 
     With `scorers` given, families that need a scorer outside it are left out. Methods are in
     entry order (an entry's sizes by budget); each carries the budgets it is planned at.
+    `early`: the backbone's rows may end before their T, so every cost is a cap.
     """
     budgets = check_budgets([budget] if isinstance(budget, int) else list(budget))
     unit = unit_of(budgets)
@@ -524,8 +528,8 @@ def plan(
                     result.left_out.append(placed)
                 continue
             _add(result, placed, at, placed.cost(total_steps, passes_per_step))
-    if rates:
-        for planned in result.methods:
-            if all(kind in rates for kind in planned.cost):
-                planned.flops = planned_flops(planned.cost, rates)
+    for planned in result.methods:
+        planned.early = early
+        if rates and all(kind in rates for kind in planned.cost):
+            planned.flops = planned_flops(planned.cost, rates)
     return result

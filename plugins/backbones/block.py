@@ -117,6 +117,11 @@ class BlockConfig:
     def deterministic(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def ends_early(self) -> bool:
+        """Always: a row ends once its blocks are written, or at an end token."""
+        return True
+
 
 @dataclass(frozen=True)
 class Plan:

@@ -104,6 +104,11 @@ class DreamConfig:
         return self.temperature == 0 and self.alg != "origin" and not self.alg_temp
 
     @property
+    def ends_early(self) -> bool:
+        """Fast-dLLM's threshold or factor rule may fill a row's canvas before its T."""
+        return self.threshold is not None or self.factor is not None
+
+    @property
     def approximate(self) -> bool:
         """True when the sampler reads hidden states from Fast-dLLM's approximate cache."""
         return self.cache != "none"
