@@ -27,30 +27,32 @@ def add_parser(sub: Any) -> None:
     t.add_argument("--data", required=True, help="a directory made by dllmbench collect")
     t.add_argument("--backbone", help="default: the collection's backbone")
     t.add_argument("--options", default="", help="scorer options, e.g. attention=causal")
-    t.add_argument("--steps", type=positive_int, default=declared_default(TRAIN_CONFIG, "steps"))
-    t.add_argument("--batch", type=positive_int, default=declared_default(TRAIN_CONFIG, "batch"))
-    t.add_argument("--accum", type=positive_int, default=declared_default(TRAIN_CONFIG, "accum"))
-    t.add_argument("--lr", type=positive_float, default=declared_default(TRAIN_CONFIG, "lr"))
-    t.add_argument("--warmup", type=natural_int, default=declared_default(TRAIN_CONFIG, "warmup"))
-    t.add_argument(
-        "--val-fraction", type=fraction, default=declared_default(TRAIN_CONFIG, "val_fraction")
-    )
-    t.add_argument(
-        "--val-every", type=positive_int, default=declared_default(TRAIN_CONFIG, "val_every")
-    )
+    settings = [  # (flag, type, field, what it is)
+        ("--steps", positive_int, "steps", "optimizer steps"),
+        ("--batch", positive_int, "batch", "examples per micro-batch"),
+        ("--accum", positive_int, "accum", "micro-batches per optimizer step"),
+        ("--lr", positive_float, "lr", "AdamW's learning rate"),
+        ("--warmup", natural_int, "warmup", "steps of linear warm-up, then a cosine decay"),
+        ("--val-fraction", fraction, "val_fraction", "share of problems held out to validate"),
+        ("--val-every", positive_int, "val_every", "steps between validations"),
+    ]
+    for flag, kind, name, what in settings:
+        default = declared_default(TRAIN_CONFIG, name)
+        t.add_argument(flag, type=kind, default=default, help=f"{what} (default {default})")
     t.add_argument(
         "--groups",
         choices=["all", "mixed", "balanced"],
         default=declared_default(TRAIN_CONFIG, "groups"),
         help="mixed: only problems with both correct and incorrect trajectories; balanced: "
-        "of those, as many correct as incorrect trajectories per problem",
+        "of those, as many correct as incorrect trajectories per problem (default %(default)s)",
     )
     t.add_argument(
         "--labels",
         choices=["final", "rollout"],
         default=declared_default(TRAIN_CONFIG, "labels"),
         help="final: each snapshot's trajectory's final correctness; rollout: the share of "
-        "its rollouts that were correct (a collection made with collect --rollouts)",
+        "its rollouts that were correct (a collection made with collect --rollouts; default "
+        "%(default)s)",
     )
     t.add_argument("--seed", type=natural_int, default=declared_default(TRAIN_CONFIG, "seed"))
     t.add_argument("--out", required=True, help="training directory (resumed if it exists)")
