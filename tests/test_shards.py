@@ -364,6 +364,12 @@ def test_status_is_not_merged_when_a_share_went_on_after_the_merge(tmp_path, cli
     assert json.loads(cli("status", out, "--json").out)["merged"] is True
     again = cli(*RUN, "--out", out, "--shard", "2/2")  # late: resumes, writes nothing
     assert again.code == 0, again.err
+    # its heartbeat says it wrote 0 of 0; status also says what its share's file holds
+    processes = json.loads(cli("status", out, "--json").out)["processes"]
+    share = next(p for p in processes if p["share"] == "2/2")
+    assert share["records_written"] == 0
+    assert share["held"] == len((out / "samples.shard-2-of-2.jsonl").read_text().splitlines())
+    assert f"0/0 ({share['held']} in its file)" in cli("status", out).out
     total = json.loads((out / "compute.json").read_text())
     assert [e["shard"] for e in total["invocations"]] == ["1/2", "2/2", "2/2"]
     assert json.loads(cli("status", out, "--json").out)["merged"] is True

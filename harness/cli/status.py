@@ -60,6 +60,8 @@ def execute(args: argparse.Namespace) -> Reply:
             table.add_column(column)
         for p in found.processes:
             records = f"{p.records_written}" + (f"/{p.planned}" if p.planned is not None else "")
+            if p.held is not None and p.held != p.records_written:  # a share run again
+                records += f" ({p.held} in its file)"
             state = p.state
             if p.stuck_seconds is not None:  # beating, but its work has not moved
                 state = f"stuck in {p.doing} for {duration(p.stuck_seconds)}"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ class ProcessStatus:
     eta_seconds: float | None
     doing: str | None = None  # what its main thread does: forward, claim lock, waiting
     stuck_seconds: float | None = None  # state "stuck": in `doing` this long, beating
+    held: int | None = None  # a share's records in its samples file, by any invocation
 
 
 @dataclass
@@ -147,7 +148,10 @@ def status(path: Path, now: float | None = None) -> RunStatus:
     wanted = {(p, m) for p in ids for m in methods}
     done = len(wanted & {(r["problem"], r["method"]) for r in rundir.read_records()})
     beats = read_beats(path)
-    processes = [process_status(b, now) for _, b in sorted(beats.items(), key=_order)]
+    processes = [
+        replace(process_status(b, now), held=_held(path, share))
+        for share, b in sorted(beats.items(), key=_order)
+    ]
     chunks = None
     if (path / CLAIMS).exists():
         owner = Owner(beats, now)
@@ -186,6 +190,16 @@ def status(path: Path, now: float | None = None) -> RunStatus:
         eta_seconds=round(remaining / rate, 1) if rate and remaining else None,
         not_started=not_started if remaining else [],
     )
+
+
+def _held(path: Path, share: str | None) -> int | None:
+    """The records in a share's samples file (whole lines: a torn last one is not a record),
+    whichever invocation wrote them; None for a whole run."""
+    if share is None:
+        return None
+    index, count = share.split("/")
+    file = path / f"samples.shard-{index}-of-{count}.jsonl"
+    return file.read_bytes().count(b"\n") if file.exists() else 0
 
 
 def _order(item: tuple[str | None, Beat]) -> tuple[int, int]:
