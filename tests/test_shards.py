@@ -352,7 +352,7 @@ def test_status_of_a_merged_run_whose_samples_were_cut_is_not_merged(cli, finish
     assert (found["merged"], found["stale"], found["complete"]) == (False, True, False)
 
 
-def test_status_is_not_merged_when_a_share_went_on_after_the_merge(tmp_path, cli):
+def test_status_is_not_merged_when_a_share_went_on_after_the_merge(tmp_path, cli, monkeypatch):
     """A process that was stuck when the run was merged and moves again changes its compute
     entry (and, before it checked its claims under the lock, wrote records twice): `status`
     no longer says `merged` but names what changed and says to merge again; the merge then
@@ -369,6 +369,7 @@ def test_status_is_not_merged_when_a_share_went_on_after_the_merge(tmp_path, cli
     share = next(p for p in processes if p["share"] == "2/2")
     assert share["records_written"] == 0
     assert share["held"] == len((out / "samples.shard-2-of-2.jsonl").read_text().splitlines())
+    monkeypatch.setenv("COLUMNS", "0")  # the table whole, its cells on one line
     assert f"0/0 ({share['held']} in its file)" in cli("status", out).out
     total = json.loads((out / "compute.json").read_text())
     assert [e["shard"] for e in total["invocations"]] == ["1/2", "2/2", "2/2"]

@@ -382,8 +382,15 @@ class Ops:
                     "of the copy it descends from: rows are charged as ops.start gave them"
                 )
         states = _states(pool.rows)
+        if not isinstance(pool.scores, dict):
+            return f"its pool's scores are a {type(pool.scores).__name__}, not a dict"
         for scorer, values in pool.scores.items():
-            given = np.asarray(values, dtype=np.float64)
+            try:
+                given = np.asarray(values, dtype=np.float64)
+            except (TypeError, ValueError):
+                given = np.empty(0)
+            if given.shape != (len(states),):
+                return f"its pool's {scorer!r} scores are not one number per candidate"
             for i, state in enumerate(states):
                 if self._scored.get((state, scorer)) != float(given[i]):
                     return (
