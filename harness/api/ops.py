@@ -203,7 +203,7 @@ class Ops:
         is None (one pass per row per step, charged as the engine computes it). A row whose
         sampler ended it early (nothing left masked) stands at its T and takes no more steps:
         asking it for `steps` more advances only the others."""
-        self._own(rows, "ops.denoise", issued=True)
+        self._own(rows, "ops.denoise")
         if steps is None:
             asked = tuple(t - s for s, t in zip(rows.steps, rows.totals, strict=True))
             if not any(asked):
@@ -230,7 +230,7 @@ class Ops:
 
     async def score(self, rows: Rows, scorer: str) -> np.ndarray:
         """One float per row from the named scorer (one pass per row)."""
-        self._own(rows, "ops.score", issued=True)
+        states = self._own(rows, "ops.score")
         if scorer not in self._scorers:  # the strategy's fault (exit status 3)
             known = ", ".join(sorted(self._scorers)) or "none"
             raise ValueError(
@@ -242,7 +242,7 @@ class Ops:
                 f"scorer {scorer!r} reads final states only, but was asked to score a partial one"
             )
         values = await Posted(ScoreRequest(rows, scorer))
-        for state, value in zip(_states(rows), np.asarray(values).tolist(), strict=True):
+        for state, value in zip(states, np.asarray(values).tolist(), strict=True):
             self._scored[state, scorer] = value
         return values
 
@@ -250,7 +250,7 @@ class Ops:
         """Each final row's answer as the task keys it for voting (`task.answer_key` of the
         extracted answer; None when none was extracted): free, no forward, and never the
         grade. Adaptive sampling reads it to decide when to stop."""
-        self._own(rows, "ops.answers", issued=True)
+        self._own(rows, "ops.answers")
         if not all(rows.finished):
             raise ValueError("ops.answers reads final states only; some rows are not at their T")
         if self._answers is None:
@@ -283,7 +283,7 @@ class Ops:
         on a block backbone those of the current block (`ReopensPositions`). A row at its T
         is final: `sigma` and `least_confident` leave it as it is, and `positions` refuses it
         (no step would decode it)."""
-        self._own(rows, "ops.remask", issued=True)
+        self._own(rows, "ops.remask")
         chosen = [positions is not None, sigma is not None, least_confident is not None]
         if sum(chosen) != 1:
             raise ValueError("ops.remask takes one of positions=, sigma= or least_confident=")
@@ -357,7 +357,7 @@ class Ops:
         info: dict[str, Any] | None = None,
     ) -> Pool:
         """The final candidates, with any scores already computed on exactly these states."""
-        self._own(rows, "ops.pool", issued=True)
+        self._own(rows, "ops.pool")
         if not all(rows.finished):
             raise ValueError("a pool holds final states only; some rows are not at their T")
         return Pool(rows, dict(scores or {}), weights, dict(info or {}))
@@ -368,7 +368,7 @@ class Ops:
         owners of the copy they descend from, and scores that are the values `ops.score` gave
         those very states (a pool's scores are read, never computed again)."""
         try:
-            self._own(pool.rows, "the pool", issued=True)
+            states = self._own(pool.rows, "the pool")
         except ValueError as exc:
             return str(exc)
         if not all(pool.rows.finished):
@@ -381,7 +381,6 @@ class Ops:
                     f"its pool's candidate {i} is charged to {list(owners)}, not to the owners "
                     "of the copy it descends from: rows are charged as ops.start gave them"
                 )
-        states = _states(pool.rows)
         if not isinstance(pool.scores, dict):
             return f"its pool's scores are a {type(pool.scores).__name__}, not a dict"
         for scorer, values in pool.scores.items():
@@ -405,10 +404,11 @@ class Ops:
         self._issued.update(_states(rows))
         return rows
 
-    def _own(self, rows: Any, call: str, issued: bool = False) -> None:
-        """Refuse rows this search did not start: another problem's, or built by hand; with
-        `issued`, also rows in a state ops never gave out (tokens, steps or the copy they
-        descend from changed outside ops.denoise and ops.remask, uncharged)."""
+    def _own(self, rows: Any, call: str) -> list[bytes]:
+        """The states (`_states`) of rows this search started, each one ops gave out; else a
+        refusal: another problem's rows, rows built by hand, or a state ops never gave out
+        (tokens, steps or the copy they descend from changed outside ops.denoise and
+        ops.remask, uncharged)."""
         if not isinstance(rows, Rows):
             raise ValueError(f"{call} was given a {type(rows).__name__}, not Rows")
         if rows.problem.id != self.problem.id or rows.seed != self.seed:
@@ -423,13 +423,14 @@ class Ops:
         prompt = self._canvas[: self._prompt_len].to(rows.tokens.device)
         if not bool((rows.tokens[:, : self._prompt_len] == prompt).all()):
             raise ValueError(f"{call} was given rows whose prompt is not this problem's")
-        if issued:
-            forged = [i for i, state in enumerate(_states(rows)) if state not in self._issued]
-            if forged:
-                raise ValueError(
-                    f"{call} was given {len(forged)} row(s) whose tokens, steps or copy ops "
-                    "never produced (changed outside ops.denoise and ops.remask, uncharged)"
-                )
+        states = _states(rows)
+        forged = [i for i, state in enumerate(states) if state not in self._issued]
+        if forged:
+            raise ValueError(
+                f"{call} was given {len(forged)} row(s) whose tokens, steps or copy ops never "
+                "produced (changed outside ops.denoise and ops.remask, uncharged)"
+            )
+        return states
 
     @property
     def gen_length(self) -> int:

@@ -19,6 +19,7 @@ from dllmbench.core.jsonfile import read_object
 from dllmbench.storage.claims import CLAIMS, Claims, Owner
 from dllmbench.storage.heartbeat import Beat, read_beats
 from dllmbench.storage.rundir import RunDir
+from dllmbench.storage.shards import parse_shard, samples_name
 
 
 @dataclass
@@ -166,13 +167,14 @@ def status(path: Path, now: float | None = None) -> RunStatus:
             abandoned=len(gone),
             free=len(open_) - len(held) - len(gone),
         )
-    counts = {int(share.split("/")[1]) for share in beats if share is not None}
-    not_started = [
-        f"{i}/{n}"
-        for n in sorted(counts)
-        for i in range(1, n + 1)
-        if chunks is None and f"{i}/{n}" not in beats
-    ]
+    counts = {parse_shard(share).count for share in beats if share is not None}
+    not_started = (
+        []
+        if chunks is not None
+        else [
+            f"{i}/{n}" for n in sorted(counts) for i in range(1, n + 1) if f"{i}/{n}" not in beats
+        ]
+    )
     rate = sum(p.rate or 0.0 for p in processes if p.state == "running")
     remaining = len(wanted) - done
     merged = remaining == 0 and (path / "results.json").exists()
@@ -197,8 +199,7 @@ def _held(path: Path, share: str | None) -> int | None:
     whichever invocation wrote them; None for a whole run."""
     if share is None:
         return None
-    index, count = share.split("/")
-    file = path / f"samples.shard-{index}-of-{count}.jsonl"
+    file = path / samples_name(parse_shard(share))
     return file.read_bytes().count(b"\n") if file.exists() else 0
 
 
