@@ -261,7 +261,7 @@ class DiffusionBackbone(abc.ABC):
         else:
             self.checkpoint = resolve(c.model)
             self.transformer, self.tokenizer, raw = load_checkpoint(
-                self.arch, str(self.checkpoint), self.device, self.dtype
+                self.layout, str(self.checkpoint), self.device, self.dtype
             )
         # what a word outside the vocabulary reads as; None once a prompt said so (`encode`)
         self._unknown = unknown_token(self.tokenizer)
@@ -305,6 +305,11 @@ class DiffusionBackbone(abc.ABC):
             self.hold, self.release = cache.store.hold, cache.store.release
             self.row_works = cache.row_works
             self.cache_bytes, self.limit_cache = cache.cache_bytes, cache.limit_cache
+
+    @property
+    def layout(self) -> str:
+        """The checkpoint layout `load_checkpoint` reads: this architecture's own."""
+        return self.arch
 
     @property
     def approximate(self) -> bool:

@@ -136,6 +136,11 @@ class Plan:
     length: int  # block length
     end: int  # the current block's end
     first: int  # the first decoded block (the prompt's whole blocks are before it)
+    run_to: int = -1  # the forward's last query + 1 (-1: `end`, the current block's end)
+
+    def __post_init__(self) -> None:
+        if self.run_to < 0:
+            object.__setattr__(self, "run_to", self.end)
 
 
 class BlockDiffusion(DiffusionBackbone):
@@ -270,8 +275,8 @@ class BlockDiffusion(DiffusionBackbone):
 
     @staticmethod
     def work(plan: Plan, head: int) -> Work:
-        """The row's charge: tokens [charged_from, end) under the block-causal mask."""
-        return block_work(plan.charged_from, plan.end, plan.length, head)
+        """The row's charge: tokens [charged_from, run_to) under the block-causal mask."""
+        return block_work(plan.charged_from, plan.run_to, plan.length, head)
 
     def reopenable(
         self, tokens: torch.Tensor, prompt_len: int, settings: Mapping[str, Any]
@@ -336,7 +341,7 @@ class BlockDiffusion(DiffusionBackbone):
     def run(
         self, rows: Sequence[torch.Tensor], plans: Sequence[Plan]
     ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor | None]]:
-        """One forward of every row's tokens [start, end) against its cached prefix: the last
+        """One forward of every row's tokens [start, run_to) against its cached prefix: the last
         hidden states [n, Q, H] (row i's query q at position start_i + q), and the new keys
         and values [n, layers, 2, kv heads, Q, head dim]."""
         from transformers import DynamicCache
@@ -346,14 +351,14 @@ class BlockDiffusion(DiffusionBackbone):
             self.store.prefix(p.root, p.digests[p.start // p.length]) if p.start else None
             for p in plans
         ]
-        widths = [p.end - p.start for p in plans]
+        widths = [p.run_to - p.start for p in plans]
         q, k = max(widths), max(p.start for p in plans)
         dev, dtype = self.device, self.dtype
         ids = torch.full((n, q), self.pad_id, dtype=torch.long)
         positions = torch.zeros((n, q), dtype=torch.long)
         allowed = torch.zeros((n, q, k + q), dtype=torch.bool)
         for i, (tokens, p) in enumerate(zip(rows, plans, strict=True)):
-            ids[i, : widths[i]] = tokens[p.start : p.end]
+            ids[i, : widths[i]] = tokens[p.start : p.run_to]
             pos = torch.arange(p.start, p.start + q)
             positions[i] = pos
             allowed[i, :, k - p.start : k] = True  # the cached prefix: earlier blocks
