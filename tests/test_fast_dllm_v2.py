@@ -118,6 +118,25 @@ CASES = [
 ]
 
 
+def test_a_sub_block_that_does_not_divide_the_block_ends_shorter():
+    """A row's own block length (HEX's) need not be a multiple of sub_block: sub-blocks count
+    from the block's start and the last is shorter; one at least the block is the block."""
+    bb = FastDLLMv2(model="random", block_length=8, sub_block=3, threshold=1.0, stop=False)
+    prompt = bb.encode(Prompt(text="Q: 1+1=?........"))  # 16: two whole blocks
+    heads = []
+    canvas = bb.canvas(prompt, 16)
+    rows = [canvas.clone()]
+    for step in range(16):
+        batch = StepBatch(rows, [16], [step], [2], 16)
+        heads.append(bb.step_work(batch)[0].head)
+        rows = bb.denoise_step(batch)
+    assert not bool((rows[0] == bb.mask_id).any())
+    # each block: its opening token, then sub-blocks [1, 3) [3, 6) [6, 8) drawn one a step
+    assert heads == [1, 2, 1, 3, 2, 1, 2, 1] * 2
+    whole = FastDLLMv2(model="random", block_length=4, sub_block=16, threshold=1.0, stop=False)
+    assert len(whole.row_works(whole.canvas(prompt, 8), 16, 8)) == 8
+
+
 @pytest.mark.parametrize(("block", "sub", "threshold", "temperature", "top_p", "text"), CASES)
 def test_the_sampler_is_fast_dllm_v2s_token_for_token(
     block, sub, threshold, temperature, top_p, text
@@ -257,7 +276,7 @@ def test_a_blocks_first_token_is_never_reopened():
 @pytest.mark.parametrize(
     ("config", "needle"),
     [
-        ({"block_length": 32, "sub_block": 5}, "sub_block >= 1 dividing block_length"),
+        ({"block_length": 32, "sub_block": 0}, "block_length and sub_block must be >= 1"),
         ({"top_p": 0.0}, "top_p must be in (0, 1]"),
         ({"threshold": 1.5}, "threshold must be in [0, 1]"),
     ],
@@ -268,4 +287,4 @@ def test_settings_it_cannot_run_are_refused_in_one_line(config, needle):
     assert needle in str(caught.value)
     bb = FastDLLMv2(model="random")
     with pytest.raises(UserError, match="fast-dllm-v2: a row's sampler settings"):
-        bb.check_row_settings({"sub_block": 5}, 64, 64)
+        bb.check_row_settings({"sub_block": 0}, 64, 64)

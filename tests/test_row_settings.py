@@ -16,6 +16,7 @@ from dllmbench.core.types import Problem, Prompt, Rows
 from dllmbench.plugins.backbones.base import block_step
 from dllmbench.plugins.backbones.block import REMASKINGS, BlockDiffusion
 from dllmbench.plugins.backbones.dream import Dream
+from dllmbench.plugins.backbones.fast_dllm_v2 import FastDLLMv2
 from dllmbench.plugins.backbones.llada import LLaDA
 from dllmbench.plugins.strategies.ensemble import Ensemble
 from dllmbench.plugins.strategies.hex import paper_blocks
@@ -315,7 +316,7 @@ def test_self_verification_scores_a_row_the_same_beside_any_rows(dtype):
     assert np.isfinite(together).all()
 
 
-@pytest.mark.parametrize("arch", ["dream", "llada", "block"])
+@pytest.mark.parametrize("arch", ["dream", "llada", "block", "fast-dllm-v2"])
 def test_self_verification_reads_one_head_row_as_the_full_logits_would(arch):
     """The verdict is the head's Yes row minus its No row, in float64, at the last hidden
     state the backbone's `logits` reads (Dream's shift, the block models' block-causal mask):
@@ -326,10 +327,11 @@ def test_self_verification_reads_one_head_row_as_the_full_logits_would(arch):
     from dllmbench.plugins.scorers.batching import by_width, pad_to
     from dllmbench.plugins.scorers.self_verify import SelfVerify
 
-    build = {"dream": Dream, "llada": LLaDA, "block": BlockDiffusion}[arch]
+    build = {"dream": Dream, "llada": LLaDA, "block": BlockDiffusion, "fast-dllm-v2": FastDLLMv2}
+    blocks = {"block": {"block_length": 4}, "fast-dllm-v2": {"block_length": 4, "sub_block": 2}}
     verdicts = {}
     for dtype in ("float32", "bfloat16"):
-        bb = build(model="random", dtype=dtype, **({"block_length": 4} if arch == "block" else {}))
+        bb = build[arch](model="random", dtype=dtype, **blocks.get(arch, {}))
         scorer = SelfVerify(backbone=bb)
         prompts = [bb.encode(Prompt(text=t)) for t in ("1+2=", "123+456+7890=", "9=", "77=")]
         rows = [bb.canvas(p, 6) for p in prompts]

@@ -11,8 +11,10 @@ It differs from SDAR's sampler (block.py) in four ways, all of them here:
   the most probable one, whatever the temperature. That forward is a step of its own (it
   commits one token), and the block's denoising steps start from it.
 - **Sub-blocks.** A block's masked positions are filled sub-block by sub-block
-  (`sub_block`, the reference's `small_block_size`): a step runs the whole block against the
-  cache and draws only the masked positions of its first unfinished sub-block.
+  (`sub_block`, the reference's `small_block_size`, counted from the block's start; the last
+  one shorter where it does not divide the block, as a row's own `block_length` may not): a
+  step runs the whole block against the cache and draws only the masked positions of its
+  first unfinished sub-block.
 - **Threshold commits.** A step commits every drawn token whose probability is above
   `threshold`, and at least the most probable one. There is no schedule: a block takes as
   many steps as its tokens need.
@@ -50,7 +52,7 @@ class FastDLLMv2Config:
     chat: bool | None = None  # use the chat template; default: when the tokenizer has one
     mask_id: int | None = None  # default: from config.json or the tokenizer (|<MASK>|)
     block_length: int = 32  # the model's bd_size
-    sub_block: int = 8  # the reference's small_block_size; divides block_length
+    sub_block: int = 8  # the reference's small_block_size (counted from each block's start)
     temperature: float = 1.0  # 0: the most probable token (the reference's default)
     top_p: float = 0.95
     threshold: float = 0.9  # commit every token above it, and at least the most probable
@@ -66,10 +68,10 @@ class FastDLLMv2Config:
     def __post_init__(self) -> None:
         if (unusable := device_problem(self.device)) is not None:
             raise ValueError(unusable)
-        if self.block_length < 1 or self.sub_block < 1 or self.block_length % self.sub_block:
+        if self.block_length < 1 or self.sub_block < 1:
             raise ValueError(
-                f"need sub_block >= 1 dividing block_length >= 1, got sub_block="
-                f"{self.sub_block} and block_length={self.block_length} (e.g. 8 and 32)"
+                f"block_length and sub_block must be >= 1, got {self.block_length} and "
+                f"{self.sub_block} (e.g. 32 and 8)"
             )
         check_temperature(self.temperature)
         check_seed(self.seed)
