@@ -12,6 +12,7 @@ from dllmbench.api.interfaces import StepBatch
 from dllmbench.core.errors import UserError
 from dllmbench.core.flops import flops, shape_of
 from dllmbench.core.types import Prompt
+from dllmbench.plugins.backbones.block import BlockDiffusion
 from dllmbench.plugins.backbones.fast_dllm_v2 import FastDLLMv2, rate
 
 # -- Fast-dLLM v2's `batch_sample` (Efficient-Large-Model/Fast_dLLM_v2_7B), for one row ---------
@@ -288,3 +289,59 @@ def test_settings_it_cannot_run_are_refused_in_one_line(config, needle):
     bb = FastDLLMv2(model="random")
     with pytest.raises(UserError, match="fast-dllm-v2: a row's sampler settings"):
         bb.check_row_settings({"sub_block": 0}, 64, 64)
+
+
+def _save_block_checkpoint(bb, path, model_type, extra):
+    """A checkpoint directory as the Hub holds it: config.json in the model's own naming (its
+    remote-code class, which is not run), safetensors, the tokenizer."""
+    import json
+
+    from safetensors.torch import save_file
+
+    c = bb.transformer.config
+    raw = {
+        "architectures": [f"{model_type}ForCausalLM"],
+        "model_type": model_type,
+        "auto_map": {"AutoModelForCausalLM": f"modeling.{model_type}ForCausalLM"},
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": c.num_hidden_layers,
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads,
+        "vocab_size": c.vocab_size,
+        "rope_theta": c.rope_parameters["rope_theta"],
+        "rms_norm_eps": c.rms_norm_eps,
+        "max_position_embeddings": c.max_position_embeddings,
+        "tie_word_embeddings": False,
+        **extra,
+    }
+    (path / "config.json").write_text(json.dumps(raw))
+    state = {k: v.contiguous() for k, v in bb.transformer.state_dict().items()}
+    save_file(state, str(path / "model.safetensors"))
+    bb.tokenizer.save_pretrained(str(path))
+
+
+@pytest.mark.parametrize(
+    ("cls", "config", "model_type", "extra"),
+    [
+        (FastDLLMv2, {"block_length": 8, "sub_block": 4}, "Fast_dLLM_Qwen", {"bd_size": 8}),
+        (BlockDiffusion, {"block_length": 4}, "SDAR", {"head_dim": 16}),
+    ],
+)
+def test_a_local_checkpoint_loads_into_transformers_own_class_and_samples_alike(
+    tmp_path, cls, config, model_type, extra
+):
+    """Fast-dLLM v2's checkpoint (Qwen2 with query, key and value biases) and SDAR's (Qwen3,
+    per-head norms) load from a directory into transformers' own classes, their remote code
+    unread, and sample as the model they were saved from."""
+    src = cls(model="random", seed=6, **config)
+    _save_block_checkpoint(src, tmp_path, model_type, extra)
+    loaded = cls(model=str(tmp_path), **config)
+    assert type(loaded.transformer) is type(src.transformer)
+    assert loaded.mask_id == src.mask_id
+    if cls is FastDLLMv2:
+        assert loaded.transformer.model.layers[0].self_attn.q_proj.bias is not None
+    prompt = src.encode(Prompt(text="Question: 12+7?"))
+    assert loaded.encode(Prompt(text="Question: 12+7?")) == prompt
+    same = [run_rows(bb, prompt, 16, 16, [9])[0] for bb in (src, loaded)]
+    assert torch.equal(same[0], same[1])
