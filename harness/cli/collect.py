@@ -62,6 +62,7 @@ def execute(args: argparse.Namespace) -> Reply:
     from dllmbench.execution.engine import Capacity, Sampling
     from dllmbench.execution.method import parse_part
     from dllmbench.execution.rates import prompts_fit
+    from dllmbench.loading.provenance import Origins
     from dllmbench.loading.registry import registry
     from dllmbench.scoring.collect import (
         CollectConfig,
@@ -89,7 +90,8 @@ def execute(args: argparse.Namespace) -> Reply:
     problems = reg.problems(task_name, task, args.split)[: args.limit]
     backbone = reg.backbone(backbone_name, **backbone_config)
     sampling = Sampling(args.steps, args.gen_length, args.prompt, args.seed)
-    prompts_fit(backbone, task, problems, args.prompt, args.gen_length)
+    origins = Origins.of(reg, backbone_name, task_name, {})
+    prompts_fit(backbone, task, problems, args.prompt, args.gen_length, origins)
     description = collection_manifest(
         task_name,
         task,

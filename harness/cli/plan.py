@@ -116,6 +116,7 @@ def _rates(
     per step and the scorers of the built models (a FLOP budget's price)."""
     from dllmbench.api.interfaces import passes_per_step, shipped_scorers
     from dllmbench.execution.rates import reference
+    from dllmbench.loading.provenance import Origins
 
     if not (s.task and s.backbone):
         raise UserError(
@@ -133,7 +134,10 @@ def _rates(
     }
     task = reg.task(s.task, **s.task_config)
     problems = reg.problems(s.task, task, args.split)[: args.limit]
-    row = reference(backbone, scorers, task, problems, args.prompt, args.gen_length, args.steps)
+    origins = Origins.of(reg, s.backbone, s.task, {n: p for n, (p, _) in specs.items()})
+    row = reference(
+        backbone, scorers, task, problems, args.prompt, args.gen_length, args.steps, origins
+    )
     if "denoise" not in row.rates:
         raise UserError(
             f"backbone {s.backbone!r} does not say its model's shape; give the budget in passes"

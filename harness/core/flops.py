@@ -20,6 +20,7 @@ hand; `flops(shape, work)` is the formula, used by the ledger, the planner and
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +52,13 @@ class Work:
     queries: int
     attended: int
     head: int
+
+    def __post_init__(self) -> None:
+        for name in ("queries", "attended", "head"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+                raise ValueError(f"Work.{name} is {value!r}: a count, an int >= 0")
+            object.__setattr__(self, name, int(value))
 
     @classmethod
     def full(cls, length: int, head: int | None = None) -> Work:

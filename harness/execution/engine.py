@@ -228,12 +228,13 @@ class Engine:
         # who counts its own work: runtime Protocol checks, asked once rather than per forward
         self._step_work = backbone if isinstance(backbone, CountsStepWork) else None
         self._packs = backbone if isinstance(backbone, CountsTokens) else None
+        self._vocabulary = _vocabulary(backbone)  # ids a row may hold (None: not known)
         self._shares = backbone if isinstance(backbone, SharesCanvases) else None
         self._score_work = {
             name: scorer for name, scorer in scorers.items() if isinstance(scorer, CountsScoreWork)
         }
         # a method's cost is a cap when its strategy says so or rows may end early
-        self.capped = {m.id for m in methods if capped(m, backbone)}
+        self.capped = {m.id for m in methods if capped(m, backbone, self.origins)}
         self._early: dict[Any, bool] = {}  # a row's settings → whether it may end early
         self._held: dict[str, list[int]] = {}  # problems in flight → prompts a backbone holds
         self._watch = ComputeWatch()  # forwards plugin code makes itself (`watch.py`)
@@ -292,7 +293,8 @@ class Engine:
         """The problem left: what a stateful backbone keeps for its prompt may be freed."""
         prompt_ids = self._held.pop(problem_id, None)
         if prompt_ids is not None and isinstance(self.backbone, KeepsState):
-            self.backbone.release(prompt_ids)
+            with self.origins.blame("backbone", self.origins.backbone):
+                self.backbone.release(prompt_ids)
 
     def _admit(
         self, queue: Scheduler, pending: Iterator[Problem], skip: Collection[tuple[str, str]]
@@ -311,15 +313,19 @@ class Engine:
 
     def _start(self, problem: Problem, methods: list[Method]) -> list[StrategyRun]:
         """Format the prompt, build the canvas, and start one coroutine per unit."""
-        prompt_ids = self.backbone.encode(self.task.prompt(problem, self.sampling.prompt_style))
-        canvas = self.backbone.canvas(prompt_ids, self.sampling.gen_length)
+        with self.origins.blame("task", self.origins.task):
+            prompt = self.task.prompt(problem, self.sampling.prompt_style)
+        with self.origins.blame("backbone", self.origins.backbone):
+            prompt_ids = self.backbone.encode(prompt)
+            canvas = self.backbone.canvas(prompt_ids, self.sampling.gen_length)
         if not (
             isinstance(canvas, torch.Tensor) and canvas.dim() == 1 and canvas.dtype == torch.long
         ):
             what = f"canvas() gave {_described(canvas)}; return a 1-D long tensor"
             raise self.origins.violation("backbone", self.origins.backbone, what)
         if isinstance(self.backbone, KeepsState):
-            self.backbone.hold(prompt_ids)
+            with self.origins.blame("backbone", self.origins.backbone):
+                self.backbone.hold(prompt_ids)
             self._held[problem.id] = list(prompt_ids)
         runs = []
         # what a strategy sees of the problem: never its answer (only the grader reads it)
@@ -437,6 +443,8 @@ class Engine:
             start = time.perf_counter()
             outputs = self._forward(waits[0], call, confident)
             seconds = time.perf_counter() - start
+            if kind == "denoise" and shape is not None:
+                self._check_charged(call, works, outputs)
             widths = [lengths[j] for j in batch]
             row_flops = [None if shape is None else passes * flops(shape, w) for w in works]
             # what the model computed: a row that shares its canvas's forward still has the
@@ -473,7 +481,8 @@ class Engine:
         """Row i of the request may end before its T and has no generated position masked."""
         settings = wait.rows.settings[i] if wait.rows.settings else ()
         if settings not in self._early:  # asked once per distinct settings, not per row-step
-            self._early[settings] = finishes_early(self.backbone, wait.settings(i))
+            with self.origins.blame("backbone", self.origins.backbone):
+                self._early[settings] = bool(finishes_early(self.backbone, wait.settings(i)))
         if not self._early[settings]:
             return False
         prompt_len = wait.rows.prompt_len
@@ -488,18 +497,45 @@ class Engine:
         (`CountsStepWork`, `CountsScoreWork`), else a bidirectional forward over the row with
         the head at every position (denoising) or once (scoring)."""
         if isinstance(call, StepBatch):
-            if self._step_work is not None:
-                return list(self._step_work.step_work(call))
-            return [Work.full(len(t)) for t in call.tokens]
+            if self._step_work is None:
+                return [Work.full(len(t)) for t in call.tokens]
+            with self.origins.blame("backbone", self.origins.backbone):
+                works = list(self._step_work.step_work(call))
+            return self._checked_works(works, len(call.tokens), "backbone", "step_work")
         if isinstance(call, _Scoring) and call.scorer in self._score_work:
-            return list(self._score_work[call.scorer].score_work(call.batch))
+            name = self.origins.scorer(call.scorer)
+            with self.origins.blame("scorer", name):
+                works = list(self._score_work[call.scorer].score_work(call.batch))
+            return self._checked_works(works, len(call.tokens), "scorer", "score_work", name)
         return [Work.full(len(t), head=1) for t in call.tokens]
+
+    def _checked_works(
+        self, works: list[Any], size: int, kind: str, method: str, name: str | None = None
+    ) -> list[Work]:
+        """A plugin's account of a batch: one `Work` per row (each part an int >= 0, which
+        `Work` holds itself to)."""
+        plugin = name or self.origins.backbone
+        if len(works) != size or not all(isinstance(w, Work) for w in works):
+            got = f"{len(works)} items" if len(works) != size else "something that is not a Work"
+            what = f"{method}() returned {got} for a batch of {size} rows: one Work per row"
+            raise self.origins.violation(kind, plugin, what)
+        return works
 
     def _computed_rows(self, call: StepBatch | _Scoring) -> list[int]:
         """The rows of a call whose forward is computed: the first of each canvas where the
         backbone shares one canvas's forward among its rows (`SharesCanvases`), else all."""
         if isinstance(call, StepBatch) and self._shares is not None:
-            return self._shares.computed_rows(call)
+            with self.origins.blame("backbone", self.origins.backbone):
+                rows = list(self._shares.computed_rows(call))
+            size = len(call.tokens)
+            ok = all(isinstance(r, int) and 0 <= r < size for r in rows)
+            if not ok or len(set(rows)) != len(rows) or not rows:
+                what = (
+                    f"computed_rows() returned {rows!r} for a batch of {size} rows: distinct "
+                    f"row indices 0 to {size - 1}, at least one"
+                )
+                raise self.origins.violation("backbone", self.origins.backbone, what)
+            return rows
         return list(range(len(call.tokens)))
 
     def _canvases(self, like: Wait, items: list[tuple[Any, int]]) -> list[int] | None:
@@ -579,6 +615,19 @@ class Engine:
                         "dtype"
                     )
                     raise self.origins.violation("backbone", self.origins.backbone, what)
+                if reported:
+                    confidence = row[1]
+                    if not (
+                        isinstance(confidence, torch.Tensor)
+                        and confidence.shape == given.shape
+                        and confidence.is_floating_point()
+                    ):
+                        what = (
+                            f"denoise_step_with_confidence() returned row {i}'s confidences as "
+                            f"{_described(confidence)}: floats, one per position of the row"
+                        )
+                        raise self.origins.violation("backbone", self.origins.backbone, what)
+                self._check_step(i, given, tokens)
             return out
         with self.origins.blame("scorer", self.origins.scorer(batch.scorer)):
             values = np.asarray(self.scorers[batch.scorer].score(batch.batch), dtype=np.float64)
@@ -590,6 +639,42 @@ class Engine:
             what = f"score() returned {values[row]} for row {row} of {size}: scores are finite"
             raise self.origins.violation("scorer", self.origins.scorer(batch.scorer), what)
         return values
+
+    def _check_charged(self, call: Any, works: list[Work], outputs: Sequence[Any]) -> None:
+        """A row whose step wrote tokens computed something: `step_work` charging it no
+        query token would make the step free."""
+        for i, (work, output) in enumerate(zip(works, outputs, strict=True)):
+            tokens = output[0] if isinstance(output, tuple) else output
+            if work.queries == 0 and not torch.equal(tokens.cpu(), call.tokens[i].cpu()):
+                what = (
+                    f"step_work() charged row {i} no query token for a step that wrote tokens "
+                    "into it: a step is charged what its forward computed"
+                )
+                raise self.origins.violation("backbone", self.origins.backbone, what)
+
+    def _check_step(self, i: int, given: torch.Tensor, tokens: torch.Tensor) -> None:
+        """A step only fills masked positions, with ids of the vocabulary: the prompt and
+        committed tokens stay as they were (an edit re-masks through `ops.remask`)."""
+        tokens = tokens.cpu()
+        mask = self.backbone.mask_id
+        moved = (given != mask) & (tokens != given)
+        if bool(moved.any()):
+            p = int(moved.nonzero()[0, 0])
+            what = (
+                f"denoise_step() changed row {i}'s token at position {p} from {int(given[p])} "
+                f"to {int(tokens[p])}: a step fills masked positions and leaves the prompt and "
+                "committed tokens as they were"
+            )
+            raise self.origins.violation("backbone", self.origins.backbone, what)
+        low, high = int(tokens.min()), int(tokens.max())
+        if low < 0 or (self._vocabulary is not None and high >= self._vocabulary):
+            bad = low if low < 0 else high
+            within = "" if self._vocabulary is None else f" to {self._vocabulary - 1}"
+            what = (
+                f"denoise_step() wrote token id {bad} in row {i}, outside the vocabulary "
+                f"(ids 0{within})"
+            )
+            raise self.origins.violation("backbone", self.origins.backbone, what)
 
     async def _selector_scores(self, unit: Unit, pool: Pool, ops: Ops) -> None:
         """Score the pool for selectors that need a scorer it does not carry: each scorer once,
@@ -613,6 +698,10 @@ class Engine:
             texts = [
                 self.backbone.decode(rows.tokens[i], rows.prompt_len) for i in range(len(rows))
             ]
+        for text in texts:
+            if not isinstance(text, str):
+                what = f"decode() returned {_described(text)}, not a string"
+                raise self.origins.violation("backbone", self.origins.backbone, what)
         with self.origins.blame("task", self.origins.task):
             answers = [self.task.extract(text) for text in texts]
             answer_keys = [None if a is None else self.task.answer_key(a) for a in answers]
@@ -747,10 +836,14 @@ class Engine:
         )
 
 
-def capped(method: Method, backbone: Backbone) -> bool:
+def capped(method: Method, backbone: Backbone, origins: Origins | None = None) -> bool:
     """Whether a method's cost is a cap: its strategy is `Capped`, or the backbone's own
-    settings let rows end early."""
-    return is_capped(method.strategy) or finishes_early(backbone, {})
+    settings let rows end early (what the backbone raises saying so is its own fault)."""
+    if is_capped(method.strategy):
+        return True
+    origins = origins or Origins()
+    with origins.blame("backbone", origins.backbone):
+        return bool(finishes_early(backbone, {}))
 
 
 @dataclass(frozen=True)
@@ -810,6 +903,14 @@ def _charged(owners: list[tuple[str, Owners]], same: list[int]) -> tuple[str, Ow
 def _computed(wait: Wait) -> Iterable[int]:
     """The rows of a request a round computes."""
     return wait.computed() if isinstance(wait, DenoiseWait) else range(len(wait.rows))
+
+
+def _vocabulary(backbone: Backbone) -> int | None:
+    """How many token ids a transformer backbone's embedding holds; None for another."""
+    if not isinstance(backbone, TransformerBackbone):
+        return None
+    embedding = backbone.transformer.get_input_embeddings()
+    return int(embedding.num_embeddings) if embedding is not None else None
 
 
 def _described(value: object) -> str:

@@ -36,6 +36,7 @@ from dllmbench.api.interfaces import (
 from dllmbench.core.errors import UserError
 from dllmbench.core.flops import Work, flops
 from dllmbench.core.types import Problem
+from dllmbench.loading.provenance import Origins
 
 
 @dataclass(frozen=True)
@@ -63,26 +64,45 @@ def reference(
     prompt_style: str,
     gen_length: int,
     total_steps: int,
+    origins: Origins | None = None,
 ) -> Reference:
-    """The reference row of a run's problems, and the FLOPs of one pass of each kind there."""
-    encoded = prompts_fit(backbone, task, problems, prompt_style, gen_length)
+    """The reference row of a run's problems, and the FLOPs of one pass of each kind there.
+    What a plugin raises or returns wrongly here is its own fault, named by `origins`."""
+    origins = origins or Origins()
+    encoded = prompts_fit(backbone, task, problems, prompt_style, gen_length, origins)
     lengths = [len(ids) for ids in encoded]
     prompt = round(sum(lengths) / len(lengths)) if lengths else 0
-    canvas = backbone.canvas([0] * prompt, gen_length)
     rates: dict[str, int] = {}
     shape = model_shape(backbone)
-    if shape is not None:
-        if isinstance(backbone, PricesSteps):
-            works = backbone.row_works(canvas, prompt, total_steps)
-            mean = -(-sum(flops(shape, w) for w in works) // total_steps)
-            rates["denoise"] = passes_per_step(backbone) * mean
-        else:
-            if isinstance(backbone, CountsStepWork):
+    with origins.blame("backbone", origins.backbone):
+        canvas = backbone.canvas([0] * prompt, gen_length)
+        if not (
+            isinstance(canvas, torch.Tensor) and canvas.dim() == 1 and canvas.dtype == torch.long
+        ):
+            got = f"a {type(canvas).__name__} of shape {tuple(getattr(canvas, 'shape', ()))}"
+            what = f"canvas() gave {got}; return a 1-D long tensor"
+            raise origins.violation("backbone", origins.backbone, what)
+        if shape is not None:
+            if isinstance(backbone, PricesSteps):
+                works = list(backbone.row_works(canvas, prompt, total_steps))
+            elif isinstance(backbone, CountsStepWork):
                 step = StepBatch([canvas], [prompt], [0], [0], total_steps)
-                work = backbone.step_work(step)[0]
+                works = list(backbone.step_work(step))[:1]
             else:
-                work = Work.full(len(canvas))
-            rates["denoise"] = passes_per_step(backbone) * flops(shape, work)
+                works = [Work.full(len(canvas))]
+    if shape is not None:
+        if not works or not all(isinstance(w, Work) for w in works):
+            what = f"priced a denoising step with {works!r}: a list of Work"
+            raise origins.violation("backbone", origins.backbone, what)
+        over = total_steps if isinstance(backbone, PricesSteps) else 1  # a row's T, or 1 step
+        mean = -(-sum(flops(shape, w) for w in works) // over)
+        if mean <= 0:
+            what = (
+                f"priced a denoising step of its {shape.params}-parameter model at {mean} "
+                "FLOPs: a forward computes at least its query tokens"
+            )
+            raise origins.violation("backbone", origins.backbone, what)
+        rates["denoise"] = passes_per_step(backbone) * mean
     finished = canvas.clone()
     stops = set(getattr(backbone, "stop_ids", ()))
     text = [[t for t in ids if t not in stops] for ids in encoded]
@@ -93,7 +113,11 @@ def reference(
             continue
         if isinstance(scorer, CountsScoreWork):
             batch = ScoreBatch([finished], [prompt], [total_steps], total_steps)
-            work = scorer.score_work(batch)[0]
+            with origins.blame("scorer", origins.scorer(name)):
+                work = scorer.score_work(batch)[0]
+            if not isinstance(work, Work):
+                what = f"score_work() returned {work!r} for a row: one Work per row"
+                raise origins.violation("scorer", origins.scorer(name), what)
         else:
             work = Work.full(len(finished), head=1)
         rates[f"score:{name}"] = flops(shape, work)
@@ -101,13 +125,22 @@ def reference(
 
 
 def prompts_fit(
-    backbone: Backbone, task: Task, problems: Sequence[Problem], prompt_style: str, gen: int
+    backbone: Backbone,
+    task: Task,
+    problems: Sequence[Problem],
+    prompt_style: str,
+    gen: int,
+    origins: Origins | None = None,
 ) -> list[list[int]]:
     """Every problem's prompt, encoded: with the canvas, each must fit the backbone's
     positions (`KnowsPositions`), else one line before any forward, instead of a run (or a
     collection) over positions the model never learned (the tiny models have 256: a GSM8K
     prompt of eight shots is over 1,000)."""
-    encoded = [backbone.encode(task.prompt(p, prompt_style)) for p in problems]
+    origins = origins or Origins()
+    with origins.blame("task", origins.task):
+        prompts = [task.prompt(p, prompt_style) for p in problems]
+    with origins.blame("backbone", origins.backbone):
+        encoded = [list(backbone.encode(prompt)) for prompt in prompts]
     lengths = [len(ids) for ids in encoded]
     limit = positions(getattr(backbone, "config", None))
     longest = max(lengths, default=0)

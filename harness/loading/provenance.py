@@ -38,6 +38,27 @@ class Origins:
     scorers: Mapping[str, str] = field(default_factory=dict)  # run name → plugin name
     distributions: Mapping[tuple[str, str], str | None] = field(default_factory=dict)
 
+    @classmethod
+    def of(
+        cls,
+        reg: Any,
+        backbone: str,
+        task: str,
+        scorers: Mapping[str, str],
+        parts: set[tuple[str, str]] = frozenset(),  # type: ignore[assignment]
+    ) -> Origins:
+        """Who plays the backbone, the task, the scorers (run name → plugin) and `parts`
+        ((kind, name): strategies, selectors) of a run, with the distributions of the
+        registry `reg` that registered them."""
+        every = {("backbone", backbone), ("task", task), *parts}
+        every |= {("scorer", plugin) for plugin in scorers.values()}
+        return cls(
+            backbone=backbone,
+            task=task,
+            scorers=dict(scorers),
+            distributions={part: reg.info(*part).distribution for part in every},
+        )
+
     def distribution(self, kind: str, name: str) -> str | None:
         return self.distributions.get((kind, name))
 

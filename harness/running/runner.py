@@ -194,7 +194,7 @@ def build_manifest(cfg: RunConfig, prepared: Prepared) -> dict[str, Any]:
         m: Method = planned.method
         entry = m.manifest_entry()
         entry["cost"] = planned.cost
-        if capped(m, prepared.backbone):
+        if capped(m, prepared.backbone, _origins(cfg, prepared)):
             entry["capped"] = True  # the cost is a cap: the method may spend less
         if is_approximate(prepared.backbone):
             entry["approximate"] = True  # decoded with an approximate cache
@@ -288,7 +288,10 @@ def prepare(
     for name, scorer in scorers.items():
         _need_trained(name, scorer)  # a scorer whose options alone cannot tell
     s = cfg.sampling
-    row = reference(backbone, scorers, task, problems, s.prompt_style, s.gen_length, s.total_steps)
+    origins = Origins.of(reg, cfg.backbone, cfg.task, {n: p for n, (p, _) in specs.items()})
+    row = reference(
+        backbone, scorers, task, problems, s.prompt_style, s.gen_length, s.total_steps, origins
+    )
     if in_flops and "denoise" not in row.rates:
         raise UserError(
             f"backbone {cfg.backbone!r} does not say its model's shape, so a FLOP budget cannot "
@@ -396,18 +399,11 @@ def _cached_tokens(cfg: RunConfig, prepared: Prepared) -> int:
 
 def _origins(cfg: RunConfig, prepared: Prepared) -> Origins:
     """Who plays each part of the run, to name a plugin that breaks its contract."""
-    reg, methods = prepared.registry, [p.method for p in prepared.plan.methods]
+    methods = [p.method for p in prepared.plan.methods]
     scorers = {name: plugin for name, (plugin, _) in prepared.scorer_specs.items()}
-    parts = {("backbone", cfg.backbone), ("task", cfg.task)}
-    parts |= {("scorer", plugin) for plugin in scorers.values()}
-    parts |= {("strategy", m.spec.strategy) for m in methods}
+    parts = {("strategy", m.spec.strategy) for m in methods}
     parts |= {("selector", m.spec.selector) for m in methods}
-    return Origins(
-        backbone=cfg.backbone,
-        task=cfg.task,
-        scorers=scorers,
-        distributions={part: reg.info(*part).distribution for part in parts},
-    )
+    return Origins.of(prepared.registry, cfg.backbone, cfg.task, scorers, parts)
 
 
 def _phases(chosen: Plan) -> list[tuple[int, list[Method]]]:

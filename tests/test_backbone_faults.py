@@ -1,0 +1,139 @@
+"""A backbone's mistakes are its own, in one line: a step that rewrites the prompt or a
+committed token, writes an id outside the vocabulary, or charges no work for what it wrote; a
+`step_work` that crashes, gives too few accounts or a negative count; an `encode`,
+`finishes_early` or `decode` that crashes or returns the wrong thing; a canvas of two
+dimensions. Each was a traceback (exit status 1), a silent wrong result, or blamed on a
+built-in strategy or task. This module registers the faulty backbones."""
+
+from __future__ import annotations
+
+import pytest
+
+from dllmbench.api.hookspecs import hookimpl
+from dllmbench.core.flops import Work
+from dllmbench.testing.doubles import ToyBackbone
+
+
+class Counted(ToyBackbone):
+    """The toy with its own account of a step's work: a full forward over each row."""
+
+    def step_work(self, batch):
+        return [Work.full(len(t)) for t in batch.tokens]
+
+
+class RewritesPrompt(Counted):
+    def denoise_step(self, batch):
+        out = super().denoise_step(batch)
+        for row in out:
+            row[0] = (row[0] + 1) % 10
+        return out
+
+
+class RewritesCommitted(Counted):
+    def denoise_step(self, batch):
+        out = super().denoise_step(batch)
+        for row, given, plen in zip(out, batch.tokens, batch.prompt_lens, strict=True):
+            if given[plen] != self.mask_id:  # once the first position is written, change it
+                row[plen] = (given[plen] + 1) % 10
+        return out
+
+
+class NegativeToken(Counted):
+    def denoise_step(self, batch):
+        out = super().denoise_step(batch)
+        for row, given in zip(out, batch.tokens, strict=True):
+            row[(given == self.mask_id).nonzero()[0]] = -1
+        return out
+
+
+class FreeSteps(Counted):
+    def step_work(self, batch):
+        works = super().step_work(batch)
+        return [Work(0, 0, 0), *works[1:]] if batch.steps[0] > 0 else works
+
+
+class CrashingWork(Counted):
+    def step_work(self, batch):
+        raise RuntimeError("no account")
+
+
+class ShortWork(Counted):
+    def step_work(self, batch):
+        return super().step_work(batch)[:-1] if len(batch.tokens) > 1 else [7]
+
+
+class NegativeWork(Counted):
+    def step_work(self, batch):
+        return [Work(len(t), -1, 0) for t in batch.tokens]
+
+
+class CrashingEncode(Counted):
+    def encode(self, prompt):
+        raise KeyError("no such word")
+
+
+class CrashingEarly(Counted):
+    def finishes_early(self, settings):
+        raise RuntimeError("cannot tell")
+
+
+class BytesDecode(Counted):
+    def decode(self, tokens, prompt_len):
+        return super().decode(tokens, prompt_len).encode()
+
+
+class FlatCanvas(Counted):
+    def canvas(self, prompt_ids, gen_length):
+        return super().canvas(prompt_ids, gen_length)[None]
+
+
+FAULTY = {
+    "rewrites_prompt": RewritesPrompt,
+    "rewrites_committed": RewritesCommitted,
+    "negative_token": NegativeToken,
+    "free_steps": FreeSteps,
+    "crashing_work": CrashingWork,
+    "short_work": ShortWork,
+    "negative_work": NegativeWork,
+    "crashing_encode": CrashingEncode,
+    "crashing_early": CrashingEarly,
+    "bytes_decode": BytesDecode,
+    "flat_canvas": FlatCanvas,
+}
+
+
+@hookimpl
+def dllmbench_register_backbones(register):
+    for name, cls in FAULTY.items():
+        register(name, cls)
+
+
+ME = "(from module:test_backbone_faults)"
+CASES = [
+    ("rewrites_prompt", "broke its contract: denoise_step() changed row 0's token at position 0"),
+    ("rewrites_committed", "denoise_step() changed row "),
+    ("negative_token", "denoise_step() wrote token id -1 in row 0, outside the vocabulary"),
+    ("free_steps", "step_work() charged row 0 no query token for a step that wrote tokens"),
+    ("crashing_work", "raised RuntimeError: no account"),
+    ("short_work", "priced a denoising step with [7]: a list of Work"),
+    ("negative_work", "raised ValueError: Work.attended is -1: a count, an int >= 0"),
+    ("crashing_encode", "raised KeyError: 'no such word'"),
+    ("crashing_early", "raised RuntimeError: cannot tell"),
+    ("bytes_decode", "broke its contract: decode() returned a bytes, not a string"),
+    ("flat_canvas", "broke its contract: canvas() gave a Tensor of shape (1, "),
+]
+
+
+@pytest.mark.parametrize(("backbone", "needle"), CASES, ids=[c[0] for c in CASES])
+def test_a_backbones_mistake_is_its_broken_contract_in_one_line(
+    tmp_path, cli, registry_with, backbone, needle
+):
+    registry_with(__name__)
+    argv = ["run", "--task", "toy_sum:size=3", "--backbone", backbone, "--steps", 8]
+    argv += ["--gen-length", 5, "--method", "independent:n=2+majority", "--budget", 16]
+    result = cli(*argv, "--out", tmp_path / "r")
+    assert result.code == 3, result.err
+    lines = [line for line in result.err.splitlines() if "error" in line]
+    assert len(lines) == 1, result.err
+    assert f"'{backbone}' {ME}" in lines[0] and needle in lines[0], result.err
+    assert "Traceback" not in result.err
