@@ -87,6 +87,12 @@ class FlatCanvas(Counted):
         return super().canvas(prompt_ids, gen_length)[None]
 
 
+class NoBlocks(Counted):
+    """A backbone whose rows cannot set their own block length (HEX's experts)."""
+
+    row_settings = frozenset({"temperature", "threshold", "factor", "steps"})
+
+
 FAULTY = {
     "rewrites_prompt": RewritesPrompt,
     "rewrites_committed": RewritesCommitted,
@@ -99,6 +105,7 @@ FAULTY = {
     "crashing_early": CrashingEarly,
     "bytes_decode": BytesDecode,
     "flat_canvas": FlatCanvas,
+    "no_blocks": NoBlocks,
 }
 
 
@@ -137,3 +144,26 @@ def test_a_backbones_mistake_is_its_broken_contract_in_one_line(
     assert len(lines) == 1, result.err
     assert f"'{backbone}' {ME}" in lines[0] and needle in lines[0], result.err
     assert "Traceback" not in result.err
+
+
+def test_a_family_whose_rows_set_what_the_backbone_cannot_vary_is_left_out(
+    tmp_path, cli, registry_with
+):
+    """HEX's rows set their block length: on a backbone that cannot vary it, `all` leaves HEX
+    out with the reason (the run stopped as it began, naming neither), and naming it is one
+    line before any model loads."""
+    registry_with(__name__)
+    common = ["--task", "toy_sum:size=3", "--backbone", "no_blocks", "--steps", 8]
+    common += ["--gen-length", 5, "--budget", 16]
+    planned = cli("plan", *common)
+    assert planned.code == 0, planned.err
+    reason = "hex — its rows set block_length, which the backbone cannot vary per row"
+    assert reason in " ".join(planned.out.split())
+    assert "HEX" not in planned.out.split("left out")[0]
+    named = cli("run", *common, "--methods", "hex,vanilla", "--out", tmp_path / "r")
+    assert named.code == 2, named.err
+    assert "method 'hex': its rows set block_length" in named.err
+    assert "Traceback" not in named.err
+    ran = cli("run", *common, "--methods", "all", "--out", tmp_path / "all")
+    assert ran.code == 0, ran.err
+    assert "left out: hex" in ran.err + ran.out

@@ -233,6 +233,15 @@ class TrainableScorer(Scorer, Protocol):
 
 
 @runtime_checkable
+class SetsPerRow(Protocol):
+    """A strategy whose rows set sampler settings of their own (`ops.start(settings=...)`)
+    says which, by its config: the planner leaves it out of a run whose backbone cannot vary
+    them (`VariesPerRow`), with the reason, instead of the run stopping when it starts."""
+
+    def sets_per_row(self) -> frozenset[str]: ...
+
+
+@runtime_checkable
 class VariesPerRow(Protocol):
     """A backbone whose rows may carry their own sampler settings (`StepBatch.settings`).
 
@@ -577,6 +586,12 @@ def is_capped(strategy: object) -> bool:
 def finishes_early(backbone: object, settings: Mapping[str, Any]) -> bool:
     """Whether rows under `settings` may end before their T on this backbone."""
     return bool(backbone.finishes_early(settings)) if isinstance(backbone, FinishesEarly) else False
+
+
+def sets_per_row(strategy: object) -> frozenset[str]:
+    """The sampler settings a strategy's rows set, by its config (`SetsPerRow`; else none
+    said)."""
+    return frozenset(strategy.sets_per_row()) if isinstance(strategy, SetsPerRow) else frozenset()
 
 
 def row_settings(backbone: object) -> frozenset[str]:

@@ -66,7 +66,7 @@ def add_parser(sub: Any) -> None:
 
 def execute(args: argparse.Namespace) -> Reply:
     from dllmbench.api.interfaces import ends_early, passes_per_step, shipped_scorers
-    from dllmbench.execution.planner import default_budget, plan, scorer_users
+    from dllmbench.execution.planner import backbone_varies, default_budget, plan, scorer_users
     from dllmbench.loading.registry import registry
 
     reg = registry()
@@ -98,7 +98,10 @@ def execute(args: argparse.Namespace) -> Reply:
     selectors = presets.selector_options(s.preset)  # a preset's selector options
     entries = methods_arg(args)
     early = ends_early(backbone_config)  # a threshold or block backbone caps every method
-    result = plan(reg, args.budget, args.steps, entries, scorers, passes, rates, selectors, early)
+    varies = backbone_varies(reg, s.backbone) if s.backbone else None
+    result = plan(
+        reg, args.budget, args.steps, entries, scorers, passes, rates, selectors, early, varies
+    )
     resolved = dry_run(reg, args, s, backbone_config) if dry else None
 
     def show(console: Console) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from dllmbench.api.interfaces import is_capped
+from dllmbench.api.interfaces import is_capped, row_settings, sets_per_row
 from dllmbench.core.errors import PluginError, UserError
 from dllmbench.core.flops import Flops, format_flops, unit_of
 from dllmbench.execution.method import Method, MethodSpec
@@ -460,6 +460,27 @@ def _place(
     return method
 
 
+def _settable(
+    method: Method, entry: str, named: bool, varies: frozenset[str] | None
+) -> Method | LeftOut:
+    """The method, or why it is left out: its rows set sampler settings (`SetsPerRow`) the
+    backbone cannot vary (`varies`)."""
+    lacking = sorted(sets_per_row(method.strategy) - varies) if varies is not None else []
+    if not lacking:
+        return method
+    reason = f"its rows set {', '.join(lacking)}, which the backbone cannot vary per row"
+    if named:
+        raise UserError(f"method {entry!r}: {reason}; choose a backbone that can, or drop it")
+    return LeftOut(entry, reason)
+
+
+def backbone_varies(registry: Registry, backbone: str) -> frozenset[str] | None:
+    """The sampler settings backbone `backbone` lets rows set, read from its factory (a
+    class); None when the factory is not a class, whose objects only say once built."""
+    factory = registry.info("backbone", backbone).factory
+    return row_settings(factory) if isinstance(factory, type) else None
+
+
 def _add(result: Plan, method: Method, budget: int, cost: dict[str, int]) -> None:
     """Plan `method` at `budget`: a method already planned under its id, or (a spec without a
     family) with its spec, carries one more budget (the same method, run once); another method
@@ -503,6 +524,7 @@ def plan(
     rates: Mapping[str, int] | None = None,
     selectors: Mapping[str, Mapping[str, Any]] | None = None,
     early: bool = False,
+    varies: frozenset[str] | None = None,
 ) -> Plan:
     """Choose every method for `budget`, or for each of several budgets. `entries` are family
     names, `all` or method specs. Budgets are passes per problem, or FLOPs per problem
@@ -512,7 +534,9 @@ def plan(
 
     With `scorers` given, families that need a scorer outside it are left out. Methods are in
     entry order (an entry's sizes by budget); each carries the budgets it is planned at.
-    `early`: the backbone's rows may end before their T, so every cost is a cap.
+    `early`: the backbone's rows may end before their T, so every cost is a cap. `varies`:
+    the sampler settings the backbone lets rows set (None: not known); a method whose rows
+    set others (`SetsPerRow`) is left out, or, named, refused.
     """
     budgets = check_budgets([budget] if isinstance(budget, int) else list(budget))
     unit = unit_of(budgets)
@@ -523,6 +547,8 @@ def plan(
             placed = _place(
                 registry, entry, named, at, total_steps, scorers, passes_per_step, rates, selectors
             )
+            if not isinstance(placed, LeftOut):
+                placed = _settable(placed, entry, named, varies)
             if isinstance(placed, LeftOut):
                 if placed not in result.left_out:
                     result.left_out.append(placed)

@@ -34,7 +34,14 @@ from dllmbench.core.flops import Flops, unit_of
 from dllmbench.core.schema import MOST_RESAMPLES, Results
 from dllmbench.execution.engine import Capacity, Engine, Sampling, capped, sized_to_memory
 from dllmbench.execution.method import Method
-from dllmbench.execution.planner import Plan, Planned, check_budgets, default_budget, plan
+from dllmbench.execution.planner import (
+    Plan,
+    Planned,
+    backbone_varies,
+    check_budgets,
+    default_budget,
+    plan,
+)
 from dllmbench.execution.rates import Reference, reference
 from dllmbench.loading.provenance import Origins, config_data
 from dllmbench.loading.registry import Registry, registry
@@ -370,6 +377,7 @@ def _choose(
         passes_per_step=passes_per_step,
         rates=rates,
         selectors=presets.selector_options(cfg.preset),
+        varies=backbone_varies(reg, cfg.backbone),
     )
     for x in chosen.left_out if cfg.methods else ():
         if x.missing:

@@ -51,6 +51,10 @@ class Ensemble(Independent):
     def evidence(self) -> Evidence:
         return Evidence(nested="n")  # nested, but not the plain samples
 
+    def sets_per_row(self) -> frozenset[str]:
+        """Its temperatures (the commit orders it mixes are the backbone's own)."""
+        return frozenset({"temperature"}) if _split(self.config.temperatures) else frozenset()
+
     def settings(self, ops: Ops) -> list[dict[str, object]]:
         mix = self.combinations(ops.commit_orders)
         return [mix[i % len(mix)] for i in range(self.config.n)]

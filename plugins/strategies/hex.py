@@ -61,6 +61,9 @@ class Hex(Independent):
     def evidence(self) -> Evidence:
         return Evidence(nested="n")  # nested, but not the plain samples
 
+    def sets_per_row(self) -> frozenset[str]:
+        return frozenset({"block_length"})
+
     def settings(self, ops: Ops) -> list[dict[str, Any]]:
         blocks = self.block_lengths(ops)
         return [{"block_length": blocks[i % len(blocks)]} for i in range(self.config.n)]

@@ -92,6 +92,9 @@ class ReMDM:
     def evidence(self) -> Evidence:
         return Evidence(nested="n")
 
+    def sets_per_row(self) -> frozenset[str]:
+        return frozenset({"steps"}) if self.config.extra else frozenset()
+
     async def search(self, problem: Problem, ops: Ops) -> Pool:
         total = ops.T + self.config.extra
         settings = {"steps": total} if self.config.extra else None

@@ -75,6 +75,9 @@ class Threshold(Independent):
     def evidence(self) -> Evidence:
         return Evidence(nested="n")  # nested, but not at the run's own sampler settings
 
+    def sets_per_row(self) -> frozenset[str]:
+        return frozenset({"factor" if self.config.factor is not None else "threshold"})
+
     def settings(self, ops: Ops) -> list[dict[str, Any]]:
         c = self.config
         if c.factor is not None:
