@@ -9,6 +9,7 @@ that says what broke, and pass (or skip, saying why) on the honest one.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import sys
@@ -195,9 +196,18 @@ class ShortRows(ToyBackbone):
         return [(t[:-1], c[:-1]) for t, c in super().denoise_step_with_confidence(batch)]
 
 
+class IgnoresKey(ToyBackbone):
+    """The toy, but its noise comes from the step alone: every copy of a row is the same."""
+
+    def denoise_step_with_confidence(self, batch):  # its denoise_step too
+        batch = dataclasses.replace(batch, keys=[0] * len(batch.keys))
+        return super().denoise_step_with_confidence(batch)
+
+
 @hookimpl
 def dllmbench_register_backbones(register):
     register("kit_short_rows", ShortRows)
+    register("kit_ignores_key", IgnoresKey)
 
 
 @hookimpl
@@ -286,6 +296,11 @@ FAILS = [
         "kit_short_rows",
         r"backbone 'kit_short_rows': denoise_step returned row 0 as \(\d+,\) torch.int64 for a "
         r"row of \(\d+,\) torch.int64: each row comes back as long, of its dtype",
+    ),
+    (
+        "test_backbone_copies_with_other_keys_can_differ",
+        "kit_ignores_key",
+        r"backbone 'kit_ignores_key': 16 copies of a row with different keys came out the same",
     ),
     (
         "test_selector_returns_an_index_in_range",

@@ -42,6 +42,7 @@ from dllmbench.api.interfaces import (
     contract_configs,
     evidence_of,
     is_capped,
+    is_deterministic,
 )
 from dllmbench.core.errors import CostMismatch, OverCap, PluginViolation
 from dllmbench.core.keys import row_key
@@ -818,6 +819,28 @@ def test_backbone_row_alone_equals_row_in_batch(dllmbench_backbone):
             assert torch.equal(_step(backbone, [row])[0], out), (
                 f"backbone {name!r}: row {i} alone differs from row {i} in a batch of {len(rows)}"
             )
+
+
+def test_backbone_copies_with_other_keys_can_differ(dllmbench_backbone):
+    """Copies of a row differ only in their keys: unless the backbone's config says it samples
+    deterministically (`deterministic`, which makes a run refuse multi-sample methods), some
+    of 16 copies must come out different. A sampler that ignores the key collapses every
+    multi-sample method to Vanilla, silently."""
+    name, config = dllmbench_backbone
+    backbone = built("backbone", name, **config)
+    if is_deterministic(getattr(backbone, "config", None)):
+        pytest.skip(f"backbone {name!r} with {config} samples deterministically, as it says")
+    canvas, plen = _canvases(backbone, 1)[0]
+    finals = set()
+    for copy in range(16):
+        key, row = row_key(0, "p", "sample", (copy,)), canvas
+        for t in range(STEPS):
+            row = _step(backbone, [(row, plen, t, key)])[0]
+        finals.add(tuple(row.tolist()))
+    assert len(finals) > 1, (
+        f"backbone {name!r}: 16 copies of a row with different keys came out the same; draw "
+        "the noise from batch.keys[i], or say deterministic=True on the config"
+    )
 
 
 def test_backbone_config_roundtrips(dllmbench_backbone):
