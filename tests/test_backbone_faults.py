@@ -87,6 +87,10 @@ class FlatCanvas(Counted):
         return super().canvas(prompt_ids, gen_length)[None]
 
 
+class NegativeMask(Counted):
+    mask_id = -3
+
+
 class NoBlocks(Counted):
     """A backbone whose rows cannot set their own block length (HEX's experts)."""
 
@@ -106,6 +110,7 @@ FAULTY = {
     "bytes_decode": BytesDecode,
     "flat_canvas": FlatCanvas,
     "no_blocks": NoBlocks,
+    "negative_mask": NegativeMask,
 }
 
 
@@ -128,6 +133,7 @@ CASES = [
     ("crashing_early", "raised RuntimeError: cannot tell"),
     ("bytes_decode", "broke its contract: decode() returned a bytes, not a string"),
     ("flat_canvas", "broke its contract: canvas() gave a Tensor of shape (1, "),
+    ("negative_mask", "broke its contract: its mask_id is -3: a token id, an int >= 0"),
 ]
 
 

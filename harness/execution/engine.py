@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import numbers
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -229,6 +230,13 @@ class Engine:
         self._step_work = backbone if isinstance(backbone, CountsStepWork) else None
         self._packs = backbone if isinstance(backbone, CountsTokens) else None
         self._vocabulary = _vocabulary(backbone)  # ids a row may hold (None: not known)
+        mask = backbone.mask_id
+        if isinstance(mask, bool) or not isinstance(mask, numbers.Integral) or mask < 0:
+            what = f"its mask_id is {mask!r}: a token id, an int >= 0"
+            raise self.origins.violation("backbone", self.origins.backbone, what)
+        if self._vocabulary is not None and mask >= self._vocabulary:
+            what = f"its mask_id {mask} is outside the vocabulary (ids 0 to {self._vocabulary - 1})"
+            raise self.origins.violation("backbone", self.origins.backbone, what)
         self._shares = backbone if isinstance(backbone, SharesCanvases) else None
         self._score_work = {
             name: scorer for name, scorer in scorers.items() if isinstance(scorer, CountsScoreWork)
