@@ -536,14 +536,17 @@ class Engine:
             with self.origins.blame("backbone", self.origins.backbone):
                 rows = list(self._shares.computed_rows(call))
             size = len(call.tokens)
-            ok = all(isinstance(r, int) and 0 <= r < size for r in rows)
+            ok = all(
+                isinstance(r, numbers.Integral) and not isinstance(r, bool) and 0 <= r < size
+                for r in rows
+            )
             if not ok or len(set(rows)) != len(rows) or not rows:
                 what = (
                     f"computed_rows() returned {rows!r} for a batch of {size} rows: distinct "
                     f"row indices 0 to {size - 1}, at least one"
                 )
                 raise self.origins.violation("backbone", self.origins.backbone, what)
-            return rows
+            return [int(r) for r in rows]
         return list(range(len(call.tokens)))
 
     def _canvases(self, like: Wait, items: list[tuple[Any, int]]) -> list[int] | None:
