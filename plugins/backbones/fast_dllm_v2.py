@@ -176,7 +176,10 @@ class FastDLLMv2(BlockDiffusion):
         {"model": "random", "block_length": 8, "sub_block": 8, "temperature": 0.0},
     ]
 
-    def spot(self, tokens: torch.Tensor, prompt_len: int, settings: Mapping[str, Any]):
+    def spot(
+        self, tokens: torch.Tensor, prompt_len: int, settings: Mapping[str, Any]
+    ) -> Spot | None:
+        """Where the row stands under its own settings."""
         c = self.row_config(settings)
         return locate(tokens.cpu() == self.mask_id, prompt_len, c.block_length, c.sub_block)
 
