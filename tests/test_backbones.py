@@ -423,11 +423,11 @@ def test_llada_keys_rename_and_load_strictly_into_llama():
         load_strict(target, missing, "synthetic")
 
 
-def save_dream(bb, path):
+def qwen_config_json(bb, **fields):
+    """config.json of a Qwen-shaped checkpoint of `bb`'s model, with the model's own `fields`
+    (its architectures, model_type, ...)."""
     c = bb.transformer.config
-    raw = {
-        "architectures": ["DreamModel"],
-        "model_type": "Dream",
+    return {
         "hidden_size": c.hidden_size,
         "intermediate_size": c.intermediate_size,
         "num_hidden_layers": c.num_hidden_layers,
@@ -438,8 +438,14 @@ def save_dream(bb, path):
         "rms_norm_eps": c.rms_norm_eps,
         "max_position_embeddings": c.max_position_embeddings,
         "tie_word_embeddings": False,
-        "mask_token_id": bb.mask_id,
+        **fields,
     }
+
+
+def save_dream(bb, path):
+    raw = qwen_config_json(
+        bb, architectures=["DreamModel"], model_type="Dream", mask_token_id=bb.mask_id
+    )
     (path / "config.json").write_text(json.dumps(raw))
     save_file(
         {k: v.contiguous() for k, v in bb.transformer.state_dict().items()},

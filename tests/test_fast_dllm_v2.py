@@ -297,24 +297,15 @@ def _save_block_checkpoint(bb, path, model_type, extra):
     import json
 
     from safetensors.torch import save_file
+    from test_backbones import qwen_config_json
 
-    c = bb.transformer.config
-    raw = {
-        "architectures": [f"{model_type}ForCausalLM"],
-        "model_type": model_type,
-        "auto_map": {"AutoModelForCausalLM": f"modeling.{model_type}ForCausalLM"},
-        "hidden_size": c.hidden_size,
-        "intermediate_size": c.intermediate_size,
-        "num_hidden_layers": c.num_hidden_layers,
-        "num_attention_heads": c.num_attention_heads,
-        "num_key_value_heads": c.num_key_value_heads,
-        "vocab_size": c.vocab_size,
-        "rope_theta": c.rope_parameters["rope_theta"],
-        "rms_norm_eps": c.rms_norm_eps,
-        "max_position_embeddings": c.max_position_embeddings,
-        "tie_word_embeddings": False,
+    raw = qwen_config_json(
+        bb,
+        architectures=[f"{model_type}ForCausalLM"],
+        model_type=model_type,
+        auto_map={"AutoModelForCausalLM": f"modeling.{model_type}ForCausalLM"},
         **extra,
-    }
+    )
     (path / "config.json").write_text(json.dumps(raw))
     state = {k: v.contiguous() for k, v in bb.transformer.state_dict().items()}
     save_file(state, str(path / "model.safetensors"))

@@ -69,8 +69,29 @@ REMASKINGS: tuple[str, ...] = get_args(Remasking)
 Family = Literal["qwen3", "qwen2"]
 
 
+class BlockModelConfig:
+    """What a block-diffusion model's Config says of itself (`KnowsPositions`,
+    `MaybeDeterministic`, `EndsEarly`), from its `model` and `temperature`."""
+
+    model: str
+    temperature: float
+
+    @property
+    def positions(self) -> int | None:
+        return positions_of(self.model)
+
+    @property
+    def deterministic(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def ends_early(self) -> bool:
+        """Always: a row ends once its blocks are written, or at an end token."""
+        return True
+
+
 @dataclass(frozen=True)
-class BlockConfig:
+class BlockConfig(BlockModelConfig):
     model: str = "JetLM/SDAR-8B-Chat"  # Hub id, local directory, or "random"
     device: str | None = None  # default: cuda when available, else cpu
     dtype: DType | None = None  # default: bfloat16 on GPU, float32 on CPU
@@ -108,19 +129,6 @@ class BlockConfig:
             raise ValueError("family must be qwen3 or qwen2")
         if self.cache_memory is not None and self.cache_memory <= 0:
             raise ValueError("cache_memory must be > 0 GiB")
-
-    @property
-    def positions(self) -> int | None:
-        return positions_of(self.model)
-
-    @property
-    def deterministic(self) -> bool:
-        return self.temperature == 0
-
-    @property
-    def ends_early(self) -> bool:
-        """Always: a row ends once its blocks are written, or at an end token."""
-        return True
 
 
 @dataclass(frozen=True)
@@ -465,15 +473,21 @@ class BlockDiffusion(DiffusionBackbone):
     def denoise_step(self, batch: StepBatch) -> list[torch.Tensor]:
         return [tokens for tokens, _ in self.denoise_step_with_confidence(batch)]
 
+    def rows_of(self, batch: StepBatch) -> tuple[list[torch.Tensor], list[Any], list[Plan | None]]:
+        """A batch's rows on the CPU, each row's own Config, and its plan for this step."""
+        rows = [t.cpu() for t in batch.tokens]
+        configs = [self.row_config(batch.setting(i)) for i in range(len(rows))]
+        plans = [
+            self.plan(row, plen, c.block_length)
+            for row, plen, c in zip(rows, batch.prompt_lens, configs, strict=True)
+        ]
+        return rows, configs, plans
+
     def denoise_step_with_confidence(
         self, batch: StepBatch
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         n = len(batch.tokens)
-        rows = [t.cpu() for t in batch.tokens]
-        configs = [self.row_config(batch.setting(i)) for i in range(n)]
-        plans = [
-            self.plan(rows[i], batch.prompt_lens[i], configs[i].block_length) for i in range(n)
-        ]
+        rows, configs, plans = self.rows_of(batch)
         out = [(r.clone(), torch.full(r.shape, float("nan"))) for r in rows]
         live = [i for i in range(n) if plans[i] is not None]
         if not live:

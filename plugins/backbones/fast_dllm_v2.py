@@ -38,14 +38,19 @@ from dllmbench.api.hookspecs import hookimpl
 from dllmbench.api.interfaces import StepBatch
 from dllmbench.core.flops import Work
 from dllmbench.plugins.backbones.base import check_seed, check_temperature, top_ranked
-from dllmbench.plugins.backbones.block import BlockDiffusion, Plan, block_work
+from dllmbench.plugins.backbones.block import (
+    BlockDiffusion,
+    BlockModelConfig,
+    Plan,
+    block_work,
+)
 from dllmbench.plugins.backbones.dream import categorical, filter_logits
 from dllmbench.plugins.backbones.kvstore import Digests, prompt_digest
-from dllmbench.plugins.backbones.loading import DType, device_problem, positions_of
+from dllmbench.plugins.backbones.loading import DType, device_problem
 
 
 @dataclass(frozen=True)
-class FastDLLMv2Config:
+class FastDLLMv2Config(BlockModelConfig):
     model: str = "Efficient-Large-Model/Fast_dLLM_v2_7B"  # Hub id, local directory, "random"
     device: str | None = None  # default: cuda when available, else cpu
     dtype: DType | None = None  # default: bfloat16 on GPU, float32 on CPU
@@ -81,19 +86,6 @@ class FastDLLMv2Config:
             raise ValueError(f"threshold must be in [0, 1], got {self.threshold!r}")
         if self.cache_memory is not None and self.cache_memory <= 0:
             raise ValueError("cache_memory must be > 0 GiB")
-
-    @property
-    def positions(self) -> int | None:
-        return positions_of(self.model)
-
-    @property
-    def deterministic(self) -> bool:
-        return self.temperature == 0
-
-    @property
-    def ends_early(self) -> bool:
-        """Always: a row ends once its blocks are written, or at an end token."""
-        return True
 
 
 @dataclass(frozen=True)
@@ -265,11 +257,7 @@ class FastDLLMv2(BlockDiffusion):
         self, batch: StepBatch
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         n = len(batch.tokens)
-        rows = [t.cpu() for t in batch.tokens]
-        configs = [self.row_config(batch.setting(i)) for i in range(n)]
-        plans = [
-            self.plan(rows[i], batch.prompt_lens[i], configs[i].block_length) for i in range(n)
-        ]
+        rows, configs, plans = self.rows_of(batch)
         spots = [
             locate(rows[i] == self.mask_id, batch.prompt_lens[i], c.block_length, c.sub_block)
             for i, c in enumerate(configs)
