@@ -123,7 +123,7 @@ def dllmbench_register_backbones(register):
 ME = "(from module:test_backbone_faults)"
 CASES = [
     ("rewrites_prompt", "broke its contract: denoise_step() changed row 0's token at position 0"),
-    ("rewrites_committed", "denoise_step() changed row "),
+    ("rewrites_committed", "denoise_step() changed row 2's token at position 6 from 3 to 4"),
     ("negative_token", "denoise_step() wrote token id -1 in row 0, outside the vocabulary"),
     ("free_steps", "step_work() charged row 0 no query token for a step that wrote tokens"),
     ("crashing_work", "raised RuntimeError: no account"),

@@ -638,7 +638,7 @@ class Engine:
                             f"{_described(confidence)}: floats, one per position of the row"
                         )
                         raise self.origins.violation("backbone", self.origins.backbone, what)
-                self._check_step(i, given, tokens)
+            self._check_step(batch.tokens, [row[0] if reported else row for row in out])
             return out
         with self.origins.blame("scorer", self.origins.scorer(batch.scorer)):
             values = np.asarray(self.scorers[batch.scorer].score(batch.batch), dtype=np.float64)
@@ -663,29 +663,36 @@ class Engine:
                 )
                 raise self.origins.violation("backbone", self.origins.backbone, what)
 
-    def _check_step(self, i: int, given: torch.Tensor, tokens: torch.Tensor) -> None:
+    def _check_step(self, given: Sequence[torch.Tensor], out: Sequence[torch.Tensor]) -> None:
         """A step only fills masked positions, with ids of the vocabulary: the prompt and
-        committed tokens stay as they were (an edit re-masks through `ops.remask`)."""
-        tokens = tokens.cpu()
-        mask = self.backbone.mask_id
-        moved = (given != mask) & (tokens != given)
+        committed tokens stay as they were (an edit re-masks through `ops.remask`). Checked
+        over the batch's rows end to end, once per forward."""
+        before = torch.cat([t.cpu() for t in given])
+        after = torch.cat([t.cpu() for t in out])
+        moved = (before != self.backbone.mask_id) & (after != before)
+        low, high = int(after.min()), int(after.max())
+        outside = low < 0 or (self._vocabulary is not None and high >= self._vocabulary)
+        if not (outside or bool(moved.any())):
+            return
+        ends = np.cumsum([len(t) for t in given])
         if bool(moved.any()):
-            p = int(moved.nonzero()[0, 0])
+            at = int(moved.nonzero()[0, 0])
+            i = int(np.searchsorted(ends, at, side="right"))
+            p = at - (int(ends[i - 1]) if i else 0)
             what = (
-                f"denoise_step() changed row {i}'s token at position {p} from {int(given[p])} "
-                f"to {int(tokens[p])}: a step fills masked positions and leaves the prompt and "
+                f"denoise_step() changed row {i}'s token at position {p} from {int(before[at])} "
+                f"to {int(after[at])}: a step fills masked positions and leaves the prompt and "
                 "committed tokens as they were"
             )
-            raise self.origins.violation("backbone", self.origins.backbone, what)
-        low, high = int(tokens.min()), int(tokens.max())
-        if low < 0 or (self._vocabulary is not None and high >= self._vocabulary):
+        else:
             bad = low if low < 0 else high
+            i = int(np.searchsorted(ends, int((after == bad).nonzero()[0, 0]), side="right"))
             within = "" if self._vocabulary is None else f" to {self._vocabulary - 1}"
             what = (
                 f"denoise_step() wrote token id {bad} in row {i}, outside the vocabulary "
                 f"(ids 0{within})"
             )
-            raise self.origins.violation("backbone", self.origins.backbone, what)
+        raise self.origins.violation("backbone", self.origins.backbone, what)
 
     async def _selector_scores(self, unit: Unit, pool: Pool, ops: Ops) -> None:
         """Score the pool for selectors that need a scorer it does not carry: each scorer once,
