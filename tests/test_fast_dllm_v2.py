@@ -4,12 +4,14 @@ below its gen_length, and charges that are what the forwards compute."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from test_block import _call, run_rows
 
 from dllmbench.api.interfaces import StepBatch
-from dllmbench.core.errors import UserError
+from dllmbench.core.errors import Notice, UserError
 from dllmbench.core.flops import flops, shape_of
 from dllmbench.core.types import Prompt
 from dllmbench.plugins.backbones.block import BlockDiffusion
@@ -202,6 +204,20 @@ def test_the_reference_behaviour_needs_no_more_than_gen_length_steps_and_less_en
     assert not bool((full == bb.mask_id).any())
     short = run_rows(bb, prompt, gen, 12, [7])[0]
     assert int((short == bb.mask_id).sum()) == 3  # the last sub-block's
+
+
+def test_a_t_below_gen_length_is_said_once():
+    bb = FastDLLMv2(model="random", block_length=8, sub_block=4, seed=1, stop=False)
+    prompt = bb.encode(Prompt(text="Question: 12+7?"))
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        run_rows(bb, prompt, 32, 32, [7])
+        assert not said  # T = gen_length: the reference's decoding
+        run_rows(bb, prompt, 32, 16, [7, 8])
+        run_rows(bb, prompt, 32, 16, [9])
+    assert len(said) == 1 and issubclass(said[0].category, Notice)
+    assert "T=16 is below gen_length=32" in str(said[0].message)
+    assert "give --steps 32" in str(said[0].message)
 
 
 def test_the_rate_is_one_while_the_steps_left_cover_the_masks_left():
