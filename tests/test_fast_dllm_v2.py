@@ -118,6 +118,7 @@ CASES = [
     (4, 2, 0.5, 0.0, 0.95, "Q: 2+2=?......"),  # greedy
     (8, 8, 0.9, 1.0, 0.95, "What is 9-2?"),  # one sub-block, top-p at temperature 1
     (8, 2, 0.3, 0.02, 1.0, "Question: 3*4+5=?!!!!!!!"),  # a prompt of three whole blocks
+    (16, 4, 0.5, 0.05, 0.95, "Q: 1+1=?"),  # a prompt shorter than a block: no prefix forward
 ]
 
 

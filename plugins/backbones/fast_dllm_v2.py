@@ -1,6 +1,8 @@
 """Fast-dLLM v2 (Wu et al., arXiv 2509.26328): Qwen2.5 adapted to block diffusion, on
 transformers' own `Qwen2ForCausalLM` under a block-causal mask, sampled as the model's own
-batch sampler (`batch_sample`, Efficient-Large-Model/Fast_dLLM_v2_7B) does.
+batch sampler (`batch_sample` in Efficient-Large-Model/Fast_dLLM_v2_7B's
+`generation_functions.py`, which the authors' evaluation harness decodes with) does; where it
+departs, and why, is in docs/backbones.md.
 
 It differs from SDAR's sampler (block.py) in four ways, all of them here:
 
