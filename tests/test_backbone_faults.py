@@ -132,7 +132,7 @@ CASES = [
     ("crashing_encode", "raised KeyError: 'no such word'"),
     ("crashing_early", "raised RuntimeError: cannot tell"),
     ("bytes_decode", "broke its contract: decode() returned a bytes, not a string"),
-    ("flat_canvas", "broke its contract: canvas() gave a Tensor of shape (1, "),
+    ("flat_canvas", "broke its contract: canvas() gave a tensor of shape (1, "),
     ("negative_mask", "broke its contract: its mask_id is -3: a token id, an int >= 0"),
 ]
 

@@ -62,6 +62,7 @@ from dllmbench.core.ledger import Ledger
 from dllmbench.core.schema import CandidateRecord, Record
 from dllmbench.core.types import Candidate, Owners, Pool, Problem, Rows
 from dllmbench.execution.method import Method
+from dllmbench.execution.rates import check_canvas, described
 from dllmbench.execution.scheduler import (
     Capacity,
     DenoiseWait,
@@ -326,11 +327,7 @@ class Engine:
         with self.origins.blame("backbone", self.origins.backbone):
             prompt_ids = self.backbone.encode(prompt)
             canvas = self.backbone.canvas(prompt_ids, self.sampling.gen_length)
-        if not (
-            isinstance(canvas, torch.Tensor) and canvas.dim() == 1 and canvas.dtype == torch.long
-        ):
-            what = f"canvas() gave {_described(canvas)}; return a 1-D long tensor"
-            raise self.origins.violation("backbone", self.origins.backbone, what)
+        check_canvas(canvas, self.origins)
         if isinstance(self.backbone, KeepsState):
             with self.origins.blame("backbone", self.origins.backbone):
                 self.backbone.hold(prompt_ids)
@@ -621,7 +618,7 @@ class Engine:
                 same = isinstance(tokens, torch.Tensor) and tokens.shape == given.shape
                 if not (same and tokens.dtype == given.dtype):
                     what = (
-                        f"denoise_step() returned row {i} as {_described(tokens)} for a row of "
+                        f"denoise_step() returned row {i} as {described(tokens)} for a row of "
                         f"{given.numel()} token ids; return each row as long as it came, in its "
                         "dtype"
                     )
@@ -635,7 +632,7 @@ class Engine:
                     ):
                         what = (
                             f"denoise_step_with_confidence() returned row {i}'s confidences as "
-                            f"{_described(confidence)}: floats, one per position of the row"
+                            f"{described(confidence)}: floats, one per position of the row"
                         )
                         raise self.origins.violation("backbone", self.origins.backbone, what)
             self._check_step(batch.tokens, [row[0] if reported else row for row in out])
@@ -718,7 +715,7 @@ class Engine:
             ]
         for text in texts:
             if not isinstance(text, str):
-                what = f"decode() returned {_described(text)}, not a string"
+                what = f"decode() returned {described(text)}, not a string"
                 raise self.origins.violation("backbone", self.origins.backbone, what)
         with self.origins.blame("task", self.origins.task):
             answers = [self.task.extract(text) for text in texts]
@@ -929,10 +926,3 @@ def _vocabulary(backbone: Backbone) -> int | None:
         return None
     embedding = backbone.transformer.get_input_embeddings()
     return int(embedding.num_embeddings) if embedding is not None else None
-
-
-def _described(value: object) -> str:
-    """What a plugin returned, in a few words: a tensor's shape and dtype, else its type."""
-    if isinstance(value, torch.Tensor):
-        return f"a tensor of shape {tuple(value.shape)} and dtype {value.dtype}"
-    return f"a {type(value).__name__}"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -75,13 +76,7 @@ def reference(
     rates: dict[str, int] = {}
     shape = model_shape(backbone)
     with origins.blame("backbone", origins.backbone):
-        canvas = backbone.canvas([0] * prompt, gen_length)
-        if not (
-            isinstance(canvas, torch.Tensor) and canvas.dim() == 1 and canvas.dtype == torch.long
-        ):
-            got = f"a {type(canvas).__name__} of shape {tuple(getattr(canvas, 'shape', ()))}"
-            what = f"canvas() gave {got}; return a 1-D long tensor"
-            raise origins.violation("backbone", origins.backbone, what)
+        canvas = check_canvas(backbone.canvas([0] * prompt, gen_length), origins)
         if shape is not None:
             if isinstance(backbone, PricesSteps):
                 works = list(backbone.row_works(canvas, prompt, total_steps))
@@ -122,6 +117,21 @@ def reference(
             work = Work.full(len(finished), head=1)
         rates[f"score:{name}"] = flops(shape, work)
     return Reference(prompt, gen_length, rates)
+
+
+def described(value: object) -> str:
+    """What a plugin returned, in a few words: a tensor's shape and dtype, else its type."""
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)} and dtype {value.dtype}"
+    return f"a {type(value).__name__}"
+
+
+def check_canvas(canvas: Any, origins: Origins) -> torch.Tensor:
+    """A backbone's canvas, which is a 1-D long tensor, else its broken contract."""
+    if not (isinstance(canvas, torch.Tensor) and canvas.dim() == 1 and canvas.dtype == torch.long):
+        what = f"canvas() gave {described(canvas)}; return a 1-D long tensor"
+        raise origins.violation("backbone", origins.backbone, what)
+    return canvas
 
 
 def prompts_fit(

@@ -197,11 +197,12 @@ def build_manifest(cfg: RunConfig, prepared: Prepared) -> dict[str, Any]:
     reg, task, chosen = prepared.registry, prepared.task, prepared.plan
     problem_ids = prepared.problem_ids
     methods = []
+    origins = _origins(cfg, prepared)
     for planned in chosen.methods:
         m: Method = planned.method
         entry = m.manifest_entry()
         entry["cost"] = planned.cost
-        if capped(m, prepared.backbone, _origins(cfg, prepared)):
+        if capped(m, prepared.backbone, origins):
             entry["capped"] = True  # the cost is a cap: the method may spend less
         if is_approximate(prepared.backbone):
             entry["approximate"] = True  # decoded with an approximate cache
