@@ -219,7 +219,19 @@ def test_threshold_rows_carry_their_setting():
     assert Threshold(n=2, factor=1.5).settings(None) == [{"factor": 1.5}] * 2  # type: ignore[arg-type]
     mixed = Threshold(n=5, thresholds="0.7/0.9").settings(None)  # type: ignore[arg-type]
     assert [s["threshold"] for s in mixed] == [0.7, 0.9, 0.7, 0.9, 0.7]
-    for bad in ({"threshold": 0.9, "factor": 1.0}, {"threshold": 1.5}, {"factor": 0.0}):
+    eb = Threshold(n=2, entropy_bound=0.1)
+    assert eb.settings(None) == [{"entropy_bound": 0.1}] * 2  # type: ignore[arg-type]
+    assert eb.sets_per_row() == {"entropy_bound"}
+    bad_configs = (
+        {"threshold": 0.9, "factor": 1.0},
+        {"threshold": 0.9, "entropy_bound": 0.1},
+        {"threshold": 1.5},
+        {"factor": 0.0},
+        {"entropy_bound": 0.0},
+        {"entropy_bound": float("inf")},
+        {"entropy_bound": float("nan")},
+    )
+    for bad in bad_configs:
         with pytest.raises(ValueError):
             ThresholdConfig(**bad)
     with pytest.raises(ValueError, match="thresholds"):

@@ -1,6 +1,7 @@
-"""Fast-dLLM's parallel decoding as sampler settings (`threshold`, `factor`) of Dream and LLaDA:
-today's sampler as the floor, the reference's rules beyond it worked by hand, rows that end
-early through the engine, and what a denoising forward computes (`step_work`)."""
+"""Parallel decoding as sampler settings of Dream and LLaDA, Fast-dLLM's (`threshold`, `factor`)
+and EB-Sampler's (`entropy_bound`): today's sampler as the floor, the rules beyond it worked by
+hand and against transcriptions, rows that end early through the engine, and what a denoising
+forward computes (`step_work`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import ClassVar
 
 import pytest
 import torch
+from test_backbones import reference_logits
 from test_samplers import Positional
 
 from dllmbench.api.interfaces import FinishesEarly, StepBatch, model_shape, passes_per_step
@@ -19,7 +21,7 @@ from dllmbench.core.types import Prompt
 from dllmbench.execution.engine import Engine, Sampling
 from dllmbench.execution.method import Method, MethodSpec
 from dllmbench.loading.registry import registry
-from dllmbench.plugins.backbones.base import factor_count
+from dllmbench.plugins.backbones.base import entropy_bound_count, factor_count
 from dllmbench.plugins.backbones.dream import Dream, quota
 from dllmbench.plugins.backbones.llada import LLaDA
 from dllmbench.plugins.backbones.loading import char_tokenizer
@@ -31,7 +33,13 @@ from dllmbench.tasks.arith import Arith
 @pytest.mark.parametrize(
     "cls,config,needle",
     [
-        (Dream, {"threshold": 0.9, "factor": 1.0}, "not both"),
+        (Dream, {"threshold": 0.9, "factor": 1.0}, "set one of threshold, factor or entropy_bound"),
+        (LLaDA, {"factor": 1.0, "entropy_bound": 0.1}, "got factor and entropy_bound"),
+        (Dream, {"entropy_bound": 0.0}, "entropy_bound must be a finite number > 0"),
+        (LLaDA, {"entropy_bound": math.inf}, "entropy_bound must be a finite number > 0"),
+        (LLaDA, {"entropy_bound": math.nan}, "entropy_bound must be a finite number > 0"),
+        (Dream, {"entropy_bound": 0.1, "alg": "origin"}, "alg=maskgit_plus or topk_margin or"),
+        (LLaDA, {"entropy_bound": 0.1, "remasking": "random"}, "use remasking=low_confidence"),
         (LLaDA, {"threshold": 0.0}, r"threshold must be in \(0, 1\]"),
         (LLaDA, {"threshold": 1.5}, r"threshold must be in \(0, 1\]"),
         (Dream, {"factor": 0.0}, "factor must be > 0"),
@@ -49,13 +57,20 @@ def test_settings_that_make_no_sense_are_refused_in_one_line(cls, config, needle
 
 
 @pytest.mark.parametrize("cls", [Dream, LLaDA, Tiny])
-def test_rows_with_a_threshold_or_factor_finish_early(cls):
+def test_rows_with_a_parallel_decoding_rule_finish_early(cls):
     bb = cls(model="random")
     assert isinstance(bb, FinishesEarly)
-    assert {"threshold", "factor"} <= bb.row_settings
+    assert {"threshold", "factor", "entropy_bound"} <= bb.row_settings
     assert not bb.finishes_early({}) and not bb.finishes_early({"temperature": 0.0})
     assert bb.finishes_early({"threshold": 0.9}) and bb.finishes_early({"factor": 1.0})
+    assert bb.finishes_early({"entropy_bound": 0.1})
     assert cls(model="random", threshold=0.8).finishes_early({})
+    assert cls(model="random", entropy_bound=0.8).finishes_early({})
+
+
+def test_entropy_bound_ranks_by_every_confidence_of_dream_but_origins_random_order():
+    for alg in ("maskgit_plus", "topk_margin", "entropy"):
+        assert Dream.Config(model="random", alg=alg, entropy_bound=0.1).ends_early
 
 
 # -- (a) threshold 1.0 is today's sampler ----------------------------------------------------
@@ -152,6 +167,46 @@ def test_factor_count_is_the_references_loop():
             assert factor_count(torch.tensor(confidence, dtype=torch.float64), factor) == expected
 
 
+@pytest.mark.parametrize(
+    "entropy,bound,expected",
+    [
+        ([], 0.1, 0),
+        ([3.0], 0.1, 1),  # a lone position: the sum less the largest is 0
+        ([0.125, 0.25, 2.0], 0.3, 2),  # 0.125 + 0.25 − 0.25; then + 2 − 2 = 0.375
+        ([0.125, 0.25, 2.0], 0.375, 3),  # ... at most the bound: the boundary commits
+        ([0.5, 0.125, 0.125, 0.125], 0.25, 3),  # 0.5 stays the largest: 0.125 + 0.125
+        ([0.5, 0.125, 0.125, 0.125], 0.375, 4),
+        ([2.0, 0.0, 0.0, 5.0, 0.0], 1.5, 3),  # certain positions cost nothing; then 7 − 5
+        ([2.0, 0.0, 0.0, 5.0, 0.0], 2.0, 5),
+        ([2.0, 0.0, 0.0, 5.0, 0.25], 2.0, 4),
+    ],
+)
+def test_entropy_bound_count_worked_by_hand(entropy, bound, expected):
+    assert entropy_bound_count(torch.tensor(entropy, dtype=torch.float64), bound) == expected
+
+
+def reference_entropy_bound_count(entropy: list[float], bound: float) -> int:
+    """EB-Sampler's set, written as its definition: the largest k whose first k entropies sum,
+    less their largest, to at most the bound."""
+    k = 0
+    for m in range(1, len(entropy) + 1):
+        if math.fsum(entropy[:m]) - max(entropy[:m]) <= bound:
+            k = m
+    return k
+
+
+def test_entropy_bound_count_is_its_definition():
+    gen = torch.Generator().manual_seed(1)
+    for trial in range(400):
+        n = 1 + trial % 17
+        entropy = (torch.rand(n, generator=gen, dtype=torch.float64) ** 2 * 3).tolist()
+        for bound in (1e-3, 0.1, 0.5, 2.0):
+            expected = reference_entropy_bound_count(entropy, bound)
+            got = entropy_bound_count(torch.tensor(entropy, dtype=torch.float64), bound)
+            # the cumulative sum and fsum may round apart at exactly the bound: not drawn here
+            assert got == expected, (entropy, bound)
+
+
 PROBABILITIES = (0.99, 0.95, 0.92, 0.7, 0.3, 0.1)  # of the answer positions' token 'a'
 
 
@@ -222,6 +277,82 @@ def test_dream_threshold_adds_to_a_quota_that_may_be_zero():
     assert commits_by_step(bb, 6, {"factor": 2.0})[0] == [0, 1, 2, 3]
 
 
+# the entropies of the answer positions' distributions in `confident_backbone` (101 tokens):
+# about 0.102, 0.429, 0.647, 1.992, 3.834 and 4.470 nats, rising as PROBABILITIES fall
+def test_llada_entropy_bound_one_token_per_step_is_eb_samplers_rule():
+    """T = 6 over 6 positions: the quota is the most confident one, EB-Sampler's first; beyond
+    it the most confident while the entropies less the largest stay within the bound."""
+    bb, _ = confident_backbone(LLaDA)
+    h = [0.10205326443815778, 0.4287737457920917, 0.6471829460363352, 1.9924155043899612]
+    assert commits_by_step(bb, 6, {"entropy_bound": 0.6}) == [[0, 1, 2], [3], [4], [5]]
+    assert commits_by_step(bb, 6, {"entropy_bound": 2.0}) == [[0, 1, 2, 3], [4], [5]]
+    assert commits_by_step(bb, 6, {"entropy_bound": 4.0}) == [[0, 1, 2, 3, 4], [5]]
+    at = math.fsum(h[:3])  # exactly what four positions spend: they commit, five do not
+    assert commits_by_step(bb, 6, {"entropy_bound": at * (1 + 1e-12)})[0] == [0, 1, 2, 3]
+    assert commits_by_step(bb, 6, {"entropy_bound": at * (1 - 1e-9)})[0] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("alg", ["maskgit_plus", "topk_margin", "entropy"])
+def test_dream_entropy_bound_commits_in_the_order_of_each_confidence(alg):
+    """At step 0 Dream's quota is 0, so a row commits exactly EB-Sampler's set; each of the
+    three confidences ranks the positions alike here."""
+    bb, _ = confident_backbone(Dream, alg=alg, alg_temp=0.0)
+    assert commits_by_step(bb, 6, {"entropy_bound": 0.6})[0] == [0, 1, 2]
+    assert commits_by_step(bb, 6, {"entropy_bound": 2.0})[0] == [0, 1, 2, 3]
+
+
+@torch.no_grad()
+def reference_eb_generate(net, prompt, gen_length, block_length, bound, mask_id):
+    """EB-Sampler (Ben-Hamu et al., arXiv 2505.24857, Algorithm 1) on LLaDA at temperature 0,
+    block by block: each step runs the canvas, takes the argmax token at every masked position
+    of the block, orders them by the probability of that token (the error proxy), and unmasks
+    the largest prefix whose entropies sum, less their largest, to at most `bound`. Returns
+    the canvas and the number of steps."""
+    x = torch.cat([prompt, torch.full((gen_length,), mask_id)])
+    start, steps = len(prompt), 0
+    for lo in range(start, start + gen_length, block_length):
+        hi = lo + block_length
+        while (x[lo:hi] == mask_id).any():
+            logits = reference_logits(net, x[None])[0].double()
+            logits[:, mask_id] = -torch.inf  # suppress_mask
+            probs = torch.softmax(logits, -1)
+            x0 = logits.argmax(-1)
+            masked = [j for j in range(lo, hi) if x[j] == mask_id]
+            masked.sort(key=lambda j: -float(probs[j, x0[j]]))
+            entropy = [float(torch.special.entr(probs[j]).sum()) for j in masked]
+            k = reference_entropy_bound_count(entropy, bound)
+            for j in masked[:k]:
+                x[j] = x0[j]
+            steps += 1
+    return x, steps
+
+
+@pytest.mark.parametrize("block_length", [16, 4])
+@pytest.mark.parametrize("bound", [0.5, 3.0, 12.0])
+def test_llada_entropy_bound_is_eb_sampler_token_for_token(block_length, bound):
+    """A random LLaDA in float32 with T equal to the generated length (a quota of one, the
+    most confident, per step): the canvas is the transcription's, filled in the steps its rule
+    takes (as many forwards in one block; with blocks a block filled early waits for its
+    share of T, `docs/backbones.md`)."""
+    gen = 16
+    bb = LLaDA(model="random", seed=5, temperature=0.0, suppress_mask=True)
+    prompt = torch.tensor(bb.encode(Prompt(text="12+30=")))
+    settings = {"entropy_bound": bound, "block_length": block_length}
+    canvas, steps = bb.canvas(prompt.tolist(), gen), 0
+    for t in range(gen):
+        batch = StepBatch([canvas], [len(prompt)], [t], [9], gen, settings=[settings])
+        canvas = bb.denoise_step(batch)[0]
+        steps += 1
+        if not (canvas == bb.mask_id).any():
+            break
+    net, mask = bb.transformer, bb.mask_id
+    expected, expected_steps = reference_eb_generate(net, prompt, gen, block_length, bound, mask)
+    assert torch.equal(canvas, expected)
+    if block_length == gen:
+        assert steps == expected_steps
+    assert expected_steps < gen if bound > 5 else expected_steps == gen  # about 4.6 nats each
+
+
 def test_llada_extra_commits_stay_in_the_current_block():
     bb, _ = confident_backbone(LLaDA)
     settings = {"threshold": 0.5, "block_length": 3}
@@ -255,8 +386,9 @@ class EarlyRows:
         return ops.pool(await ops.denoise(rows))
 
 
-def test_tiny_rows_with_a_threshold_end_early_and_the_ledger_charges_what_was_computed(
-    monkeypatch,
+@pytest.mark.parametrize("settings", [{"threshold": 0.9}, {"entropy_bound": 0.5}], ids=str)
+def test_tiny_rows_with_a_rule_end_early_and_the_ledger_charges_what_was_computed(
+    settings, monkeypatch
 ):
     T, gen, n = 24, 32, 4  # the demo's protocol
     bb = Tiny()
@@ -274,7 +406,7 @@ def test_tiny_rows_with_a_threshold_end_early_and_the_ledger_charges_what_was_co
     monkeypatch.setattr(bb, "denoise_step_with_confidence", counted_step)
     monkeypatch.setattr(bb, "step_work", counted_work)
     task = Arith(test_size=6)
-    early = Method("early", MethodSpec("early"), EarlyRows(n, {"threshold": 0.9}), first())
+    early = Method("early", MethodSpec("early"), EarlyRows(n, settings), first())
     engine = Engine(
         backbone=bb, scorers={}, task=task, methods=[early], sampling=Sampling(T, gen, "fewshot")
     )

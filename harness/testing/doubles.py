@@ -82,6 +82,7 @@ class ToyBackboneConfig:
     # canvas fills ends before its T
     threshold: float | None = None
     factor: float | None = None  # the toy reads it as the threshold 1 − factor/2
+    entropy_bound: float | None = None  # ... and this as the threshold 1 / (1 + entropy_bound)
 
 
 # a nominal shape, so that the FLOP ledger runs on the toys as on a transformer: a forward
@@ -96,7 +97,9 @@ class ToyBackbone:
     Config = ToyBackboneConfig
     mask_id = MASK
     model_shape = TOY_SHAPE
-    row_settings = frozenset({"temperature", "block_length", "threshold", "factor", "steps"})
+    row_settings = frozenset(
+        {"temperature", "block_length", "threshold", "factor", "entropy_bound", "steps"}
+    )
 
     def __init__(self, **config):
         self.config = ToyBackboneConfig(**config)
@@ -120,8 +123,16 @@ class ToyBackbone:
             raise UserError(f"toy: {exc}") from None
 
     def finishes_early(self, settings) -> bool:
-        c = self._with(settings)
-        return c.threshold is not None or c.factor is not None
+        return self._bar(self._with(settings)) is not None
+
+    @staticmethod
+    def _bar(c: ToyBackboneConfig) -> float | None:
+        """The confidence a row's parallel decoding rule commits at, if it has one."""
+        if c.factor is not None:
+            return 1 - c.factor / 2
+        if c.entropy_bound is not None:
+            return 1 / (1 + c.entropy_bound)
+        return c.threshold
 
     def _with(self, settings) -> ToyBackboneConfig:
         """The config a row's settings make (made once per distinct settings)."""
@@ -177,7 +188,7 @@ class ToyBackbone:
             for pos, ok, alt, u in zip(chosen, right, wrong, drawn, strict=True):
                 ids[pos] = target[pos - plen] if ok else alt
                 confidence[pos] = (1 + u) / 2 if ok else u / 2
-            bar = c.threshold if c.factor is None else 1 - c.factor / 2
+            bar = self._bar(c)
             if bar is not None:  # drawn after the rest: the quota's draws stay as they were
                 taken = set(chosen)
                 rest = [pos for pos in masked if pos not in taken]

@@ -129,15 +129,20 @@ def block_step(gen_length: int, block: int | None, total: int, step: int) -> Blo
     return BlockStep(min((b + 1) * block, gen_length), step - first, after - first, False)
 
 
-def top_ranked(score: torch.Tensor, k: torch.Tensor, ties: torch.Tensor) -> torch.Tensor:
-    """[B, L] mask of each row's k[b] highest scores. Equal scores are ordered by the keyed
+def ranked_order(score: torch.Tensor, ties: torch.Tensor) -> torch.Tensor:
+    """[B, L] each row's positions by descending score. Equal scores are ordered by the keyed
     uniforms `ties` [B, L], not by position: a tie goes to no position in particular."""
     shuffle = torch.argsort(ties, dim=-1)
     by_score = torch.argsort(score.gather(-1, shuffle), dim=-1, descending=True, stable=True)
-    order = shuffle.gather(-1, by_score)
+    return shuffle.gather(-1, by_score)
+
+
+def top_ranked(score: torch.Tensor, k: torch.Tensor, ties: torch.Tensor) -> torch.Tensor:
+    """[B, L] mask of each row's k[b] highest scores, equal scores ordered as `ranked_order`."""
+    order = ranked_order(score, ties)
     ranks = torch.arange(score.shape[-1], device=score.device).expand_as(order)
     rank = torch.empty_like(order).scatter_(-1, order, ranks)
-    return rank < k[:, None]
+    return rank < k.to(score.device)[:, None]
 
 
 def check_finite(name: str, value: Any, works: str) -> None:
@@ -158,24 +163,38 @@ def check_seed(seed: int) -> None:
         raise ValueError(f"seed must be >= 0, got {seed}")
 
 
-def check_parallel(
-    threshold: float | None, factor: float | None, order: tuple[str, str, str]
-) -> None:
-    """Refuse Fast-dLLM settings that cannot be: both rules at once, a value out of range, or
-    a rule beside a commit order other than by the drawn token's probability (`order`: the
-    setting, its value, the value it must have)."""
+# the parallel decoding rules a row may add to its schedule (docs/backbones.md), at most one
+PARALLEL_RULES = ("threshold", "factor", "entropy_bound")
+
+
+def check_parallel(config: Any, order: tuple[str, str, str], ranked: tuple[str, ...]) -> None:
+    """Refuse parallel decoding settings that cannot be: two rules at once, a value out of
+    range, Fast-dLLM's rules beside a commit order other than by the drawn token's probability,
+    or EB-Sampler's beside one that ranks no confidence (`order`: the setting, its value, the
+    value Fast-dLLM's rules need; `ranked`: the values that rank positions by a confidence)."""
     setting, value, required = order
+    threshold, factor = config.threshold, config.factor
+    given = [rule for rule in PARALLEL_RULES if getattr(config, rule) is not None]
+    if len(given) > 1:
+        both = " and ".join(given)
+        raise ValueError(f"set one of threshold, factor or entropy_bound, got {both}")
     if (threshold is not None or factor is not None) and value != required:
         raise ValueError(
             "threshold and factor compare the drawn token's probability, which only "
             f"{setting}={required} commits by; got {setting}={value}"
         )
-    if threshold is not None and factor is not None:
-        raise ValueError("set threshold or factor, not both")
+    if config.entropy_bound is not None and value not in ranked:
+        raise ValueError(
+            "entropy_bound commits in the order of the sampler's confidence, which "
+            f"{setting}={value} does not rank by; use {setting}={' or '.join(ranked)}"
+        )
     if threshold is not None and not 0 < threshold <= 1:
         raise ValueError(f"threshold must be in (0, 1], got {threshold!r}")
     if factor is not None and not factor > 0:
         raise ValueError(f"factor must be > 0, got {factor!r}")
+    bound = config.entropy_bound
+    if bound is not None and not (isinstance(bound, (int, float)) and 0 < bound < math.inf):
+        raise ValueError(f"entropy_bound must be a finite number > 0 (e.g. 0.1), got {bound!r}")
 
 
 def factor_count(confidence: torch.Tensor, factor: float) -> int:
@@ -191,22 +210,39 @@ def factor_count(confidence: torch.Tensor, factor: float) -> int:
     return 1 + int(misses[0]) if len(misses) else n
 
 
+def entropy_bound_count(entropy: torch.Tensor, bound: float) -> int:
+    """How many positions EB-Sampler commits, from their entropies [n] in commit order (Ben-Hamu
+    et al., arXiv 2505.24857): the longest prefix whose entropies' sum less their largest is at
+    most `bound`, in float64. A lone position's is 0, so at least one commits when n >= 1."""
+    h = entropy.double()
+    spent = h.cumsum(0) - h.cummax(0).values  # never decreases along the prefix
+    return int((spent <= bound).sum())
+
+
 def parallel_commits(
     confidence: torch.Tensor,
     eligible: torch.Tensor,
     ties: torch.Tensor,
-    threshold: float | None,
-    factor: float | None,
+    config: Any,
+    entropy: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """[L] the eligible positions of one row that Fast-dLLM's rule commits at this step,
-    from their confidences [L]: those at or above `threshold`, or the `factor` rule's most
-    confident (`factor_count`; equal confidences ordered by `ties`, as `top_ranked`)."""
-    if threshold is not None:
-        return eligible & (confidence >= threshold)
-    if factor is None:
+    """[L] the eligible positions of one row that its parallel decoding rule commits at this
+    step, from their confidences [L] ranked in descending order (equal ones ordered by `ties`,
+    as `top_ranked`): Fast-dLLM's, those at or above `threshold` or the `factor` rule's most
+    confident (`factor_count`); EB-Sampler's, the longest ranked prefix within `entropy_bound`
+    of the positions' entropies [L] (`entropy_bound_count`)."""
+    if config.threshold is not None:
+        return eligible & (confidence >= config.threshold)
+    if config.factor is not None:
+        k = factor_count(confidence[eligible], config.factor)
+    elif config.entropy_bound is not None:
+        assert entropy is not None, "entropy_bound needs the positions' entropies"
+        order = ranked_order(confidence[None], ties[None])[0]
+        k = entropy_bound_count(entropy[order[eligible[order]]], config.entropy_bound)
+    else:
         return torch.zeros_like(eligible)
-    k = torch.tensor([factor_count(confidence[eligible], factor)], device=confidence.device)
-    return eligible & top_ranked(confidence[None], k, ties[None])[0]
+    ranked = top_ranked(confidence[None], torch.tensor([k]), ties[None])[0]
+    return eligible & ranked
 
 
 def distinct_rows(rows: Iterable[torch.Tensor]) -> tuple[list[int], list[int]]:
@@ -349,10 +385,9 @@ class DiffusionBackbone(abc.ABC):
         self.row_config(settings)
 
     def finishes_early(self, settings: Mapping[str, Any]) -> bool:
-        """Whether a row under these settings may fill its canvas before its T: Fast-dLLM's
-        `threshold` or `factor` is set (`FinishesEarly`)."""
-        c = self.row_config(settings)
-        return c.threshold is not None or c.factor is not None
+        """Whether a row under these settings may fill its canvas before its T: a parallel
+        decoding rule is set (`FinishesEarly`)."""
+        return self.row_config(settings).ends_early
 
     def weight_files(self) -> dict[str, list[Path]]:
         """Config field → the checkpoint files it located (the manifest records their hashes)."""

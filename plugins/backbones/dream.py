@@ -10,7 +10,8 @@ logits whatever the model dtype, so a bf16 model samples from its own distributi
 softmax(confidence / alg_temp) (as Gumbel-top-k), else the top-k most confident, equal
 confidences ordered by a keyed uniform. The mask token can be committed, as in the reference;
 set suppress_mask=true to forbid it. With Fast-dLLM's `threshold` or `factor` (maskgit_plus
-only) a step also commits the eligible positions its rule accepts, beyond the quota.
+only), or EB-Sampler's `entropy_bound` (any alg but origin), a step also commits the eligible
+positions its rule accepts, beyond the quota.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dllmbench.api.hookspecs import hookimpl
 from dllmbench.api.interfaces import StepBatch
 from dllmbench.plugins.backbones.base import (
     ATTENTIONS,
+    PARALLEL_RULES,
     Attention,
     BlockStep,
     DiffusionBackbone,
@@ -39,6 +41,7 @@ from dllmbench.plugins.backbones.loading import DType, device_problem, positions
 
 Alg = Literal["origin", "maskgit_plus", "topk_margin", "entropy"]
 ALGS: tuple[str, ...] = get_args(Alg)
+RANKED_ALGS = ("maskgit_plus", "topk_margin", "entropy")  # commit by a confidence, not at random
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,9 @@ class DreamConfig:
     # the eligible positions whose token probability is >= threshold, or the factor rule's
     threshold: float | None = None
     factor: float | None = None
+    # EB-Sampler's parallel decoding on top of the schedule: also commit, in the order of
+    # `alg`'s confidence, the longest run whose entropies less their largest sum to <= this
+    entropy_bound: float | None = None
     # "sdpa": rows left-padded to the widest; "packed": rows end to end, no padding
     # (FlexAttention document mask, packing.py)
     attention: Attention = "sdpa"
@@ -89,7 +95,7 @@ class DreamConfig:
             raise ValueError("block_length must be >= 1")
         if self.top_k is not None and self.top_k < 1:
             raise ValueError("top_k must be >= 1")
-        check_parallel(self.threshold, self.factor, ("alg", self.alg, "maskgit_plus"))
+        check_parallel(self, ("alg", self.alg, "maskgit_plus"), RANKED_ALGS)
 
     @property
     def positions(self) -> int | None:
@@ -105,8 +111,9 @@ class DreamConfig:
 
     @property
     def ends_early(self) -> bool:
-        """Fast-dLLM's threshold or factor rule may fill a row's canvas before its T."""
-        return self.threshold is not None or self.factor is not None
+        """A parallel decoding rule (threshold, factor, entropy_bound) may fill a row's canvas
+        before its T."""
+        return any(getattr(self, rule) is not None for rule in PARALLEL_RULES)
 
     @property
     def approximate(self) -> bool:
@@ -147,6 +154,15 @@ def sample_tokens(
     softmax(filter(logits / temperature)) with the uniforms `u` [M, S] (argmax at temperature
     0), and their float64 confidence by `alg`: the probability of the token (origin,
     maskgit_plus), top-1 minus top-2 (topk_margin), or the negative entropy (entropy)."""
+    x0, confidence, _ = draw(logits, u, c)
+    return x0, confidence
+
+
+def draw(
+    logits: torch.Tensor, u: torch.Tensor, c: DreamConfig
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """`sample_tokens`, and with `entropy_bound` set the float64 entropy [M] of each
+    position's distribution softmax(filter(logits / temperature)) (None otherwise)."""
     logits = logits.double()
     if c.temperature > 0:
         logits = logits / c.temperature
@@ -161,7 +177,8 @@ def sample_tokens(
         confidence = (top2[:, 0] - top2[:, 1])[:, None].expand_as(u)
     elif c.alg == "entropy":
         confidence = (probs * torch.log(probs + 1e-10)).sum(-1)[:, None].expand_as(u)
-    return x0, confidence
+    entropy = torch.special.entr(probs).sum(-1) if c.entropy_bound is not None else None
+    return x0, confidence, entropy
 
 
 # float64 elements of one chunk of [positions, vocabulary] (512 MB): bounds the sampler's memory
@@ -193,16 +210,16 @@ class Dream(DiffusionBackbone):
             "block_length",
             "threshold",
             "factor",
+            "entropy_bound",
             "steps",
         }
     )
     # the confidence rules (`origin` is a random order, not a rule to mix)
-    commit_orders: ClassVar[dict[str, tuple[str, ...]]] = {
-        "alg": ("maskgit_plus", "topk_margin", "entropy")
-    }
+    commit_orders: ClassVar[dict[str, tuple[str, ...]]] = {"alg": RANKED_ALGS}
     contract_configs: ClassVar[list[dict]] = [
         {"model": "random"},
         {"model": "random", "alg": "entropy", "alg_temp": 0.0, "temperature": 0.0},
+        {"model": "random", "alg": "topk_margin", "entropy_bound": 0.5},
         {"model": "random", "alg": "origin", "top_p": 0.9},
         {"model": "random", "factor": 1.0},
         {"model": "random", "block_length": 2, "cache": "prefix"},
@@ -210,24 +227,28 @@ class Dream(DiffusionBackbone):
 
     def propose(
         self, hidden: torch.Tensor, u: torch.Tensor, c: DreamConfig | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """A token [M] and its float64 confidence [M] for each masked position's hidden state
-        [M, H], drawn with its uniform `u` [M] under the sampler settings `c` (default: the
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A token [M], its float64 confidence [M] and its distribution's float64 entropy [M]
+        (NaN unless `entropy_bound` is set) for each masked position's hidden state [M, H],
+        drawn with its uniform `u` [M] under the sampler settings `c` (default: the
         backbone's); the head runs in chunks of positions."""
         c = c or self.config
         vocab = self.transformer.lm_head.weight.shape[0]
         size = max(1, CHUNK_ELEMENTS // vocab)
-        tokens, confidences = [], []
+        tokens, confidences, entropies = [], [], []
         for start in range(0, hidden.shape[0], size):
             logits = self.head(hidden[start : start + size])
             if c.suppress_mask:
                 logits[:, self.mask_id] = -torch.inf
-            x0, confidence = sample_tokens(logits, u[start : start + size, None], c)
+            x0, confidence, entropy = draw(logits, u[start : start + size, None], c)
             tokens.append(x0[:, 0])
             confidences.append(confidence[:, 0])
+            unknown = torch.full_like(confidence[:, 0], torch.nan)
+            entropies.append(unknown if entropy is None else entropy)
         if not tokens:
-            return hidden.new_zeros(0, dtype=torch.long), hidden.new_zeros(0, dtype=torch.float64)
-        return torch.cat(tokens), torch.cat(confidences)
+            none = hidden.new_zeros(0, dtype=torch.float64)
+            return hidden.new_zeros(0, dtype=torch.long), none, none
+        return torch.cat(tokens), torch.cat(confidences), torch.cat(entropies)
 
     def planned_quota(self, eligible: int, at: BlockStep, gen_length: int, total: int) -> int:
         """Positions an unedited row commits at a step with `eligible` positions that may
@@ -257,12 +278,13 @@ class Dream(DiffusionBackbone):
         token_u = noise("token")
         proposal = ids.clone()
         confidence = torch.full(ids.shape, -torch.inf, dtype=torch.float64, device=device)
+        entropy = torch.full(ids.shape, torch.nan, dtype=torch.float64, device=device)
         for c in dict.fromkeys(configs):
             rows = torch.tensor([cfg == c for cfg in configs], device=device)
             where = eligible & rows[:, None]
-            x0, conf = self.propose(hidden[where], token_u[where], c)
-            proposal[where] = x0
-            confidence[where] = conf
+            proposal[where], confidence[where], entropy[where] = self.propose(
+                hidden[where], token_u[where], c
+            )
 
         # which positions commit: rows with one sampler and block schedule at a time
         chosen = torch.zeros_like(eligible)
@@ -284,13 +306,11 @@ class Dream(DiffusionBackbone):
                 score = score / c.alg_temp - torch.log(-torch.log(u.clamp(1e-300, 1 - 1e-16)))
             k = quota(eligible[idx].sum(-1).cpu(), j, per, c.eps).to(device)
             chosen[idx] = eligible[idx] & top_ranked(score, k, noise("tie")[idx])
-        # Fast-dLLM: beyond the quota, the proposals its rule accepts
+        # Fast-dLLM or EB-Sampler: beyond the quota, the proposals the row's rule accepts
         for i, c in enumerate(configs):
-            if c.threshold is not None or c.factor is not None:
+            if c.ends_early:
                 ties = noise("tie")[i]
-                chosen[i] |= parallel_commits(
-                    confidence[i], eligible[i], ties, c.threshold, c.factor
-                )
+                chosen[i] |= parallel_commits(confidence[i], eligible[i], ties, c, entropy[i])
         new = torch.where(chosen, proposal, ids)
         committed = torch.where(chosen, confidence, torch.full_like(confidence, torch.nan))
         return new, committed

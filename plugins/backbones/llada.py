@@ -11,8 +11,8 @@ un + (cfg + 1)·(cond − un): two passes per row-step. The Instruct model's pur
 options: `logits_eos_inf` (EOS is never sampled) and `confidence_eos_eot_inf` (EOS and EoT get
 confidence 0 under low_confidence, so they commit last). The mask token can be committed, as
 in the reference; set suppress_mask=true to forbid it. With Fast-dLLM's `threshold` or `factor`
-(low_confidence only) a step also commits the eligible positions its rule accepts, beyond the
-quota.
+or EB-Sampler's `entropy_bound` (low_confidence only) a step also commits the eligible
+positions its rule accepts, beyond the quota.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from dllmbench.api.interfaces import StepBatch
 from dllmbench.core.errors import UserError
 from dllmbench.plugins.backbones.base import (
     ATTENTIONS,
+    PARALLEL_RULES,
     Attention,
     BlockStep,
     DiffusionBackbone,
@@ -62,6 +63,9 @@ class LLaDAConfig:
     # the eligible positions whose token probability is >= threshold, or the factor rule's
     threshold: float | None = None
     factor: float | None = None
+    # EB-Sampler's parallel decoding on top of the schedule: also commit, most confident
+    # first, the longest run whose entropies less their largest sum to <= this
+    entropy_bound: float | None = None
     # "sdpa": rows left-padded to the widest; "packed": rows end to end, no padding
     # (FlexAttention document mask, packing.py)
     attention: Attention = "sdpa"
@@ -86,7 +90,7 @@ class LLaDAConfig:
         if self.block_length is not None and self.block_length < 1:
             raise ValueError("block_length must be >= 1")
         required = ("remasking", self.remasking, "low_confidence")
-        check_parallel(self.threshold, self.factor, required)
+        check_parallel(self, required, ("low_confidence",))
 
     @property
     def positions(self) -> int | None:
@@ -106,8 +110,9 @@ class LLaDAConfig:
 
     @property
     def ends_early(self) -> bool:
-        """Fast-dLLM's threshold or factor rule may fill a row's canvas before its T."""
-        return self.threshold is not None or self.factor is not None
+        """A parallel decoding rule (threshold, factor, entropy_bound) may fill a row's canvas
+        before its T."""
+        return any(getattr(self, rule) is not None for rule in PARALLEL_RULES)
 
     @property
     def approximate(self) -> bool:
@@ -132,13 +137,18 @@ def gumbel_max(logits: torch.Tensor, temperature: float, gen: torch.Generator) -
     return (logits.double().exp() / (-torch.log(u)) ** temperature).argmax(-1)
 
 
-def low_confidence(logits: torch.Tensor, x0: torch.Tensor, zeroed: list[int]) -> torch.Tensor:
-    """The float64 softmax probability of x0 [M] under `logits` [M, V], with the `zeroed`
-    tokens' logits at −inf first (confidence_eos_eot_inf)."""
+def confidence_distribution(logits: torch.Tensor, zeroed: list[int]) -> torch.Tensor:
+    """The float64 softmax [M, V] of `logits` [M, V] that confidences are read from, with the
+    `zeroed` tokens' logits at −inf first (confidence_eos_eot_inf)."""
     logits = logits.double()
     if zeroed:
         logits = logits.index_fill(-1, torch.tensor(zeroed, device=logits.device), -torch.inf)
-    return torch.softmax(logits, dim=-1).gather(-1, x0[:, None]).squeeze(-1)
+    return torch.softmax(logits, dim=-1)
+
+
+def low_confidence(logits: torch.Tensor, x0: torch.Tensor, zeroed: list[int]) -> torch.Tensor:
+    """The float64 probability of x0 [M] under `confidence_distribution`."""
+    return confidence_distribution(logits, zeroed).gather(-1, x0[:, None]).squeeze(-1)
 
 
 class LLaDA(DiffusionBackbone):
@@ -149,7 +159,15 @@ class LLaDA(DiffusionBackbone):
     shift = False
     mask_names = ("<|mdm_mask|>", "<|mask|>")
     row_settings = frozenset(
-        {"temperature", "remasking", "block_length", "threshold", "factor", "steps"}
+        {
+            "temperature",
+            "remasking",
+            "block_length",
+            "threshold",
+            "factor",
+            "entropy_bound",
+            "steps",
+        }
     )
     commit_orders: ClassVar[dict[str, tuple[str, ...]]] = {
         "remasking": ("low_confidence", "random")
@@ -159,7 +177,7 @@ class LLaDA(DiffusionBackbone):
         {"model": "random", "temperature": 0.7, "remasking": "random"},
         {"model": "random", "cfg_scale": 1.0, "block_length": 5},
         {"model": "random", "temperature": 0.0, "logits_eos_inf": True},
-        {"model": "random", "confidence_eos_eot_inf": True},
+        {"model": "random", "confidence_eos_eot_inf": True, "entropy_bound": 0.5},
         {"model": "random", "factor": 1.0},
         {"model": "random", "block_length": 5, "cache": "dual"},
     ]
@@ -242,6 +260,7 @@ class LLaDA(DiffusionBackbone):
         x0 = torch.zeros(logits.shape[0], dtype=torch.long, device=device)
         picked = torch.zeros(logits.shape[0], dtype=torch.float64, device=device)
         probability = torch.zeros(logits.shape[0], dtype=torch.float64, device=device)
+        entropies = torch.full_like(probability, torch.nan)
         order = None
         start = 0
         for i, count in enumerate(eligible.sum(-1).tolist()):
@@ -250,7 +269,13 @@ class LLaDA(DiffusionBackbone):
                 rows = logits[span]
                 gen = purpose_generator(batch.keys[i], batch.steps[i], "token", device)
                 x0[span] = gumbel_max(rows, configs[i].temperature, gen)
-                probability[span] = low_confidence(rows, x0[span], zeroed)
+                if configs[i].entropy_bound is None:
+                    probability[span] = low_confidence(rows, x0[span], zeroed)
+                else:  # EB-Sampler's entropies, of the distribution confidences are read from
+                    probs = confidence_distribution(rows, zeroed)
+                    probability[span] = probs.gather(-1, x0[span, None]).squeeze(-1)
+                    entropies[span] = torch.special.entr(probs).sum(-1)
+                    del probs
                 if configs[i].remasking == "low_confidence":
                     picked[span] = probability[span]
                 else:
@@ -264,12 +289,13 @@ class LLaDA(DiffusionBackbone):
         proposal[eligible] = x0
         ties = self.noise(batch, offsets, width, "tie").to(device)
         chosen = eligible & top_ranked(confidence, quotas, ties)
-        # Fast-dLLM: beyond the quota, the proposals its rule accepts (low_confidence only)
+        # Fast-dLLM or EB-Sampler: beyond the quota, the proposals the row's rule accepts
+        # (low_confidence only)
+        entropy = torch.full_like(confidence, torch.nan)
+        entropy[eligible] = entropies
         for i, c in enumerate(configs):
-            if c.threshold is not None or c.factor is not None:
-                chosen[i] |= parallel_commits(
-                    confidence[i], eligible[i], ties[i], c.threshold, c.factor
-                )
+            if c.ends_early:
+                chosen[i] |= parallel_commits(confidence[i], eligible[i], ties[i], c, entropy[i])
         committed = torch.full(ids.shape, torch.nan, dtype=torch.float64, device=device)
         committed[eligible] = probability
         committed = torch.where(chosen, committed, torch.full_like(committed, torch.nan))

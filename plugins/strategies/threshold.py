@@ -1,14 +1,16 @@
-"""Confidence-threshold parallel decoding as a search strategy: n samples under Fast-dLLM's
+"""Confidence-adaptive parallel decoding as a search strategy: n samples under Fast-dLLM's
 parallel decoding rule (Wu et al., "Fast-dLLM: Training-free Acceleration of Diffusion LLM by
-Enabling KV Cache and Parallel Decoding", arXiv 2505.22618; code NVlabs/Fast-dLLM), then any
-selector (the family votes).
+Enabling KV Cache and Parallel Decoding", arXiv 2505.22618; code NVlabs/Fast-dLLM) or
+EB-Sampler's (Ben-Hamu et al., "Accelerated Sampling from Masked Diffusion Models via Entropy
+Bounded Unmasking", arXiv 2505.24857), then any selector (the family votes).
 
 Each row carries the sampler setting `threshold` τ (each step also commits every masked
-position whose confidence is at least τ) or `factor` f (Fast-dLLM's factor rule); the
-backbone's sampler applies it (docs/backbones.md). A row ends once nothing is left masked,
-usually well before its T, and is charged only the steps it took: the cost n·T is a cap. Row
-i's setting depends on i alone (`thresholds` cycles over rows), so the pool of n is the first
-n of any larger pool.
+position whose confidence is at least τ), `factor` f (Fast-dLLM's factor rule) or
+`entropy_bound` γ (the most confident positions while their entropies, less the largest, sum
+to at most γ); the backbone's sampler applies it (docs/backbones.md). A row ends once nothing
+is left masked, usually well before its T, and is charged only the steps it took: the cost n·T
+is a cap. Row i's setting depends on i alone (`thresholds` cycles over rows), so the pool of n
+is the first n of any larger pool.
 """
 
 from __future__ import annotations
@@ -27,18 +29,25 @@ DEFAULT_THRESHOLD = 0.9  # Fast-dLLM's default confidence threshold
 @dataclass(frozen=True)
 class ThresholdConfig:
     n: int = 8  # samples
-    # give one of the three (none: threshold 0.9): every row's confidence threshold τ, every
-    # row's Fast-dLLM factor f, or "/"-separated thresholds that row i takes cycling
+    # give one of the four (none: threshold 0.9): every row's confidence threshold τ, every
+    # row's Fast-dLLM factor f, "/"-separated thresholds that row i takes cycling, or every
+    # row's EB-Sampler entropy bound γ
     threshold: float | None = None
     factor: float | None = None
     thresholds: str = ""
+    entropy_bound: float | None = None
 
     def __post_init__(self) -> None:
         if self.n < 1:
             raise ValueError(f"n must be >= 1, got {self.n}")
-        given = [self.threshold is not None, self.factor is not None, bool(self.thresholds)]
+        given = [
+            self.threshold is not None,
+            self.factor is not None,
+            bool(self.thresholds),
+            self.entropy_bound is not None,
+        ]
         if sum(given) > 1:
-            raise ValueError("give one of threshold, factor or thresholds")
+            raise ValueError("give one of threshold, factor, thresholds or entropy_bound")
         if not any(given):
             object.__setattr__(self, "threshold", DEFAULT_THRESHOLD)
         if self.threshold is not None and not 0 < self.threshold <= 1:
@@ -47,6 +56,9 @@ class ThresholdConfig:
             parse_thresholds(self.thresholds)
         if self.factor is not None and self.factor <= 0:
             raise ValueError(f"factor must be > 0, got {self.factor}")
+        bound = self.entropy_bound
+        if bound is not None and not 0 < bound < float("inf"):
+            raise ValueError(f"entropy_bound must be a finite number > 0, got {bound}")
 
 
 def parse_thresholds(text: str) -> tuple[float, ...]:
@@ -61,7 +73,7 @@ def parse_thresholds(text: str) -> tuple[float, ...]:
 
 
 class Threshold(Independent):
-    """n samples, each committing in parallel every position its sampler is confident of."""
+    """n samples, each committing in parallel the positions its sampler is confident of."""
 
     Config = ThresholdConfig
     capped: ClassVar[bool] = True  # rows end early, charged the steps they took
@@ -70,18 +82,24 @@ class Threshold(Independent):
         {"n": 1},
         {"n": 5, "thresholds": "0.5/0.9"},
         {"n": 3, "factor": 1.0},
+        {"n": 2, "entropy_bound": 0.1},
     ]
 
     def evidence(self) -> Evidence:
         return Evidence(nested="n")  # nested, but not at the run's own sampler settings
 
     def sets_per_row(self) -> frozenset[str]:
-        return frozenset({"factor" if self.config.factor is not None else "threshold"})
+        c = self.config
+        if c.factor is not None:
+            return frozenset({"factor"})
+        return frozenset({"entropy_bound" if c.entropy_bound is not None else "threshold"})
 
     def settings(self, ops: Ops) -> list[dict[str, Any]]:
         c = self.config
         if c.factor is not None:
             mix: list[dict[str, Any]] = [{"factor": c.factor}]
+        elif c.entropy_bound is not None:
+            mix = [{"entropy_bound": c.entropy_bound}]
         elif c.thresholds:
             mix = [{"threshold": tau} for tau in parse_thresholds(c.thresholds)]
         else:
