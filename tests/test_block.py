@@ -51,6 +51,7 @@ def reference_generate(
     threshold,
     uniforms,
     stops,
+    entropy_bound=None,
 ):
     from transformers import DynamicCache
 
@@ -128,6 +129,17 @@ def reference_generate(
                     transfer[0] = high
                 else:
                     transfer[0, torch.topk(confidence[0], k).indices] = True
+            if entropy_bound is not None:  # EB-Sampler's run, beyond SDAR's own commits
+                # a block EB filled early can hold fewer masks than k: SDAR's top-k would
+                # overwrite committed tokens (see below); the backbone commits masks only
+                transfer &= mask_index
+                entropy = torch.special.entr(torch.softmax(flat.double(), -1)).sum(-1)
+                ranked = [j for j in confidence[0].argsort(descending=True).tolist()]
+                ranked = [j for j in ranked if mask_index[0, j]]
+                for m in range(1, len(ranked) + 1):
+                    spent = entropy[ranked[:m]]
+                    if float(spent.sum() - spent.max()) <= entropy_bound:
+                        transfer[0, ranked[m - 1]] = True
             cur_x[transfer] = x0[transfer]
             global_step += 1
         x[:, lo:hi] = cur_x
@@ -222,6 +234,53 @@ def test_the_sampler_is_sdar_token_for_token(
     assert int(written.sum()) > len(prompt) + block  # it wrote more than one block
     if remasking == "low_confidence_dynamic":  # the threshold committed several at a step
         assert bb.steps_taken < gen  # k = 1: fewer steps than tokens
+
+
+@pytest.mark.parametrize(
+    ("family", "block", "per", "remasking", "temperature", "bound"),
+    [
+        ("qwen3", 4, 4, "low_confidence_static", 0.5, 6.0),
+        ("qwen2", 8, 8, "low_confidence_static", 0.5, 9.0),
+        ("qwen3", 8, 4, "low_confidence_dynamic", 0.3, 9.0),
+        ("qwen3", 4, 4, "sequential", 0.5, 6.0),
+    ],
+)
+def test_entropy_bound_is_sdar_with_eb_samplers_run_token_for_token(
+    family, block, per, remasking, temperature, bound
+):
+    """EB-Sampler's `entropy_bound` on top of each remasking: the transcription of SDAR's
+    sampler committing, beyond its own positions, the most confident run within the bound;
+    the blocks fill in fewer steps than SDAR's schedule."""
+    settings = dict(block_length=block, temperature=temperature, remasking=remasking)
+    bb = BlockDiffusion(model="random", family=family, seed=3, **settings)
+    prompt = bb.encode(Prompt(text="Question: 12+7?"))
+    gen, key = 4 * block, 99
+    total = (gen // block) * per
+    ours = run_rows(bb, prompt, gen, total, [key], {"entropy_bound": bound})[0]
+    width = len(ours)
+    ref = reference_generate(
+        bb.transformer,
+        torch.tensor([prompt]),
+        bb.mask_id,
+        gen,
+        block,
+        per,
+        temperature,
+        0,
+        1.0,
+        remasking,
+        bb.config.threshold,
+        lambda step: torch.cat([bb.noise_at(key, step, "token", width), torch.rand(block)]),
+        sorted(bb.stop_ids),
+        entropy_bound=bound,
+    )
+    same = width if width % block == 0 else width // block * block
+    ours, ref = ours[:same], ref[:same]
+    written = ref != bb.mask_id
+    assert torch.equal(ours[written], ref[written])
+    assert bool((ours[~written] == bb.eos_id).all())
+    assert int(written.sum()) > len(prompt) + block
+    assert bb.steps_taken < int(written.sum()) - len(prompt)  # several tokens at some steps
 
 
 def test_a_block_filled_by_fewer_tokens_than_k_commits_what_is_masked():

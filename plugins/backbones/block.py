@@ -15,7 +15,9 @@ Each step runs the row's current block (the first holding a mask) against the ca
 blocks before it, draws a token for each masked position (temperature, top-k, top-p, keyed
 uniforms as in Dream), and commits by `remasking`: the k most confident
 (`low_confidence_static`), every position above `threshold` when there are at least k of
-them, else the k most confident (`low_confidence_dynamic`), or the first k (`sequential`).
+them, else the k most confident (`low_confidence_dynamic`), or the first k (`sequential`);
+with EB-Sampler's `entropy_bound` also the most confident positions while their entropies,
+less the largest, sum to at most the bound (base.py: `entropy_bound_count`).
 A block once filled is context: the row's next step stores its keys and values in the cache
 while it denoises the next block (one forward where the reference spends two). With `stop`,
 a row ends after the block in which it wrote an end token, as the reference's stopping
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, get_args
@@ -46,7 +49,9 @@ from dllmbench.plugins.backbones.base import (
     DiffusionBackbone,
     check_seed,
     check_temperature,
+    entropy_bound_count,
     purpose_generator,
+    ranked_order,
     top_ranked,
 )
 from dllmbench.plugins.backbones.dream import categorical, filter_logits
@@ -103,6 +108,9 @@ class BlockConfig(BlockModelConfig):
     top_p: float = 1.0
     remasking: Remasking = "low_confidence_dynamic"
     threshold: float = 0.85  # low_confidence_dynamic's confidence threshold
+    # EB-Sampler's rule on top of `remasking`: also commit the most confident positions while
+    # their entropies less the largest sum to <= this (nats)
+    entropy_bound: float | None = None
     stop: bool = True  # end a row after the block in which it wrote an end token
     cache: bool = True  # False: every step recomputes the blocks before its own
     cache_memory: float | None = None  # GiB the KV cache may hold (default: unbounded)
@@ -125,6 +133,9 @@ class BlockConfig(BlockModelConfig):
             raise ValueError("top_k must be >= 1")
         if not 0 <= self.threshold <= 1:
             raise ValueError(f"threshold must be in [0, 1], got {self.threshold!r}")
+        bound = self.entropy_bound
+        if bound is not None and not (isinstance(bound, (int, float)) and 0 < bound < math.inf):
+            raise ValueError(f"entropy_bound must be a finite number > 0 (e.g. 0.1), got {bound!r}")
         if self.family not in get_args(Family):
             raise ValueError("family must be qwen3 or qwen2")
         if self.cache_memory is not None and self.cache_memory <= 0:
@@ -159,12 +170,26 @@ class BlockDiffusion(DiffusionBackbone):
     shift = False
     mask_names = ("<|MASK|>", "|<MASK>|", "<|mask|>")
     row_settings = frozenset(
-        {"block_length", "temperature", "top_k", "top_p", "remasking", "threshold", "steps"}
+        {
+            "block_length",
+            "temperature",
+            "top_k",
+            "top_p",
+            "remasking",
+            "threshold",
+            "entropy_bound",
+            "steps",
+        }
     )
     commit_orders: ClassVar[dict[str, tuple[str, ...]]] = {"remasking": REMASKINGS}
     contract_configs: ClassVar[list[dict]] = [
         {"model": "random"},
-        {"model": "random", "family": "qwen2", "remasking": "low_confidence_static"},
+        {
+            "model": "random",
+            "family": "qwen2",
+            "remasking": "low_confidence_static",
+            "entropy_bound": 2.0,
+        },
         {"model": "random", "cache": False, "temperature": 0.0},
     ]
 
@@ -503,21 +528,23 @@ class BlockDiffusion(DiffusionBackbone):
             where[i] = (rows[i][lo : plan.end] == self.mask_id).nonzero().flatten() + lo
             uniforms[i] = self.noise_at(batch.keys[i], batch.steps[i], "token", len(rows[i]))
         # the head and the draw once per sampler setting, over every row that shares it
-        drawn: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        drawn: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = {}
         for c in dict.fromkeys(configs[i] for i in live):
             group = [(j, i) for j, i in enumerate(live) if configs[i] == c]
             picks = torch.cat([(where[i] - plans[i].start) + j * hidden.shape[1] for j, i in group])
             states = hidden.reshape(-1, hidden.shape[-1])[picks.to(hidden.device)]
             u = torch.cat([uniforms[i][where[i]] for _, i in group]).to(hidden.device)
-            x0, conf = (t.cpu() for t in draw(self.head(states), u, c, self.mask_id))
+            x0, conf, entropy = draw(self.head(states), u, c, self.mask_id)
             sizes = [len(where[i]) for _, i in group]
-            for (_, i), a, b in zip(group, x0.split(sizes), conf.split(sizes), strict=True):
-                drawn[i] = (a, b)
+            parts = [t.cpu().split(sizes) for t in (x0, conf)]
+            per_row = entropy.cpu().split(sizes) if entropy is not None else [None] * len(sizes)
+            for (_, i), a, b, h in zip(group, *parts, per_row, strict=True):
+                drawn[i] = (a, b, h)
         for i in live:
             plan, c, (tokens, confidence) = plans[i], configs[i], out[i]
             assert plan is not None
             prompt_len = batch.prompt_lens[i]
-            x0, conf = drawn[i]
+            x0, conf, entropy = drawn[i]
             per_step = self.quota(
                 c.block_length,
                 prompt_len,
@@ -529,7 +556,7 @@ class BlockDiffusion(DiffusionBackbone):
                 batch.was_edited(i),
             )
             ties = self.noise_at(batch.keys[i], batch.steps[i], "tie", len(tokens))[where[i]]
-            chosen = choose(conf, per_step, c, ties)
+            chosen = choose(conf, per_step, c, ties, entropy)
             tokens[where[i][chosen]] = x0[chosen]
             confidence[where[i][chosen]] = conf[chosen].float()
             if self.stops(c, tokens, prompt_len, plan):
@@ -557,34 +584,47 @@ class BlockDiffusion(DiffusionBackbone):
 
 def draw(
     logits: torch.Tensor, u: torch.Tensor, c: BlockConfig, mask_id: int
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """A token [M] and its probability [M] (float64) per masked position: SDAR's
-    `sample_with_temperature_topk_topp` with keyed uniforms (argmax at temperature 0). The
-    mask token is never drawn: the reference can draw it, which leaves the position masked
-    and overruns its schedule (an IndexError)."""
+    `sample_with_temperature_topk_topp` with keyed uniforms (argmax at temperature 0); with
+    `entropy_bound` also the float64 entropy [M] of the distribution drawn from (else None).
+    The mask token is never drawn: the reference can draw it, which leaves the position
+    masked and overruns its schedule (an IndexError)."""
     logits = logits.double()
     logits[:, mask_id] = -torch.inf
     if c.temperature > 0:
         logits = logits / c.temperature
     probs = torch.softmax(filter_logits(logits, c.top_p, c.top_k), dim=-1)
+    entropy = torch.special.entr(probs).sum(-1) if c.entropy_bound is not None else None
     if c.temperature == 0:
         conf, x0 = probs.max(-1)
-        return x0, conf
+        return x0, conf, entropy
     x0 = categorical(probs, u[:, None])[:, 0]
-    return x0, probs.gather(-1, x0[:, None])[:, 0]
+    return x0, probs.gather(-1, x0[:, None])[:, 0], entropy
 
 
-def choose(conf: torch.Tensor, k: int, c: BlockConfig, ties: torch.Tensor) -> torch.Tensor:
-    """[M] which masked positions of the block commit at this step (k per step, at most all)."""
+def choose(
+    conf: torch.Tensor,
+    k: int,
+    c: BlockConfig,
+    ties: torch.Tensor,
+    entropy: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """[M] which masked positions of the block commit at this step: k per step (at most all)
+    by `remasking`, and with `entropy_bound` also EB-Sampler's most confident run."""
     m = conf.numel()
     take = min(k, m)
     if c.remasking == "sequential":
-        return torch.arange(m) < take
-    if c.remasking == "low_confidence_dynamic":
-        high = conf > c.threshold
-        if int(high.sum()) >= k:
-            return high
-    return top_ranked(conf[None], torch.tensor([take]), ties[None])[0]
+        chosen = torch.arange(m) < take
+    elif c.remasking == "low_confidence_dynamic" and int((conf > c.threshold).sum()) >= k:
+        chosen = conf > c.threshold
+    else:
+        chosen = top_ranked(conf[None], torch.tensor([take]), ties[None])[0]
+    if c.entropy_bound is not None and m:
+        assert entropy is not None, "entropy_bound needs the positions' entropies"
+        order = ranked_order(conf[None], ties[None])[0]
+        chosen[order[: entropy_bound_count(entropy[order], c.entropy_bound)]] = True
+    return chosen
 
 
 def block_work(start: int, end: int, block: int, head: int) -> Work:
