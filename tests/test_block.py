@@ -283,6 +283,26 @@ def test_entropy_bound_is_sdar_with_eb_samplers_run_token_for_token(
     assert bb.steps_taken < int(written.sum()) - len(prompt)  # several tokens at some steps
 
 
+@pytest.mark.parametrize("entropy_bound", [None, 2.0])
+def test_the_draw_in_chunks_is_the_draw_in_one_piece(monkeypatch, entropy_bound):
+    """The float64 sampler over [positions, vocabulary] goes a chunk of positions at a time
+    (as Dream's): every token, probability and entropy is the one-piece draw's."""
+    from dllmbench.plugins.backbones import block as block_module
+
+    c = BlockDiffusion.Config(model="random", top_p=0.9, entropy_bound=entropy_bound)
+    gen = torch.Generator().manual_seed(2)
+    logits, u = (
+        torch.randn(37, 50, generator=gen),
+        torch.rand(37, generator=gen, dtype=torch.float64),
+    )
+    whole = block_module.draw(logits, u, c, 3)
+    monkeypatch.setattr(block_module, "CHUNK_ELEMENTS", 50 * 8)  # chunks of 8 positions
+    chunked = block_module.draw_in_chunks(block_module.draw, logits, u, c, 3)
+    for a, b in zip(whole, chunked, strict=True):
+        assert (a is None and b is None) or torch.equal(a, b)
+    assert (chunked[2] is None) == (entropy_bound is None)
+
+
 def test_a_block_filled_by_fewer_tokens_than_k_commits_what_is_masked():
     """SDAR's top-k takes k positions even when fewer are masked (the prompt's tail shares the
     first block), overwriting committed tokens by the order torch.topk gives equal -inf; the

@@ -15,7 +15,7 @@ from dllmbench.core.errors import Notice, UserError
 from dllmbench.core.flops import flops, shape_of
 from dllmbench.core.types import Prompt
 from dllmbench.plugins.backbones.block import BlockDiffusion
-from dllmbench.plugins.backbones.fast_dllm_v2 import FastDLLMv2, rate
+from dllmbench.plugins.backbones.fast_dllm_v2 import FastDLLMv2, rate, units
 
 # -- Fast-dLLM v2's `batch_sample` (Efficient-Large-Model/Fast_dLLM_v2_7B), for one row ---------
 # The model call keeps the reference's cache discipline: a denoising pass leaves the cache as
@@ -229,6 +229,29 @@ def test_the_rate_is_one_while_the_steps_left_cover_the_masks_left():
     assert rate(masked, 16, 8, 4, 3 + 12) == 2
     assert rate(masked, 16, 8, 4, 3 + 6) == 4
     assert rate(masked, 16, 8, 4, 5) == 4  # not even a step per sub-block: a whole one
+
+
+def test_the_rate_is_the_fewest_commits_that_end_in_time_on_random_rows():
+    """`rate` against its definition, counted out: the smallest r >= 1 with which the openings
+    (one step each) and every sub-block's masks at r a step fit the steps left, else a whole
+    sub-block; around the masks left, where it stops counting and answers 1."""
+    gen = torch.Generator().manual_seed(4)
+    for trial in range(300):
+        block, sub = (8, 4) if trial % 2 else (16, 8)
+        prompt_len = 5 + trial % 11
+        masked = torch.zeros(prompt_len + 48, dtype=torch.bool)
+        first = prompt_len + int(torch.randint(0, 40, (1,), generator=gen))
+        masked[first:] = torch.rand(len(masked) - first, generator=gen) < 0.8
+        opening, sizes = units(masked, prompt_len, block, sub)
+        left = int(masked.sum())
+        for steps_left in range(max(1, left - 12), left + 3):
+            fits = [
+                r
+                for r in range(1, max(sizes, default=1) + 1)
+                if opening + sum(-(-n // r) for n in sizes) <= steps_left
+            ]
+            want = fits[0] if fits and steps_left - opening >= len(sizes) else max(sizes, default=1)
+            assert rate(masked, prompt_len, block, sub, steps_left) == want
 
 
 def test_a_steps_price_is_what_a_row_committing_its_rate_is_charged():

@@ -216,7 +216,7 @@ class DenoiseWait:
         tokens, confidence = output if isinstance(output, tuple) else (output, None)
         self.tokens[i] = tokens
         if self.confidence is not None and confidence is not None:
-            new = confidence.to(self.confidence.dtype)
+            new = confidence.to(self.confidence.device, self.confidence.dtype)
             self.confidence[i] = torch.where(torch.isnan(new), self.confidence[i], new)
         self.steps[i] += 1
 

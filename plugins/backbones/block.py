@@ -54,7 +54,7 @@ from dllmbench.plugins.backbones.base import (
     ranked_order,
     top_ranked,
 )
-from dllmbench.plugins.backbones.dream import categorical, filter_logits
+from dllmbench.plugins.backbones.dream import CHUNK_ELEMENTS, categorical, filter_logits
 from dllmbench.plugins.backbones.kvstore import (
     Digests,
     Entry,
@@ -477,6 +477,7 @@ class BlockDiffusion(DiffusionBackbone):
         row's blocks counted from its first real token), no cache; `logits` is their head."""
         width = ids.shape[1]
         block = self.config.block_length
+        attn = attn.cpu()  # the mask is built on the CPU, whichever device the batch is on
         real = attn.bool()
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
         blocks = pos // block
@@ -534,7 +535,7 @@ class BlockDiffusion(DiffusionBackbone):
             picks = torch.cat([(where[i] - plans[i].start) + j * hidden.shape[1] for j, i in group])
             states = hidden.reshape(-1, hidden.shape[-1])[picks.to(hidden.device)]
             u = torch.cat([uniforms[i][where[i]] for _, i in group]).to(hidden.device)
-            x0, conf, entropy = draw(self.head(states), u, c, self.mask_id)
+            x0, conf, entropy = draw_in_chunks(draw, self.head(states), u, c, self.mask_id)
             sizes = [len(where[i]) for _, i in group]
             parts = [t.cpu().split(sizes) for t in (x0, conf)]
             per_row = entropy.cpu().split(sizes) if entropy is not None else [None] * len(sizes)
@@ -580,6 +581,20 @@ class BlockDiffusion(DiffusionBackbone):
 
     def commit(self, ids, attn, offsets, batch):  # pragma: no cover - the step is its own
         raise NotImplementedError("BlockDiffusion steps through denoise_step_with_confidence")
+
+
+def draw_in_chunks(sampler: Any, logits: torch.Tensor, u: torch.Tensor, *args: Any) -> Any:
+    """`sampler(logits, u, *args)` over chunks of positions, its outputs (tensors [M], or
+    None) joined: its float64 work over [positions, vocabulary] stays a chunk big (as Dream's
+    `propose`), and every position's draw is the same as in one piece."""
+    size = max(1, CHUNK_ELEMENTS // logits.shape[-1])
+    parts = [
+        sampler(logits[start : start + size], u[start : start + size], *args)
+        for start in range(0, max(1, len(logits)), size)
+    ]
+    return tuple(
+        None if part[0] is None else torch.cat(list(part)) for part in zip(*parts, strict=True)
+    )
 
 
 def draw(

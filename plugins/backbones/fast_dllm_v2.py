@@ -47,6 +47,7 @@ from dllmbench.plugins.backbones.block import (
     BlockModelConfig,
     Plan,
     block_work,
+    draw_in_chunks,
 )
 from dllmbench.plugins.backbones.dream import categorical, filter_logits
 from dllmbench.plugins.backbones.kvstore import Digests, prompt_digest
@@ -141,6 +142,8 @@ def rate(masked: torch.Tensor, prompt_len: int, block: int, sub: int, steps_left
     """The fewest tokens a denoising step commits (beyond those above the threshold) with which
     the row still ends within `steps_left` steps: 1, the reference's, whenever the steps left
     are at least the masks left; a whole sub-block when not even that ends it in time."""
+    if steps_left >= int(masked[prompt_len:].sum()):  # the openings and sub-blocks' masks
+        return 1
     opening, sizes = units(masked, prompt_len, block, sub)
     room = steps_left - opening
     if not sizes or room < len(sizes):
@@ -295,8 +298,10 @@ class FastDLLMv2(BlockDiffusion):
                     for i in group
                 }
                 u = torch.cat([step_u[i][spots[i].drawn] for i in group])  # type: ignore[union-attr]
+            logits = self.head(states)
             x0, conf = (
-                t.cpu() for t in draw(self.head(states), u.to(states.device), kind, self.mask_id)
+                t.cpu()
+                for t in draw_in_chunks(draw, logits, u.to(states.device), kind, self.mask_id)
             )
             sizes = [len(spots[i].drawn) for i in group]  # type: ignore[union-attr]
             for i, a, b in zip(group, x0.split(sizes), conf.split(sizes), strict=True):
