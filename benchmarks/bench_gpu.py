@@ -45,8 +45,15 @@ Each reports seconds, FLOPs (`step_work` through `flops`), TFLOP/s, MFU and gene
 tokens per second, `forward_seconds` the forward alone; the KV cache's bytes (`store.nbytes`
 at the steady state, `peak_bytes`) and the CUDA allocator's peak are reported per model.
 
+`--models block-engines` runs the block models end to end instead: `block` (SDAR's sampler,
+blocks of 4, Qwen3-8B's shape) and `fast-dllm-v2` (its own sampler, blocks of 32 and
+sub-blocks of 8, Qwen2.5-7B's shape) through the engine, Majority@8 on 8 GSM8K problems with
+256 generated tokens at T = 256, every row written to its end (`stop=false`). Each reports
+seconds, the ledger's FLOPs as TFLOP/s and MFU, row-passes and generated tokens per second.
+
     python benchmarks/bench_gpu.py [--models dream,llada] [--json]
     python benchmarks/bench_gpu.py --models block [--block-lengths 4,32] [--json]
+    python benchmarks/bench_gpu.py --models block-engines [--json]
     python benchmarks/bench_gpu.py --tiny --json     # a tiny shape on a CPU, in seconds
     python benchmarks/bench_gpu.py --check           # the one GPU check, one table
 
@@ -317,9 +324,9 @@ def forwards(bb, shape: ModelShape, s: Setup, peak: float | None) -> dict[str, A
     }
 
 
-def engine_run(bb, s: Setup, peak: float | None) -> dict[str, Any]:
+def engine_run(bb, s: Setup, peak: float | None, capped: bool = False) -> dict[str, Any]:
     """Majority@copies on the first problems of GSM8K's test split, end to end: its FLOPs are
-    what the engine's ledger charged."""
+    what the engine's ledger charged. `capped`: rows may end before their T (block models)."""
     reg = registry()
     task = reg.task("gsm8k")
     problems = task.problems("test")[: s.engine_problems]
@@ -340,9 +347,13 @@ def engine_run(bb, s: Setup, peak: float | None) -> dict[str, Any]:
     physical = engine.ledger.physical()["denoise"]
     row_passes = physical["rows"]
     assert len(records) == len(problems)
-    assert row_passes == len(problems) * s.engine_copies * s.engine_steps
+    cap = len(problems) * s.engine_copies * s.engine_steps
+    assert row_passes <= cap if capped else row_passes == cap, (row_passes, cap)
     out = rate(physical["flops"], seconds, row_passes, peak)
     out["row_passes_per_s"] = out.pop("rows_per_s")
+    if capped:  # every row written to its end: gen_length tokens each
+        written = len(problems) * s.engine_copies * s.gen_length
+        out["tokens_per_s"] = sig(written / seconds)
     return {
         "problems": len(problems),
         "copies": s.engine_copies,
@@ -616,6 +627,70 @@ def block_bench(
     return out
 
 
+# `--models block-engines`: SDAR's sampler (blocks of 4) at Qwen3-8B's shape and Fast-dLLM v2's
+# (blocks of 32, sub-blocks of 8) at Qwen2.5-7B's, each through the engine at T = gen_length
+ENGINES = Setup(rows=64, length=0, gen_length=256, repeats=1, engine_problems=8,
+                engine_copies=8, engine_steps=256)  # fmt: skip
+ENGINES_SMALL = Setup(rows=4, length=0, gen_length=32, repeats=1, engine_problems=2,
+                      engine_copies=2, engine_steps=32)  # fmt: skip
+
+
+def block_engines(device, dtype, peak, tiny: bool) -> dict[str, Any]:
+    """`block` and `fast-dllm-v2` end to end: the engine's Majority@copies on GSM8K problems,
+    rows written to the end (`stop=false`: a random model's end tokens do not end them), each
+    charged the steps it took."""
+    from dllmbench.plugins.backbones.fast_dllm_v2 import FastDLLMv2
+
+    s = ENGINES_SMALL if tiny else ENGINES
+    out: dict[str, Any] = {}
+    for name, cls, shape in (
+        ("block", BlockDiffusion, "block"),
+        ("fast-dllm-v2", FastDLLMv2, "dream"),
+    ):
+        free(device)
+        raw = {**SHAPES[shape], **(TINY[shape] if tiny else {})}
+        qwen3 = cls is BlockDiffusion
+        net_cls = Qwen3ForCausalLM if qwen3 else Qwen2ForCausalLM
+        net = random_net(net_cls, block_config(raw, qwen3=qwen3), device, dtype)
+        tokenizer = char_tokenizer()
+        bb = cls(
+            transformer=net,
+            tokenizer=tokenizer,
+            mask_id=tokenizer.mask_token_id,
+            device=str(device),
+            dtype=str(dtype).removeprefix("torch."),
+            stop=False,
+        )
+        shape_of = model_shape(bb)
+        assert shape_of is not None
+        out[name] = {
+            "matmul_params": shape_of.params + shape_of.head,
+            "block_length": bb.config.block_length,
+            **engine_run(bb, s, peak, capped=True),
+            "peak_memory_gib": sig(peak_memory_gib(device)),
+        }
+        del bb, net
+    free(device)
+    return out
+
+
+def engines_text(m: dict[str, Any]) -> list[str]:
+    lines = []
+    for name, r in m.items():
+        lines.append(
+            f"{name}: {r['matmul_params'] / 1e6:,.1f} M matmul parameters, blocks of "
+            f"{r['block_length']}, {r['problems']} problems × {r['copies']} copies, "
+            f"gen_length {r['gen_length']}, T={r['steps']}, peak memory "
+            f"{r['peak_memory_gib']:.2f} GiB"
+        )
+        lines.append(
+            f"  engine {r['seconds']:9.4g} s  {r['tflops']:9.4g} TFLOP/s  MFU {mfu_cell(r):>6}  "
+            f"{r['row_passes']} row-passes ({r['row_passes_per_s']:.4g}/s)  "
+            f"{r['tokens_per_s']:.4g} tokens/s"
+        )
+    return lines
+
+
 def default_peak(device: torch.device) -> float | None:
     if device.type != "cuda":
         return None
@@ -631,6 +706,9 @@ def report_text(report: dict[str, Any]) -> str:
     for name, m in report["models"].items():
         if name == "block":
             lines += block_text(m)
+            continue
+        if name == "block-engines":
+            lines += engines_text(m)
             continue
         lines.append(
             f"{name}: {m['matmul_params'] / 1e6:,.1f} M matmul parameters, {m['rows']} rows × "
@@ -776,7 +854,8 @@ def main() -> None:
     parser.add_argument(
         "--models",
         default="dream,llada",
-        help="comma-separated: dream, llada, block (the block model's cached step beside Dream's)",
+        help="comma-separated: dream, llada, block (the block model's cached step beside "
+        "Dream's), block-engines (block and fast-dllm-v2 through the engine)",
     )
     parser.add_argument("--tiny", action="store_true", help="a tiny shape, on a CPU in seconds")
     parser.add_argument("--device", help="default: cuda when available (not with --tiny)")
@@ -845,6 +924,9 @@ def main() -> None:
         report["check"] = check(device, dtype, peak, args.tiny)
         models = []
     for arch in models:
+        if arch == "block-engines":
+            report["models"][arch] = block_engines(device, dtype, peak, args.tiny)
+            continue
         raw = {**SHAPES[arch], **(TINY[arch] if args.tiny else {})}
         if arch == "block":
             dream = {**SHAPES["dream"], **(TINY["dream"] if args.tiny else {})}

@@ -91,12 +91,12 @@ WITHOUT_DATASETS = (
     "import runpy, sys; sys.modules.update(datasets=None, math_verify=None); "
     "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
 )
-BLOCK_ARGS = ("--tiny", "--models", "block", "--json")
+BLOCK_ARGS = ("--tiny", "--models", "block,block-engines", "--json")
 BLOCK_STEPS = ("steady", "block_start", "per_block", "uncached")
 
 
 @pytest.fixture(scope="module")
-def block_report():
+def block_models():
     out = subprocess.run(
         [sys.executable, "-c", WITHOUT_DATASETS, str(SCRIPT), *BLOCK_ARGS],
         capture_output=True,
@@ -106,8 +106,25 @@ def block_report():
     )
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
-    assert set(report["models"]) == {"block"}
-    return report["models"]["block"]
+    assert set(report["models"]) == {"block", "block-engines"}
+    return report["models"]
+
+
+@pytest.fixture(scope="module")
+def block_report(block_models):
+    return block_models["block"]
+
+
+def test_block_models_through_the_engine_write_every_row_to_its_end(block_models):
+    engines = block_models["block-engines"]
+    assert set(engines) == {"block", "fast-dllm-v2"}
+    for r in engines.values():
+        for key in ("seconds", "tflops", "tokens_per_s", "row_passes_per_s"):
+            assert positive(r[key]), (key, r)
+        assert 0 < r["row_passes"] <= r["problems"] * r["copies"] * r["steps"]
+        tokens = r["problems"] * r["copies"] * r["gen_length"]
+        assert r["tokens_per_s"] == pytest.approx(tokens / r["seconds"], rel=1e-3)
+    assert engines["block"]["block_length"] == 4 and engines["fast-dllm-v2"]["block_length"] == 32
 
 
 def test_block_steps_are_positive_and_finite(block_report):
