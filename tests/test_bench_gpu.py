@@ -212,4 +212,7 @@ def test_the_gpu_check_is_one_table_of_both_models_in_both_modes_and_the_demo():
     assert demo["problems"] == 1 and demo["rows"] > 0 and positive(demo["rows_per_s"])
     assert report["transformers"] and report["torch"]
     table = load_script().check_text(report).splitlines()
-    assert len(table) == 2 + 16 + 1 and table[-1].startswith("demo")
+    assert len(table) == 2 + 16 + 2 and table[-2].startswith("demo")
+    wall = report["check"]["wall_seconds"]
+    assert set(wall) == {*models, "demo"} and all(positive(v) for v in wall.values())
+    assert table[-1].startswith("wall seconds: dream/sdpa ")
