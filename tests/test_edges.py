@@ -103,6 +103,12 @@ RESULTS_DAMAGE = [
     ("a method without accuracy", without("accuracy", ("methods", 0)), "methods[0] lacks"),
     ("an interval without low", without("low", ("methods", 0, "accuracy")), "lacks 'low'"),
     ("budgets not a list", lambda r: {**r, "budgets": 3}, "budgets is not a list"),
+    # values of the right type that merge never writes: the report's bootstrap reads them
+    ("no budgets", lambda r: {**r, "budgets": []}, "budgets is empty"),
+    ("an unknown unit", lambda r: {**r, "budget_unit": "bits"}, "budget_unit 'bits' is not"),
+    ("zero resamples", lambda r: {**r, "resamples": 0}, "resamples 0 is not 1 to 100000"),
+    ("too many resamples", lambda r: {**r, "resamples": 10**11}, "resamples 100000000000 is"),
+    ("a level of 2", lambda r: {**r, "level": 2}, "level 2 is not between 0 and 1"),
 ]
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from dllmbench.core.errors import UserError
 from dllmbench.core.flops import UNITS
 from dllmbench.core.numbers import INT_MAX
-from dllmbench.core.schema import MOST_RESAMPLES, Manifest
+from dllmbench.core.schema import MOST_RESAMPLES, Manifest, Results
 
 # what to do about a manifest that lacks what is read of it: it cannot be rebuilt from the records
 MANIFEST_FIX = "restore it from a copy, or run the command again with another --out"
@@ -112,22 +112,33 @@ def _manifest_values(manifest: dict[str, Any]) -> str | None:
 
 
 def _budget_values(manifest: dict[str, Any]) -> str | None:
+    """The budgets and the statistics."""
     budgets, statistics = manifest["budgets"], manifest["statistics"]
-    if not budgets:
-        return "budgets is empty"
-    if any(b <= 0 for b in budgets) or budgets != sorted(set(budgets)):
-        return f"budgets {budgets} are not positive and ascending"
+    found = _budgets_problem(budgets, manifest.get("budget_unit", "passes"))
+    if found:
+        return found
     if manifest["budget"] <= 0:
         return f"budget {manifest['budget']} is not positive"
     if manifest["budget"] != budgets[-1]:
         return f"budget {manifest['budget']} is not the largest of budgets {budgets}"
-    unit = manifest.get("budget_unit", "passes")
+    return _statistics_problem(statistics["resamples"], statistics["level"], "statistics.")
+
+
+def _budgets_problem(budgets: list[int], unit: str) -> str | None:
+    if not budgets:
+        return "budgets is empty"
+    if any(b <= 0 for b in budgets) or budgets != sorted(set(budgets)):
+        return f"budgets {budgets} are not positive and ascending"
     if unit not in UNITS:
         return f"budget_unit {unit!r} is not {' or '.join(UNITS)}"
-    if not 1 <= statistics["resamples"] <= MOST_RESAMPLES:
-        return f"statistics.resamples {statistics['resamples']} is not 1 to {MOST_RESAMPLES}"
-    if not 0 < statistics["level"] < 1:
-        return f"statistics.level {statistics['level']} is not between 0 and 1"
+    return None
+
+
+def _statistics_problem(resamples: int, level: float, where: str) -> str | None:
+    if not 1 <= resamples <= MOST_RESAMPLES:
+        return f"{where}resamples {resamples} is not 1 to {MOST_RESAMPLES}"
+    if not 0 < level < 1:
+        return f"{where}level {level} is not between 0 and 1"
     return None
 
 
@@ -201,3 +212,15 @@ def require_manifest(value: Any, file: Path) -> dict[str, Any]:
     if found:
         raise UserError(f"{file} is damaged: {found}; {MANIFEST_FIX}")
     return value
+
+
+def require_results(value: Any, file: Path, fix: str) -> dict[str, Any]:
+    """`value` when it is a results.json the report can read: a `Results` whose budgets and
+    statistics are in range; else one line naming `file`, what is wrong, and `fix`."""
+    results = require(value, Results, file, fix)
+    unit = results.get("budget_unit", "passes")
+    found = _budgets_problem(results["budgets"], unit)
+    found = found or _statistics_problem(results["resamples"], results["level"], "")
+    if found:
+        raise UserError(f"{file} is damaged: {found}; {fix}")
+    return results
