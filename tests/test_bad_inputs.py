@@ -89,9 +89,9 @@ def tiny_copy(tmp_path) -> Path:
         ("config.json", 'hidden_act="nope"', "does not build a model"),
         ("config.json", "num_attention_heads=3", "num_attention_heads 3 does not divide hidden"),
         ("config.json", "num_key_value_heads=3", "num_key_value_heads 3 does not divide num_"),
-        ("config.json", "rope_theta=-1", "rope_theta is -1, not a positive number"),
-        ("config.json", "rms_norm_eps=-1", "rms_norm_eps is -1, not a positive number"),
-        ("config.json", 'rms_norm_eps="x"', "rms_norm_eps is 'x', not a positive number"),
+        ("config.json", "rope_theta=-1", "rope_theta is -1, not a finite positive number"),
+        ("config.json", "rms_norm_eps=-1", "rms_norm_eps is -1, not a finite positive number"),
+        ("config.json", 'rms_norm_eps="x"', "rms_norm_eps is 'x', not a finite positive number"),
         # weights that do not fit the config: the first tensor named with both shapes
         ("", "intermediate_size=255", "gate_proj.weight is [256, 128], the config makes it [255,"),
         ("", "vocab_size=5", "embed_tokens.weight is [67, 128], the config makes it [5, 128]"),
@@ -126,9 +126,9 @@ def test_every_checkpoint_layout_refuses_a_config_that_cannot_make_its_model(tmp
     broken = [
         ({heads: 3}, f"{heads} 3 does not divide"),
         ({kv: 3}, f"{kv} 3 does not divide {heads} 4"),
-        ({"rope_theta": 0}, "rope_theta is 0, not a positive number"),
-        ({"rms_norm_eps": float("nan")}, "rms_norm_eps is nan, not a positive number"),
-        ({"rope_theta": True}, "rope_theta is True, not a positive number"),
+        ({"rope_theta": 0}, "rope_theta is 0, not a finite positive number"),
+        ({"rms_norm_eps": float("nan")}, "rms_norm_eps is nan, not a finite positive number"),
+        ({"rope_theta": True}, "rope_theta is True, not a finite positive number"),
     ]
     file = tmp_path / "config.json"
     file.write_text(json.dumps(good))

@@ -253,7 +253,7 @@ def read_config(arch: str, path: Path) -> dict[str, Any]:
     for key in (k for k in SCALES if raw.get(k) is not None):
         value = raw[key]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < INF:
-            raise UserError(f"{file}: {key} is {value!r}, not a positive number; restore it")
+            raise UserError(f"{file}: {key} is {value!r}, not a finite positive number; restore it")
     wrong = _heads_problem(arch, raw)
     if wrong is not None:
         raise UserError(f"{file}: {wrong}; restore it")
