@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -17,12 +18,13 @@ from pathlib import Path
 import pytest
 from conftest import TOY_RUN, assert_user_error, cli_subprocess, snapshot
 
-from dllmbench.core.errors import PluginCrashed, PluginError
+from dllmbench.core.errors import PluginCrashed, PluginError, UserError
 from dllmbench.demo import TINY_DIR
 from dllmbench.loading.manager import PluginInfo
 from dllmbench.loading.registry import Registry
 from dllmbench.plugins.backbones.base import DiffusionBackbone
 from dllmbench.plugins.backbones.llada import LLaDAConfig
+from dllmbench.plugins.backbones.loading import read_config
 
 # the shipped tiny model on a few arith problems: loads in well under a second
 TINY = ["run", "--task", "arith:test_size=4", "--steps", "4", "--gen-length", "8", "--limit", "2"]
@@ -84,10 +86,14 @@ def tiny_copy(tmp_path) -> Path:
         ("config.json", "hidden_size=0", "hidden_size is 0, not a positive integer"),
         ("config.json", 'num_hidden_layers="2"', "num_hidden_layers is '2', not a positive"),
         ("config.json", "max_position_embeddings=0", "max_position_embeddings is 0, not"),
-        ("config.json", 'rms_norm_eps="x"', "does not build a model"),
         ("config.json", 'hidden_act="nope"', "does not build a model"),
+        ("config.json", "num_attention_heads=3", "num_attention_heads 3 does not divide hidden"),
+        ("config.json", "num_key_value_heads=3", "num_key_value_heads 3 does not divide num_"),
+        ("config.json", "rope_theta=-1", "rope_theta is -1, not a finite positive number"),
+        ("config.json", "rms_norm_eps=-1", "rms_norm_eps is -1, not a finite positive number"),
+        ("config.json", 'rms_norm_eps="x"', "rms_norm_eps is 'x', not a finite positive number"),
         # weights that do not fit the config: the first tensor named with both shapes
-        ("", "num_attention_heads=3", "q_proj.weight is [128, 128], the config makes it [126,"),
+        ("", "intermediate_size=255", "gate_proj.weight is [256, 128], the config makes it [255,"),
         ("", "vocab_size=5", "embed_tokens.weight is [67, 128], the config makes it [5, 128]"),
     ],
 )
@@ -97,6 +103,48 @@ def test_a_broken_backbone_checkpoint_names_the_file(
     damage(tiny_copy / (name or "config.json"), how)
     argv = [*TINY, "--backbone", f"tiny:model={tiny_copy}", "--methods", "vanilla"]
     unchanged(cli, finished_run, *argv, needles=(str(tiny_copy / name), needle))
+
+
+# each checkpoint layout's config.json, as small as read_config takes it
+LAYOUTS = {
+    "dream": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2},
+    "block": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2},
+    "llada": {"d_model": 64, "mlp_hidden_size": 128, "n_layers": 2},
+}
+HEADS = {"dream": "num_attention_heads", "block": "num_attention_heads", "llada": "n_heads"}
+
+
+@pytest.mark.parametrize("arch", sorted(LAYOUTS))
+def test_every_checkpoint_layout_refuses_a_config_that_cannot_make_its_model(tmp_path, arch):
+    """Every backbone that loads a local checkpoint reads its config.json through
+    `read_config`: heads that do not split the width, a rotary base or norm epsilon that is
+    not a positive number are the checkpoint's fault, one line naming the file (the rotary
+    base of -1 made every logit NaN: a crash blamed on the backbone plugin)."""
+    heads = HEADS[arch]
+    kv = "n_kv_heads" if arch == "llada" else "num_key_value_heads"
+    good = {**LAYOUTS[arch], heads: 4, kv: 2, "vocab_size": 67, "rope_theta": 1e4}
+    broken = [
+        ({heads: 3}, f"{heads} 3 does not divide"),
+        ({kv: 3}, f"{kv} 3 does not divide {heads} 4"),
+        ({"rope_theta": 0}, "rope_theta is 0, not a finite positive number"),
+        ({"rms_norm_eps": float("nan")}, "rms_norm_eps is nan, not a finite positive number"),
+        ({"rope_theta": True}, "rope_theta is True, not a finite positive number"),
+    ]
+    file = tmp_path / "config.json"
+    file.write_text(json.dumps(good))
+    assert read_config(arch, tmp_path) == good
+    for change, needle in broken:
+        file.write_text(json.dumps({**good, **change}))
+        with pytest.raises(UserError, match=re.escape(f"{file}: {needle}")):
+            read_config(arch, tmp_path)
+    # a Qwen3 block checkpoint gives its heads' width: they need not divide the hidden size
+    qwen3 = {**good, heads: 3, kv: 3, "head_dim": 32}
+    file.write_text(json.dumps(qwen3))
+    if arch == "block":
+        assert read_config(arch, tmp_path) == qwen3
+    else:  # Dream's and LLaDA's classes take no head_dim: their heads split the hidden size
+        with pytest.raises(UserError, match=f"{heads} 3 does not divide"):
+            read_config(arch, tmp_path)
 
 
 @pytest.mark.parametrize(

@@ -56,7 +56,34 @@ MANIFEST_DAMAGE = [
     ("no resamples", lambda m: {**m, "statistics": {"resamples": 0, "level": 0.95}}, "1 to"),
     ("negative resamples", lambda m: {**m, "statistics": {"resamples": -1, "level": 0.9}}, "1 to"),
     ("level of 1", lambda m: {**m, "statistics": {"resamples": 9, "level": 1}}, "level 1 is not"),
+    ("a method without cost", without("cost", ("methods", 0)), "methods[0] lacks 'cost'"),
+    # values of the right type that no run writes: each one place, `shape._manifest_values`
+    ("budget not the largest", lambda m: {**m, "budget": 7}, "budget 7 is not the largest"),
+    ("an unknown unit", lambda m: {**m, "budget_unit": "bits"}, "budget_unit 'bits' is not"),
+    ("no steps", lambda m: edit(m, "sampling", total_steps=0), "sampling.total_steps 0 is not"),
+    ("no canvas", lambda m: edit(m, "sampling", gen_length=-3), "sampling.gen_length -3 is not"),
+    ("negative seed", lambda m: edit(m, "sampling", seed=-1), "sampling.seed -1 is not 0 to"),
+    ("no problems", lambda m: edit(m, "task", problems=0), "task.problems 0 is not positive"),
+    ("ids unlike problems", lambda m: edit(m, "task", problem_ids=[]), "lists 0 problems"),
+    ("an id twice", lambda m: edit(m, "task", problem_ids=["a", "a"], problems=2), "'a' twice"),
+    ("methods empty", lambda m: {**m, "methods": []}, "methods is empty"),
+    ("a method twice", lambda m: {**m, "methods": m["methods"][:1] * 2}, "the id 'Vanilla' twice"),
+    ("a negative cost", lambda m: edit_method(m, cost={"denoise": -5}), ".cost.denoise -5 is"),
+    ("negative flops", lambda m: edit_method(m, flops=-1), "methods[0].flops -1 is negative"),
+    ("a method at no budget", lambda m: edit_method(m, budgets=[]), "budgets [] are not some of"),
+    ("a method elsewhere", lambda m: edit_method(m, budgets=[999]), "budgets [999] are not some"),
+    ("an unknown reference", lambda m: {**m, "reference": "Nope"}, "reference 'Nope' is not one"),
 ]
+
+
+def edit(manifest: dict, key: str, **values) -> dict:
+    """The manifest with `values` in its object `key`."""
+    return {**manifest, key: {**manifest[key], **values}}
+
+
+def edit_method(manifest: dict, **values) -> dict:
+    """The manifest with `values` in its first method."""
+    return {**manifest, "methods": [{**manifest["methods"][0], **values}, *manifest["methods"][1:]]}
 
 
 @pytest.mark.parametrize("command", ["report", "merge"])
@@ -76,6 +103,12 @@ RESULTS_DAMAGE = [
     ("a method without accuracy", without("accuracy", ("methods", 0)), "methods[0] lacks"),
     ("an interval without low", without("low", ("methods", 0, "accuracy")), "lacks 'low'"),
     ("budgets not a list", lambda r: {**r, "budgets": 3}, "budgets is not a list"),
+    # values of the right type that merge never writes: the report's bootstrap reads them
+    ("no budgets", lambda r: {**r, "budgets": []}, "budgets is empty"),
+    ("an unknown unit", lambda r: {**r, "budget_unit": "bits"}, "budget_unit 'bits' is not"),
+    ("zero resamples", lambda r: {**r, "resamples": 0}, "resamples 0 is not 1 to 100000"),
+    ("too many resamples", lambda r: {**r, "resamples": 10**11}, "resamples 100000000000 is"),
+    ("a level of 2", lambda r: {**r, "level": 2}, "level 2 is not between 0 and 1"),
 ]
 
 

@@ -234,13 +234,18 @@ def test_unfinished_or_foreign_directories_are_one_line(two_budgets, tmp_path, c
     lines = (torn / "samples.jsonl").read_text().splitlines(keepends=True)
     (torn / "samples.jsonl").write_text("".join(lines[:-3]))
     assert_user_error(cli("report", torn), "not a finished run", f"{len(lines) - 3} of")
-    # a record of a problem the run does not have, in place of one it lacks: merge refuses it
-    # as missing, and so does report (it counted records, not the run's problems)
+    # a record of a problem the run does not have, in place of one it lacks: report and
+    # merge refuse it alike, naming its line (report counted records, not the run's problems)
     stray = tmp_path / "stray"
     shutil.copytree(two_budgets, stray)
     records = [json.loads(line) for line in lines]
     records[0]["problem"] = "test-77"
     (stray / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    refused = f"{stray / 'samples.jsonl'} line 1 is not a record of this run (its problem 'test-77'"
+    assert_user_error(cli("report", stray), refused)
+    assert_user_error(cli("merge", stray), refused)
+    # that line deleted, both say that the record it stood in for is missing
+    (stray / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records[1:]))
     planned = len(records)
     assert_user_error(cli("report", stray), "not a finished run", f"{planned - 1} of {planned}")
     assert_user_error(cli("merge", stray), "is not complete: missing 1 of")

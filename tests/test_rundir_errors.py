@@ -188,6 +188,33 @@ def test_a_last_line_that_is_valid_json_but_not_a_record(cli, finished_run, no_m
     assert snapshot(finished_run) == before
 
 
+@pytest.mark.parametrize(
+    "key,value,why",
+    [
+        ("problem", "p-77", "its problem 'p-77' is not one of the run's 4 problems"),
+        ("method", "Nope", "its method 'Nope' is not one of the run's 4 methods"),
+    ],
+)
+def test_a_record_that_is_not_of_the_run_is_refused_alike_by_run_merge_and_report(
+    cli, finished_run, no_model, key, value, why
+):
+    """A record of a problem or a method the run does not have (a line edited, or copied
+    from another run): a resume, merge and report refuse it in the same line, naming it. The
+    summary left it out while the report read it into its pooled curves and diagnostics."""
+    samples = finished_run / "samples.jsonl"
+    lines = samples.read_text().splitlines(keepends=True)
+    samples.write_text("".join(lines) + json.dumps({**json.loads(lines[0]), key: value}) + "\n")
+    before = snapshot(finished_run)
+    line = f"{samples} line {len(lines) + 1} is not a record of this run ({why}); delete that line"
+    for argv in (
+        [*TOY_RUN, "--out", finished_run],
+        ["merge", finished_run],
+        ["report", finished_run],
+    ):
+        assert_user_error(cli(*argv), line)
+    assert snapshot(finished_run) == before
+
+
 def test_a_torn_last_line_is_still_repaired(cli, partial_run):
     samples = partial_run / "samples.jsonl"
     samples.write_text(samples.read_text() + '{"problem": "test-0", "met')

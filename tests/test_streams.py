@@ -116,3 +116,39 @@ def test_a_second_ctrl_c_after_an_interrupt_ends_the_process_with_its_status(mon
     finally:
         for signum, handler in before.items():
             signal.signal(signum, handler)
+
+
+def test_ctrl_c_pressed_again_while_the_first_is_handled_waits_for_its_line(monkeypatch):
+    """Ctrl-C pressed twice in quick succession: the second came while the first was still
+    handled (the run unwinding, its line being written), and its KeyboardInterrupt printed a
+    traceback instead of the line. It is held: the line is written whole, then the process
+    leaves at once with 130."""
+    import signal
+
+    import dllmbench.cli as cli
+    from dllmbench.loading import registry
+
+    class PressedWhileWritten(io.StringIO):
+        def write(self, text: str) -> int:
+            signal.raise_signal(signal.SIGINT)  # the second press, as the line goes out
+            return super().write(text)
+
+    def loading(selection):
+        signal.raise_signal(signal.SIGINT)  # the first, while the command loads its plugins
+
+    left: list[int] = []
+    monkeypatch.setattr(os, "_exit", left.append)
+    monkeypatch.setattr(registry, "use_plugins", loading)
+    err = PressedWhileWritten()
+    monkeypatch.setattr(sys, "stderr", err)
+    monkeypatch.setattr(sys, "argv", ["dllmbench", "plugins"])
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        status = cli.command()
+    except KeyboardInterrupt:
+        pytest.fail("the second Ctrl-C raised while the first was handled")
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+    assert (status, left) == (130, [130])
+    assert err.getvalue() == "dllmbench: interrupted\n"

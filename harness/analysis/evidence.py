@@ -134,8 +134,8 @@ from dllmbench.analysis.diagnostics import (
 from dllmbench.analysis.pooled import PooledCandidate, shared_scorers
 from dllmbench.core.errors import UserError
 from dllmbench.core.jsonfile import read_object
-from dllmbench.core.schema import MethodsManifest, Results
-from dllmbench.core.shape import MANIFEST_FIX, require
+from dllmbench.core.schema import MethodsManifest
+from dllmbench.core.shape import MANIFEST_FIX, require, require_results
 from dllmbench.storage.rundir import RunDir
 
 SEGMENT_FIELDS = ("step", "mask", "scores", "parent", "kept")
@@ -229,7 +229,7 @@ def load_run(run_dir: str | Path) -> RunData:
     results = None
     if results_file.is_file():
         rewrite = f"rewrite it from the records with: dllmbench merge {path}"
-        results = require(read_object(results_file, rewrite), Results, results_file, rewrite)
+        results = require_results(read_object(results_file, rewrite), results_file, rewrite)
     return run_data(path, manifest, records, results)
 
 

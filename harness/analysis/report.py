@@ -47,7 +47,7 @@ from dllmbench.core.schema import (
     SkippedMethod,
 )
 from dllmbench.core.shape import require_manifest
-from dllmbench.storage.rundir import manifest_differences
+from dllmbench.storage.rundir import RunDir, manifest_differences
 
 # the manifest keys that must match for run directories to combine
 PROTOCOL = ("task", "sampling", "backbone", "scorers")
@@ -77,7 +77,9 @@ def check_finished(path: Path) -> None:
 
 def _check_complete(run: evidence.RunData) -> None:
     """Every planned method has a record for every problem of the run (each problem id the
-    manifest lists, as `merge` checks; their count in a run that lists none)."""
+    manifest lists, as `merge` checks; their count in a run that lists none), and every
+    record is of the run (`RunDir.refuse_strays`, as `merge` checks)."""
+    RunDir(run.path).refuse_strays(run.records, run.manifest)
     ids = run.manifest["task"].get("problem_ids")
     if ids is None:
         done = sum(len(recs) for recs in run.by_method.values())

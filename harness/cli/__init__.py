@@ -22,6 +22,7 @@ import sys
 import threading
 import traceback
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 from dllmbench import __version__
@@ -94,10 +95,52 @@ def _error(message: str, status: int, debug: bool = False) -> int:
 
 def command() -> int:
     """The `dllmbench` command: `main` on the process's arguments, as its entry point."""
-    status = main()
+    with _later_interrupts_held() as held:
+        status = main()
     if status in (INTERRUPTED, TERMINATED):
+        if held:  # Ctrl-C pressed again while the first was handled: its line is out; leave
+            _leave(status)
         _leave_at_the_next_signal(status)
     return status
+
+
+@contextlib.contextmanager
+def _later_interrupts_held() -> Iterator[list[int]]:
+    """The first Ctrl-C raises KeyboardInterrupt as ever; those after it, until the command
+    returns, are held (listed in what this yields): a KeyboardInterrupt raised while the first
+    is handled (records kept, locks released, its line written) would cut the tidying short
+    and print a traceback under the line, or instead of it. A third press leaves at once, in
+    case the tidying hangs. In the main thread, where SIGINT has Python's own handler only."""
+    held: list[int] = []
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield held
+        return
+
+    def hold(signum: int, frame: Any) -> None:
+        held.append(signum)
+        if len(held) > 1:
+            _leave(INTERRUPTED)
+
+    def first(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGINT, hold)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, first)
+    try:
+        yield held
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _leave(status: int) -> None:
+    """End the process at once with `status`, what is printed flushed."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            stream.flush()
+    os._exit(status)
 
 
 def _leave_at_the_next_signal(status: int) -> None:
@@ -107,10 +150,7 @@ def _leave_at_the_next_signal(status: int) -> None:
     left behind is taken over by the next command)."""
 
     def leave(signum: int, frame: Any) -> None:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(OSError, ValueError, AttributeError):
-                stream.flush()
-        os._exit(status)
+        _leave(status)
 
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGINT, signal.SIGTERM):

@@ -83,7 +83,7 @@ class MethodEntry(TypedDict):
     selector: PluginEntry
     ceiling: bool
     evidence: NotRequired[EvidenceEntry]  # what its records hold for the analysis
-    cost: NotRequired[dict[str, int]]
+    cost: dict[str, int]  # declared passes per problem by kind
     capped: NotRequired[bool]  # the cost is a cap: the method may spend less
     approximate: NotRequired[bool]  # decoded with an approximate cache (Fast-dLLM's)
     flops: NotRequired[int]  # planned FLOPs per problem, priced at the reference row

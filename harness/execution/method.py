@@ -178,9 +178,9 @@ class Method:
     def total_cost(self, total_steps: int, passes_per_step: int = 1) -> int:
         return sum(self.cost(total_steps, passes_per_step).values())
 
-    def manifest_entry(self) -> MethodEntry:
-        """The method as the manifest records it (the runner adds `cost` and where its plugins
-        came from)."""
+    def manifest_entry(self, cost: dict[str, int]) -> MethodEntry:
+        """The method as the manifest records it, planned at `cost` (the runner adds how it
+        is planned and where its plugins came from)."""
         return MethodEntry(
             id=self.id,
             family=self.family,
@@ -189,4 +189,5 @@ class Method:
             selector=PluginEntry(name=self.spec.selector, config=config_data(self.selector)),
             ceiling=self.ceiling,
             evidence=EvidenceEntry(**evidence_of(self.strategy).as_dict()),
+            cost=cost,
         )

@@ -37,9 +37,9 @@ def problem_ids(manifest: dict[str, Any]) -> list[str]:
 
 def check_complete(rundir: RunDir, manifest: dict[str, Any], ids: list[str]) -> None:
     """Refuse, naming the shares (or problems) that lack records, unless every (problem,
-    method) of the run has one."""
+    method) of the run has one; and a record that is not of the run (`refuse_strays`)."""
     methods = [m["id"] for m in manifest["methods"]]
-    have = {(r["problem"], r["method"]) for r in rundir.read_records()}
+    have = {(r["problem"], r["method"]) for r in rundir.read_records(manifest)}
     lacking = Counter(p for p in ids for m in methods if (p, m) not in have)
     if not lacking:
         return

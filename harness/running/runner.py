@@ -200,8 +200,7 @@ def build_manifest(cfg: RunConfig, prepared: Prepared) -> dict[str, Any]:
     origins = _origins(cfg, prepared)
     for planned in chosen.methods:
         m: Method = planned.method
-        entry = m.manifest_entry()
-        entry["cost"] = planned.cost
+        entry = m.manifest_entry(planned.cost)
         if capped(m, prepared.backbone, origins):
             entry["capped"] = True  # the cost is a cap: the method may spend less
         if is_approximate(prepared.backbone):

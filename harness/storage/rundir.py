@@ -21,10 +21,12 @@ import os
 import socket
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
+from dllmbench.core import shape
 from dllmbench.core.errors import UserError
 from dllmbench.core.jsonfile import read_object
 from dllmbench.storage.filesystem import LocksUnsupported, flock, space_checked
@@ -470,6 +472,8 @@ class RunDir:
                 "manifest object; choose another --out"
             )
         self._scanned = self._scan_all()  # open() resumes from this read: read once
+        if shape.manifest_problem(manifest) is None:  # else `open` finds it another run's
+            self.refuse_strays(self._scanned[0], manifest)
         if self.compute_path.exists():
             fix = "move it away (it only counts compute) or choose another --out"
             data = _read_json(self.compute_path, fix)
@@ -540,6 +544,7 @@ class RunDir:
                     f"Differences: {brief_differences(diffs)}"
                 )
             records, good, size = self._scanned or self._scan_all()
+            self.refuse_strays(records, manifest)
             if good < size:  # a torn last line: cut off, and its record is redone
                 with open(self.samples_path, "r+b") as fh:
                     fh.truncate(good)
@@ -558,10 +563,44 @@ class RunDir:
             files.append(self.samples_path)
         return [f for f in files if f.exists()]
 
-    def read_records(self) -> list[dict[str, Any]]:
+    def read_records(self, manifest: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
         """Records of every samples file (torn last lines left out); a (problem, method)
-        written twice (two runs of different share counts at once) is taken once."""
-        return self._scan_all()[0]
+        written twice (two runs of different share counts at once) is taken once. With the
+        run's `manifest`, a record that is not of the run is refused (`refuse_strays`)."""
+        records = self._scan_all()[0]
+        if manifest is not None:
+            self.refuse_strays(records, manifest)
+        return records
+
+    def refuse_strays(self, records: list[dict[str, Any]], manifest: Mapping[str, Any]) -> None:
+        """One line naming the first record whose method, or problem, the run's `manifest`
+        does not have (`methods`, `task.problem_ids` where it lists them): a line edited or
+        copied from another run. The summary would leave it out and the report read it."""
+        methods = {m["id"] for m in manifest["methods"]}
+        ids = manifest["task"].get("problem_ids")
+        problems = None if ids is None else set(map(str, ids))
+        for record in records:
+            problem, method = record["problem"], record["method"]
+            if method not in methods:
+                why = f"its method {method!r} is not one of the run's {len(methods)} methods"
+            elif problems is not None and problem not in problems:
+                why = f"its problem {problem!r} is not one of the run's {len(problems)} problems"
+            else:
+                continue
+            path, number = self._line_of(problem, method)
+            raise UserError(
+                f"{path} line {number} is not a record of this run ({why}); delete that line"
+            )
+
+    def _line_of(self, problem: str, method: str) -> tuple[Path, int]:
+        """The samples file and line number of the record of (problem, method) read first."""
+        for path in self.samples_files():
+            for number, line in enumerate(path.read_bytes().splitlines(), start=1):
+                with contextlib.suppress(ValueError, TypeError, KeyError):  # a torn last line
+                    record = json.loads(line)
+                    if (record["problem"], record["method"]) == (problem, method):
+                        return path, number
+        raise AssertionError(f"no line holds the record of {problem!r}, {method!r}")
 
     def _scan_all(self) -> tuple[list[dict[str, Any]], int, int]:
         """The records of every samples file, and the bytes the records of this invocation's

@@ -550,8 +550,9 @@ def test_strategy_evidence_reads_as_the_report_reads_it(dllmbench_strategy):
     mine = kit_method(name, config)
     methods = [kit_method(*host("plain", 4), "majority"), mine]
     records = run_kit(methods, steps)
-    manifest = json.loads(json.dumps({"methods": [m.manifest_entry() for m in methods]}))
     for total in steps:
+        entries = [m.manifest_entry(m.cost(total)) for m in methods]
+        manifest = json.loads(json.dumps({"methods": entries}))
         written = json.loads(json.dumps([r for (t, _, _), r in records.items() if t == total]))
         try:
             read_method(run_data(Path("kit"), manifest, written), mine.id)

@@ -225,6 +225,7 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
 # config.json keys a checkpoint of each architecture must have (LLaDA: vocab_size or
 # embedding_size)
 QWEN_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+QWEN_HEADS = ("hidden_size", "num_attention_heads", "num_key_value_heads")  # width, heads, kv
 REQUIRED = {
     "dream": QWEN_KEYS,
     "block": QWEN_KEYS,
@@ -249,6 +250,13 @@ def read_config(arch: str, path: Path) -> dict[str, Any]:
         value = raw[key]
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise UserError(f"{file}: {key} is {value!r}, not a positive integer; restore it")
+    for key in (k for k in SCALES if raw.get(k) is not None):
+        value = raw[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < INF:
+            raise UserError(f"{file}: {key} is {value!r}, not a finite positive number; restore it")
+    wrong = _heads_problem(arch, raw)
+    if wrong is not None:
+        raise UserError(f"{file}: {wrong}; restore it")
     return raw
 
 
@@ -262,6 +270,24 @@ SIZES = (
     "max_position_embeddings",
     "max_sequence_length",
 )
+# config.json numbers that, when given, are positive and finite: the rotary base and the norm's
+# epsilon (a rotary base <= 0 made every logit NaN)
+SCALES = ("rope_theta", "rms_norm_eps")
+INF = float("inf")  # JSON as Python reads it may hold Infinity
+
+
+def _heads_problem(arch: str, raw: dict[str, Any]) -> str | None:
+    """Why the attention heads of a config.json (its sizes positive) cannot split the model's
+    width, or None: the heads divide the hidden size, unless a block checkpoint's head_dim
+    gives their width (Qwen3), and the key-value heads divide the heads."""
+    width, heads, kv = ("d_model", "n_heads", "n_kv_heads") if arch == "llada" else QWEN_HEADS
+    own_width = arch == "block" and raw.get("head_dim") is not None
+    if not own_width and raw[width] % raw[heads]:
+        return f"{heads} {raw[heads]} does not divide {width} {raw[width]}"
+    shared = raw.get(kv) or raw[heads]
+    if raw[heads] % shared:
+        return f"{kv} {shared} does not divide {heads} {raw[heads]}"
+    return None
 
 
 def load_strict(model: torch.nn.Module, state: Mapping[str, torch.Tensor], where: str) -> None:
