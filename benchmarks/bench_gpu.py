@@ -409,16 +409,18 @@ def text_ids(bb, n: int, gen: torch.Generator) -> torch.Tensor:
     return ids
 
 
-def block_backbone(net, tokenizer, device, dtype, block: int, cache: bool) -> BlockDiffusion:
-    """The project's `block` backbone around an in-memory model (the weights are shared)."""
-    return BlockDiffusion(
+def block_backbone(
+    net, tokenizer, device, dtype, cls: type = BlockDiffusion, **options: Any
+) -> BlockDiffusion:
+    """The project's `block` backbone (or `cls`, a subclass) around an in-memory model (the
+    weights are shared), with these options."""
+    return cls(
         transformer=net,
         tokenizer=tokenizer,
         mask_id=tokenizer.mask_token_id,
         device=str(device),
         dtype=str(dtype).removeprefix("torch."),
-        block_length=block,
-        cache=cache,
+        **options,
     )
 
 
@@ -440,8 +442,8 @@ def block_steps(
 ) -> dict[str, Any]:
     """The cached step of one block length at the middle of the generated region: inside a
     block, at a block's start, averaged over a block, and recomputed without the cache."""
-    cached = block_backbone(net, tokenizer, device, dtype, block, cache=True)
-    plain = block_backbone(net, tokenizer, device, dtype, block, cache=False)
+    cached = block_backbone(net, tokenizer, device, dtype, block_length=block, cache=True)
+    plain = block_backbone(net, tokenizer, device, dtype, block_length=block, cache=False)
     shape = model_shape(cached)
     assert shape is not None
     k, n = s.tokens_per_step, len(prompts)
@@ -584,7 +586,7 @@ def block_bench(
     free(device)
     tokenizer = char_tokenizer()
     net = random_net(Qwen3ForCausalLM, block_config(raw, qwen3=True), device, dtype)
-    probe = block_backbone(net, tokenizer, device, dtype, s.block_lengths[0], cache=True)
+    probe = block_backbone(net, tokenizer, device, dtype, block_length=s.block_lengths[0])
     shape = model_shape(probe)
     assert shape is not None
     gen = torch.Generator().manual_seed(0)
@@ -652,15 +654,7 @@ def block_engines(device, dtype, peak, tiny: bool) -> dict[str, Any]:
         qwen3 = cls is BlockDiffusion
         net_cls = Qwen3ForCausalLM if qwen3 else Qwen2ForCausalLM
         net = random_net(net_cls, block_config(raw, qwen3=qwen3), device, dtype)
-        tokenizer = char_tokenizer()
-        bb = cls(
-            transformer=net,
-            tokenizer=tokenizer,
-            mask_id=tokenizer.mask_token_id,
-            device=str(device),
-            dtype=str(dtype).removeprefix("torch."),
-            stop=False,
-        )
+        bb = block_backbone(net, char_tokenizer(), device, dtype, cls, stop=False)
         shape_of = model_shape(bb)
         assert shape_of is not None
         out[name] = {
