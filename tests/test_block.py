@@ -96,6 +96,8 @@ def reference_generate(
             # SDAR's checkpoints do not; drawn, it leaves the position masked and the
             # reference overruns its schedule with an IndexError)
             flat[:, mask_id] = float("-inf")
+            # EB-Sampler's cost: the model's entropy, before temperature and filters
+            entropy = torch.special.entr(torch.softmax(flat.double(), -1)).sum(-1)
             if temperature != 1.0:
                 flat = flat / temperature
             if top_k:
@@ -133,7 +135,6 @@ def reference_generate(
                 # a block EB filled early can hold fewer masks than k: SDAR's top-k would
                 # overwrite committed tokens (see below); the backbone commits masks only
                 transfer &= mask_index
-                entropy = torch.special.entr(torch.softmax(flat.double(), -1)).sum(-1)
                 ranked = [j for j in confidence[0].argsort(descending=True).tolist()]
                 ranked = [j for j in ranked if mask_index[0, j]]
                 for m in range(1, len(ranked) + 1):
@@ -174,29 +175,23 @@ def run_rows(bb, prompt_ids, gen_length, total, keys, settings=None):
     return rows
 
 
+SHARPER = 40  # a random model's head scaled: its positions' entropies differ
+
 CASES = [
     # family, block, steps per block, remasking, threshold, temperature, prompt text, and
-    # EB-Sampler's entropy_bound (its run committed beyond SDAR's own positions) or None
+    # EB-Sampler's entropy_bound (its run committed beyond SDAR's own positions) or None; the
+    # last two low_confidence_static prompts fill whole blocks, then leave 2 masks in block 3
     ("qwen3", 4, 4, "low_confidence_dynamic", 0.5, 0.03, "Question: 12+7?", None),
     ("qwen3", 8, 8, "low_confidence_dynamic", 0.9, 0.03, "What is 9-2?", None),
     ("qwen2", 4, 4, "low_confidence_dynamic", 0.5, 0.03, "Question: 12+7?", None),
     ("qwen2", 8, 8, "low_confidence_dynamic", 0.5, 0.03, "Question: 3*4+5=?", None),
-    ("qwen3", 8, 4, "low_confidence_static", 0.9, 0.1, "Q: 1+1=?........", None),  # whole blocks
-    (
-        "qwen2",
-        4,
-        2,
-        "low_confidence_static",
-        0.9,
-        0.1,
-        "Q: 2+2=?......",
-        None,
-    ),  # 2 masks in block 3
+    ("qwen3", 8, 4, "low_confidence_static", 0.9, 0.1, "Q: 1+1=?........", None),
+    ("qwen2", 4, 2, "low_confidence_static", 0.9, 0.1, "Q: 2+2=?......", None),
     ("qwen3", 4, 4, "sequential", 0.9, 0.1, "Question: 12+7?", None),
-    ("qwen3", 4, 4, "low_confidence_static", 0.85, 0.5, "Question: 12+7?", 6.0),
-    ("qwen2", 8, 8, "low_confidence_static", 0.85, 0.5, "Question: 12+7?", 9.0),
-    ("qwen3", 8, 4, "low_confidence_dynamic", 0.85, 0.3, "Question: 12+7?", 9.0),
-    ("qwen3", 4, 4, "sequential", 0.85, 0.5, "Question: 12+7?", 6.0),
+    ("qwen3", 4, 4, "low_confidence_static", 0.85, 0.5, "Question: 12+7?", 3.0),
+    ("qwen2", 8, 8, "low_confidence_static", 0.85, 0.5, "Question: 12+7?", 2.0),
+    ("qwen3", 8, 4, "low_confidence_dynamic", 0.85, 0.3, "Question: 12+7?", 2.0),
+    ("qwen3", 4, 4, "sequential", 0.85, 0.5, "Question: 12+7?", 3.0),
 ]
 
 
@@ -215,6 +210,8 @@ def test_the_sampler_is_sdar_token_for_token(
         threshold=threshold,
         seed=3,
     )
+    if bound is not None:  # a sharper head: entropies from 0 to 2 nats, not 4.6 everywhere
+        bb.transformer.lm_head.weight.data.mul_(SHARPER)
     prompt = bb.encode(Prompt(text=text))
     gen = 4 * block
     total = (gen // block) * per
@@ -252,6 +249,39 @@ def test_the_sampler_is_sdar_token_for_token(
         assert bb.steps_taken < gen  # k = 1: fewer steps than tokens
     if bound is not None:  # so did EB-Sampler's run
         assert bb.steps_taken < int(written.sum()) - len(prompt)
+
+
+def test_entropy_bound_rows_in_one_batch_are_the_rows_alone():
+    """Rows of two prompts under one γ share a draw group: each row's run is ranked and
+    bounded by its own confidences and entropies, as it is alone (a sharper head, so that
+    entropies differ between positions and rows)."""
+    bb = BlockDiffusion(model="random", seed=3, remasking="low_confidence_static", temperature=0.5)
+    bb.transformer.lm_head.weight.data.mul_(SHARPER)
+    prompts = [bb.encode(Prompt(text=t)) for t in ("Question: 12+7?", "What is 9-2?")]
+
+    def stepped(which: list[int]) -> list[torch.Tensor]:
+        rows = [bb.canvas(prompts[i], 16) for i in which]
+        for i in which:
+            bb.hold(prompts[i])
+        for t in range(6):
+            batch = StepBatch(
+                rows,
+                [len(prompts[i]) for i in which],
+                [t] * len(which),
+                [7 + i for i in which],
+                16,
+                settings=[{"entropy_bound": 1.0}] * len(which),
+            )
+            rows = bb.denoise_step(batch)
+        for i in which:
+            bb.release(prompts[i])
+        return rows
+
+    together = stepped([0, 1])
+    assert torch.equal(together[0], stepped([0])[0])
+    assert torch.equal(together[1], stepped([1])[0])
+    # the schedule commits one a step (10 of 16 left after 6 steps); EB committed more
+    assert all(int((row == bb.mask_id).sum()) < 10 for row in together)
 
 
 @pytest.mark.parametrize("entropy_bound", [None, 2.0])

@@ -22,7 +22,10 @@ from dllmbench.execution.engine import Engine, Sampling
 from dllmbench.execution.method import Method, MethodSpec
 from dllmbench.loading.registry import registry
 from dllmbench.plugins.backbones.base import entropy_bound_count, factor_count
+from dllmbench.plugins.backbones.block import BlockDiffusion
+from dllmbench.plugins.backbones.block import draw as block_draw
 from dllmbench.plugins.backbones.dream import Dream, quota
+from dllmbench.plugins.backbones.dream import draw as dream_draw
 from dllmbench.plugins.backbones.llada import LLaDA
 from dllmbench.plugins.backbones.loading import char_tokenizer
 from dllmbench.plugins.backbones.tiny import Tiny
@@ -220,9 +223,36 @@ def confident_backbone(cls, **config):
     for j, p in enumerate(PROBABILITIES):
         table[first + j, a] = math.log(p * (size - 1) / (1 - p))
     net = Positional(table)
-    bb = cls(transformer=net, tokenizer=tok, temperature=0.0, **config)
+    bb = cls(transformer=net, tokenizer=tok, **{"temperature": 0.0, **config})
     exact = torch.softmax(net.lm_head.weight.T.double(), dim=-1)[first : first + 6, a]
     return bb, exact
+
+
+# answer positions whose order by confidence, by entropy and by position all differ: (the
+# probability of 'a', of 'b' or None for the rest spread evenly); confidences .6, .99, .95, .7,
+# .3, .1 and entropies about .67, .10, .20, 1.99, 3.83 and 4.47 nats
+SHAPED = ((0.6, 0.4), (0.99, None), (0.95, 0.05), (0.7, None), (0.3, None), (0.1, None))
+
+
+def shaped_backbone(cls, **config):
+    """A backbone of SHAPED's answer positions, whatever the canvas (temperature 0 unless
+    given), and the model's entropy at each of them."""
+    tok = char_tokenizer()
+    vocab = tok.get_vocab()
+    a, b, size = vocab["a"], vocab["b"], len(tok)
+    first = 4 - 1 if cls is Dream else 4
+    table = torch.zeros(12, size)
+    for j, (pa, pb) in enumerate(SHAPED):
+        probs = torch.full((size,), (1 - pa) / (size - 1), dtype=torch.float64)
+        if pb is not None:
+            probs[:] = 1e-30
+            probs[b] = pb
+        probs[a] = pa
+        table[first + j] = probs.log().float()
+    net = Positional(table)
+    bb = cls(transformer=net, tokenizer=tok, **{"temperature": 0.0, **config})
+    probs = torch.softmax(net.lm_head.weight.T.double(), dim=-1)[first : first + 6]
+    return bb, torch.special.entr(probs).sum(-1)
 
 
 def commits_by_step(bb, total, settings):
@@ -301,6 +331,83 @@ def test_dream_entropy_bound_commits_in_the_order_of_each_confidence(alg):
     assert commits_by_step(bb, 6, {"entropy_bound": 2.0})[0] == [0, 1, 2, 3]
 
 
+def eb_set(order: list[int], entropy: torch.Tensor, bound: float) -> list[int]:
+    """EB-Sampler's set from positions in their commit order (its definition, by hand)."""
+    k = reference_entropy_bound_count([float(entropy[j]) for j in order], bound)
+    return sorted(order[:k])
+
+
+def test_llada_entropy_bound_ranks_by_confidence_not_by_entropy_or_position():
+    """Ranked by confidence (1, 2, 3, 0, ...) the run at γ = 0.5 is {1, 2, 3}; by entropy or
+    by position it would be {0, 1, 2}."""
+    bb, entropy = shaped_backbone(LLaDA)
+    assert eb_set([1, 2, 3, 0, 4, 5], entropy, 0.5) == [1, 2, 3]
+    assert eb_set([1, 2, 0, 3, 4, 5], entropy, 0.5) == eb_set(list(range(6)), entropy, 0.5)
+    assert eb_set([1, 2, 0, 3, 4, 5], entropy, 0.5) == [0, 1, 2]
+    assert commits_by_step(bb, 6, {"entropy_bound": 0.5})[0] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("alg_temp", [0.0, 0.5])
+@pytest.mark.parametrize("alg,run", [("maskgit_plus", [1, 2, 3]), ("topk_margin", [1, 2, 3]),
+                                     ("entropy", [0, 1, 2])])  # fmt: skip
+def test_dream_entropy_bound_ranks_by_its_algs_confidence(alg, run, alg_temp):
+    """Step 0 (a quota of 0): the run alone, ranked by `alg`'s own confidence (the token's
+    probability, the margin, the negative entropy), not by `alg_temp`'s drawn order."""
+    bb, _ = shaped_backbone(Dream, alg=alg, alg_temp=alg_temp)
+    assert commits_by_step(bb, 6, {"entropy_bound": 0.5})[0] == run
+
+
+@pytest.mark.parametrize("config", [{"temperature": 0.5}, {"top_p": 0.9}, {"top_k": 3}], ids=str)
+def test_the_entropy_is_the_models_before_temperature_and_filters(config):
+    """What a position costs is the entropy of softmax(logits), whatever the sampler's
+    temperature, top-p or top-k (with top_k=1 every filtered entropy would be 0)."""
+    gen = torch.Generator().manual_seed(3)
+    logits = 3 * torch.randn(9, 40, generator=gen)
+    u = torch.rand(9, 1, generator=gen, dtype=torch.float64)
+    expected = torch.special.entr(torch.softmax(logits.double(), -1)).sum(-1)
+    c = Dream.Config(model="random", entropy_bound=1.0, **config)
+    torch.testing.assert_close(dream_draw(logits, u, c)[2], expected, rtol=0, atol=1e-12)
+    block = BlockDiffusion.Config(model="random", entropy_bound=1.0, **config)
+    masked = logits.clone()
+    masked[:, 7] = -torch.inf  # the block sampler never draws its mask token
+    expected = torch.special.entr(torch.softmax(masked.double(), -1)).sum(-1)
+    torch.testing.assert_close(
+        block_draw(logits, u[:, 0], block, 7)[2], expected, rtol=0, atol=1e-12
+    )
+
+
+def test_llada_entropy_is_untempered():
+    """At temperature 0.5 LLaDA draws from the tempered softmax, but a position costs the
+    model's entropy: the run at γ = 0.6 is the one at temperature 0 (tempered entropies of
+    about 0, 0, .001, .02, .44 would take five positions)."""
+    bb, _ = confident_backbone(LLaDA, temperature=0.5)
+    assert commits_by_step(bb, 6, {"entropy_bound": 0.6})[0] == [0, 1, 2]
+
+
+def test_llada_end_tokens_cost_their_own_entropy_under_confidence_eos_eot_inf():
+    """`confidence_eos_eot_inf` ranks EOS last (its confidence 0) but a position sure of EOS
+    still costs its small entropy: the three EOS positions commit together, not one a step
+    (EOS removed, the rest of each would cost about ln 100 nats)."""
+    tok = char_tokenizer()
+    size = len(tok)
+    eos, a = tok.eos_token_id, tok.get_vocab()["a"]
+    table = torch.zeros(12, size)
+    for j, (token, p) in enumerate([(a, 0.99), (a, 0.95), (a, 0.92), *[(eos, 0.99)] * 3]):
+        table[4 + j, token] = math.log(p * (size - 1) / (1 - p))
+    bb = LLaDA(transformer=Positional(table), tokenizer=tok, temperature=0.0,
+               confidence_eos_eot_inf=True)  # fmt: skip
+    assert bb.end_ids[0] == eos
+    assert commits_by_step(bb, 6, {"entropy_bound": 0.6}) == [[0, 1, 2], [3, 4, 5]]
+
+
+def test_dream_entropy_bound_stays_in_the_current_block():
+    """Blocks of 3 over T = 6: the run fills the first block at once and waits for its share
+    of T; the second block fills at its first step."""
+    bb, _ = confident_backbone(Dream, alg="maskgit_plus", alg_temp=0.0)
+    settings = {"entropy_bound": 10.0, "block_length": 3}
+    assert commits_by_step(bb, 6, settings) == [[0, 1, 2], [], [], [3, 4, 5]]
+
+
 @torch.no_grad()
 def reference_eb_generate(net, prompt, gen_length, block_length, bound, mask_id):
     """EB-Sampler (Ben-Hamu et al., arXiv 2505.24857, Algorithm 1) on LLaDA at temperature 0,
@@ -328,14 +435,16 @@ def reference_eb_generate(net, prompt, gen_length, block_length, bound, mask_id)
 
 
 @pytest.mark.parametrize("block_length", [16, 4])
-@pytest.mark.parametrize("bound", [0.5, 3.0, 12.0])
+@pytest.mark.parametrize("bound", [0.5, 1.0, 1.5, 3.0])
 def test_llada_entropy_bound_is_eb_sampler_token_for_token(block_length, bound):
-    """A random LLaDA in float32 with T equal to the generated length (a quota of one, the
-    most confident, per step): the canvas is the transcription's, filled in the steps its rule
-    takes (as many forwards in one block; with blocks a block filled early waits for its
-    share of T, `docs/backbones.md`)."""
+    """A random LLaDA in float32, its head sharpened so that positions' entropies differ (0 to
+    about 2 nats), with T equal to the generated length (a quota of one, the most confident,
+    per step): the canvas is the transcription's, filled in the steps its rule takes (as many
+    forwards in one block; with blocks a block filled early waits for its share of T,
+    `docs/backbones.md`)."""
     gen = 16
     bb = LLaDA(model="random", seed=5, temperature=0.0, suppress_mask=True)
+    bb.transformer.lm_head.weight.data.mul_(40)
     prompt = torch.tensor(bb.encode(Prompt(text="12+30=")))
     settings = {"entropy_bound": bound, "block_length": block_length}
     canvas, steps = bb.canvas(prompt.tolist(), gen), 0
@@ -350,7 +459,8 @@ def test_llada_entropy_bound_is_eb_sampler_token_for_token(block_length, bound):
     assert torch.equal(canvas, expected)
     if block_length == gen:
         assert steps == expected_steps
-    assert expected_steps < gen if bound > 5 else expected_steps == gen  # about 4.6 nats each
+    # the run grows with γ: at 0.5 one position a step, at 3 the whole canvas in 4 forwards
+    assert expected_steps == {0.5: 16, 1.0: 10, 1.5: 7 if block_length == gen else 9, 3.0: 4}[bound]
 
 
 def test_llada_extra_commits_stay_in_the_current_block():
@@ -492,3 +602,15 @@ def test_looser_rules_commit_more_on_the_same_floor(cls, dtype, settings):
             assert (before <= after).all()
         assert committed[-1].sum() > committed[0].sum()
         assert torch.equal(rows[-1][committed[0]], rows[0][committed[0]])
+
+
+def test_a_rows_own_rule_replaces_the_runs():
+    """A run-wide rule (`--backbone tiny:entropy_bound=0.5`) and a method whose rows set
+    another (the Threshold family's τ = 0.9): the row's own rule is the one it decodes by."""
+    bb = Dream(model="random", entropy_bound=0.5)
+    c = bb.row_config({"threshold": 0.9})
+    assert (c.threshold, c.factor, c.entropy_bound) == (0.9, None, None)
+    assert bb.row_config({"temperature": 0.7}).entropy_bound == 0.5  # no rule of its own
+    assert LLaDA(model="random", factor=1.0).row_config({"entropy_bound": 0.2}).factor is None
+    with pytest.raises(UserError, match="got threshold and entropy_bound"):
+        bb.row_config({"threshold": 0.9, "entropy_bound": 0.1})

@@ -192,8 +192,13 @@ def check_parallel(config: Any, order: tuple[str, str, str], ranked: tuple[str, 
         raise ValueError(f"threshold must be in (0, 1], got {threshold!r}")
     if factor is not None and not factor > 0:
         raise ValueError(f"factor must be > 0, got {factor!r}")
-    bound = config.entropy_bound
-    if bound is not None and not (isinstance(bound, (int, float)) and 0 < bound < math.inf):
+    check_entropy_bound(config.entropy_bound)
+
+
+def check_entropy_bound(bound: Any) -> None:
+    """Refuse an `entropy_bound` that is not a finite number > 0 (nats)."""
+    number = isinstance(bound, (int, float)) and not isinstance(bound, bool)
+    if bound is not None and not (number and 0 < bound < math.inf):
         raise ValueError(f"entropy_bound must be a finite number > 0 (e.g. 0.1), got {bound!r}")
 
 
@@ -213,10 +218,19 @@ def factor_count(confidence: torch.Tensor, factor: float) -> int:
 def entropy_bound_count(entropy: torch.Tensor, bound: float) -> int:
     """How many positions EB-Sampler commits, from their entropies [n] in commit order (Ben-Hamu
     et al., arXiv 2505.24857): the longest prefix whose entropies' sum less their largest is at
-    most `bound`, in float64. A lone position's is 0, so at least one commits when n >= 1."""
+    most `bound`, in float64. A lone position spends 0, so at least one commits when n >= 1;
+    a non-finite entropy ends the run after the first position."""
     h = entropy.double()
     spent = h.cumsum(0) - h.cummax(0).values  # never decreases along the prefix
-    return int((spent <= bound).sum())
+    spent[:1] = 0  # even when the first entropy is not finite
+    return int(torch.cumprod(spent <= bound, 0).sum())
+
+
+def model_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """[M] the float64 entropy, in nats, of the model's distribution softmax(logits) [M, V] at
+    each position: EB-Sampler's cost, before any temperature or top-p/top-k filter (tokens
+    the sampler can never draw already at −inf)."""
+    return torch.special.entr(torch.softmax(logits.double(), dim=-1)).sum(-1)
 
 
 def parallel_commits(
@@ -370,8 +384,13 @@ class DiffusionBackbone(abc.ABC):
                     f"{self.arch}: a row cannot set {unknown[0]!r} "
                     f"(per-row settings: {', '.join(sorted(self.row_settings))})"
                 )
+            values = dict(settings)
+            rules = all(hasattr(self.config, rule) for rule in PARALLEL_RULES)
+            if rules and set(values) & set(PARALLEL_RULES):
+                # a row's own parallel decoding rule replaces the run's, whichever it is
+                values = {**dict.fromkeys(PARALLEL_RULES), **values}
             try:
-                cache[key] = dataclasses.replace(self.config, **settings)
+                cache[key] = dataclasses.replace(self.config, **values)
             except (TypeError, ValueError) as exc:
                 what = f"{self.arch}: a row's sampler settings {dict(settings)}: {exc}"
                 raise UserError(what) from None

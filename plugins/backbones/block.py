@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import inspect
 import itertools
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, get_args
@@ -47,9 +46,11 @@ from dllmbench.api.interfaces import StepBatch
 from dllmbench.core.flops import Work
 from dllmbench.plugins.backbones.base import (
     DiffusionBackbone,
+    check_entropy_bound,
     check_seed,
     check_temperature,
     entropy_bound_count,
+    model_entropy,
     purpose_generator,
     ranked_order,
     top_ranked,
@@ -133,9 +134,7 @@ class BlockConfig(BlockModelConfig):
             raise ValueError("top_k must be >= 1")
         if not 0 <= self.threshold <= 1:
             raise ValueError(f"threshold must be in [0, 1], got {self.threshold!r}")
-        bound = self.entropy_bound
-        if bound is not None and not (isinstance(bound, (int, float)) and 0 < bound < math.inf):
-            raise ValueError(f"entropy_bound must be a finite number > 0 (e.g. 0.1), got {bound!r}")
+        check_entropy_bound(self.entropy_bound)
         if self.family not in get_args(Family):
             raise ValueError("family must be qwen3 or qwen2")
         if self.cache_memory is not None and self.cache_memory <= 0:
@@ -602,15 +601,15 @@ def draw(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """A token [M] and its probability [M] (float64) per masked position: SDAR's
     `sample_with_temperature_topk_topp` with keyed uniforms (argmax at temperature 0); with
-    `entropy_bound` also the float64 entropy [M] of the distribution drawn from (else None).
+    `entropy_bound` also the model's entropy [M] at each position (`model_entropy`, else None).
     The mask token is never drawn: the reference can draw it, which leaves the position
     masked and overruns its schedule (an IndexError)."""
     logits = logits.double()
     logits[:, mask_id] = -torch.inf
+    entropy = model_entropy(logits) if c.entropy_bound is not None else None
     if c.temperature > 0:
         logits = logits / c.temperature
     probs = torch.softmax(filter_logits(logits, c.top_p, c.top_k), dim=-1)
-    entropy = torch.special.entr(probs).sum(-1) if c.entropy_bound is not None else None
     if c.temperature == 0:
         conf, x0 = probs.max(-1)
         return x0, conf, entropy

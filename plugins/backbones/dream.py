@@ -33,6 +33,7 @@ from dllmbench.plugins.backbones.base import (
     check_parallel,
     check_seed,
     check_temperature,
+    model_entropy,
     parallel_commits,
     top_ranked,
 )
@@ -161,9 +162,10 @@ def sample_tokens(
 def draw(
     logits: torch.Tensor, u: torch.Tensor, c: DreamConfig
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """`sample_tokens`, and with `entropy_bound` set the float64 entropy [M] of each
-    position's distribution softmax(filter(logits / temperature)) (None otherwise)."""
+    """`sample_tokens`, and with `entropy_bound` set the model's entropy [M] at each position
+    (`model_entropy`: before temperature and filters; None otherwise)."""
     logits = logits.double()
+    entropy = model_entropy(logits) if c.entropy_bound is not None else None
     if c.temperature > 0:
         logits = logits / c.temperature
     probs = torch.softmax(filter_logits(logits, c.top_p, c.top_k), dim=-1)
@@ -177,7 +179,6 @@ def draw(
         confidence = (top2[:, 0] - top2[:, 1])[:, None].expand_as(u)
     elif c.alg == "entropy":
         confidence = (probs * torch.log(probs + 1e-10)).sum(-1)[:, None].expand_as(u)
-    entropy = torch.special.entr(probs).sum(-1) if c.entropy_bound is not None else None
     return x0, confidence, entropy
 
 

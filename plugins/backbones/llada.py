@@ -37,6 +37,7 @@ from dllmbench.plugins.backbones.base import (
     check_parallel,
     check_seed,
     check_temperature,
+    model_entropy,
     parallel_commits,
     purpose_generator,
     top_ranked,
@@ -137,18 +138,13 @@ def gumbel_max(logits: torch.Tensor, temperature: float, gen: torch.Generator) -
     return (logits.double().exp() / (-torch.log(u)) ** temperature).argmax(-1)
 
 
-def confidence_distribution(logits: torch.Tensor, zeroed: list[int]) -> torch.Tensor:
-    """The float64 softmax [M, V] of `logits` [M, V] that confidences are read from, with the
-    `zeroed` tokens' logits at −inf first (confidence_eos_eot_inf)."""
+def low_confidence(logits: torch.Tensor, x0: torch.Tensor, zeroed: list[int]) -> torch.Tensor:
+    """The float64 softmax probability of x0 [M] under `logits` [M, V], with the `zeroed`
+    tokens' logits at −inf first (confidence_eos_eot_inf)."""
     logits = logits.double()
     if zeroed:
         logits = logits.index_fill(-1, torch.tensor(zeroed, device=logits.device), -torch.inf)
-    return torch.softmax(logits, dim=-1)
-
-
-def low_confidence(logits: torch.Tensor, x0: torch.Tensor, zeroed: list[int]) -> torch.Tensor:
-    """The float64 probability of x0 [M] under `confidence_distribution`."""
-    return confidence_distribution(logits, zeroed).gather(-1, x0[:, None]).squeeze(-1)
+    return torch.softmax(logits, dim=-1).gather(-1, x0[:, None]).squeeze(-1)
 
 
 class LLaDA(DiffusionBackbone):
@@ -269,13 +265,9 @@ class LLaDA(DiffusionBackbone):
                 rows = logits[span]
                 gen = purpose_generator(batch.keys[i], batch.steps[i], "token", device)
                 x0[span] = gumbel_max(rows, configs[i].temperature, gen)
-                if configs[i].entropy_bound is None:
-                    probability[span] = low_confidence(rows, x0[span], zeroed)
-                else:  # EB-Sampler's entropies, of the distribution confidences are read from
-                    probs = confidence_distribution(rows, zeroed)
-                    probability[span] = probs.gather(-1, x0[span, None]).squeeze(-1)
-                    entropies[span] = torch.special.entr(probs).sum(-1)
-                    del probs
+                probability[span] = low_confidence(rows, x0[span], zeroed)
+                if configs[i].entropy_bound is not None:  # EB-Sampler's costs
+                    entropies[span] = model_entropy(rows)
                 if configs[i].remasking == "low_confidence":
                     picked[span] = probability[span]
                 else:

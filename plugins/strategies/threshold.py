@@ -57,8 +57,9 @@ class ThresholdConfig:
         if self.factor is not None and self.factor <= 0:
             raise ValueError(f"factor must be > 0, got {self.factor}")
         bound = self.entropy_bound
-        if bound is not None and not 0 < bound < float("inf"):
-            raise ValueError(f"entropy_bound must be a finite number > 0, got {bound}")
+        number = isinstance(bound, (int, float)) and not isinstance(bound, bool)
+        if bound is not None and not (number and 0 < bound < float("inf")):
+            raise ValueError(f"entropy_bound must be a finite number > 0, got {bound!r}")
 
 
 def parse_thresholds(text: str) -> tuple[float, ...]:
