@@ -13,7 +13,7 @@ from dllmbench.api.interfaces import StepBatch
 from dllmbench.core.errors import UserError
 from dllmbench.core.flops import flops, shape_of
 from dllmbench.core.types import Prompt
-from dllmbench.plugins.backbones.block import BlockDiffusion
+from dllmbench.plugins.backbones.block import BlockDiffusion, choose
 
 # -- SDAR's `block_diffusion_generate` (JetAstra/SDAR, generate.py at c2041a8), written out ------
 # The model call keeps SDAR's cache discipline: a denoising pass leaves the cache as it was
@@ -249,6 +249,24 @@ def test_the_sampler_is_sdar_token_for_token(
         assert bb.steps_taken < gen  # k = 1: fewer steps than tokens
     if bound is not None:  # so did EB-Sampler's run
         assert bb.steps_taken < int(written.sum()) - len(prompt)
+
+
+def test_entropy_bound_adds_the_run_of_the_most_confident_to_remasking():
+    """`choose` on four masked positions whose most confident are unsure: ranked by
+    confidence (2, 3, 1, 0) the run within γ = 1.5 is {2, 3} (1.42 nats; adding 1 spends 2.09),
+    beside the one `low_confidence_static` commits; counted in position order it would be
+    three."""
+    conf = torch.tensor([0.55, 0.6, 0.8, 0.75], dtype=torch.float64)
+    entropy = torch.tensor([0.688, 0.673, 1.42, 1.71], dtype=torch.float64)
+    ties = torch.rand(4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    config = BlockDiffusion.Config(model="random", remasking="low_confidence_static")
+    assert choose(conf, 1, config, ties).tolist() == [False, False, True, False]
+    bounded = BlockDiffusion.Config(
+        model="random", remasking="low_confidence_static", entropy_bound=1.5
+    )
+    assert choose(conf, 1, bounded, ties, entropy).tolist() == [False, False, True, True]
+    sequential = BlockDiffusion.Config(model="random", remasking="sequential", entropy_bound=1.5)
+    assert choose(conf, 1, sequential, ties, entropy).tolist() == [True, False, True, True]
 
 
 def test_entropy_bound_rows_in_one_batch_are_the_rows_alone():

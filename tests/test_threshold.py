@@ -228,10 +228,11 @@ def confident_backbone(cls, **config):
     return bb, exact
 
 
-# answer positions whose order by confidence, by entropy and by position all differ: (the
-# probability of 'a', of 'b' or None for the rest spread evenly); confidences .6, .99, .95, .7,
-# .3, .1 and entropies about .67, .10, .20, 1.99, 3.83 and 4.47 nats
-SHAPED = ((0.6, 0.4), (0.99, None), (0.95, 0.05), (0.7, None), (0.3, None), (0.1, None))
+# answer positions ranked differently by confidence (2, 3, 1, 0, 4, 5), by entropy (1, 0, 2,
+# 3, ...) and by position, where the sure-looking ones are unsure: (the probability of 'a', of
+# 'b' or None for the rest spread evenly); confidences .55, .6, .8, .75, .3, .1 and entropies
+# about .69, .67, 1.42, 1.71, 3.83 and 4.47 nats
+SHAPED = ((0.55, 0.45), (0.6, 0.4), (0.8, None), (0.75, None), (0.3, None), (0.1, None))
 
 
 def shaped_backbone(cls, **config):
@@ -338,23 +339,24 @@ def eb_set(order: list[int], entropy: torch.Tensor, bound: float) -> list[int]:
 
 
 def test_llada_entropy_bound_ranks_by_confidence_not_by_entropy_or_position():
-    """Ranked by confidence (1, 2, 3, 0, ...) the run at γ = 0.5 is {1, 2, 3}; by entropy or
-    by position it would be {0, 1, 2}."""
+    """Ranked by confidence the run at γ = 1.5 is two positions, {2, 3} (1.42 nats spent; a
+    third would spend 2.09); by position it would be three, and by entropy {0, 1, 2}."""
     bb, entropy = shaped_backbone(LLaDA)
-    assert eb_set([1, 2, 3, 0, 4, 5], entropy, 0.5) == [1, 2, 3]
-    assert eb_set([1, 2, 0, 3, 4, 5], entropy, 0.5) == eb_set(list(range(6)), entropy, 0.5)
-    assert eb_set([1, 2, 0, 3, 4, 5], entropy, 0.5) == [0, 1, 2]
-    assert commits_by_step(bb, 6, {"entropy_bound": 0.5})[0] == [1, 2, 3]
+    assert eb_set([2, 3, 1, 0, 4, 5], entropy, 1.5) == [2, 3]
+    assert eb_set(list(range(6)), entropy, 1.5) == [0, 1, 2]
+    assert eb_set([1, 0, 2, 3, 4, 5], entropy, 1.5) == [0, 1, 2]
+    assert commits_by_step(bb, 6, {"entropy_bound": 1.5})[0] == [2, 3]
+    assert commits_by_step(bb, 6, {"entropy_bound": 1.0})[0] == [2]  # the quota's alone
 
 
 @pytest.mark.parametrize("alg_temp", [0.0, 0.5])
-@pytest.mark.parametrize("alg,run", [("maskgit_plus", [1, 2, 3]), ("topk_margin", [1, 2, 3]),
+@pytest.mark.parametrize("alg,run", [("maskgit_plus", [2, 3]), ("topk_margin", [2, 3]),
                                      ("entropy", [0, 1, 2])])  # fmt: skip
 def test_dream_entropy_bound_ranks_by_its_algs_confidence(alg, run, alg_temp):
     """Step 0 (a quota of 0): the run alone, ranked by `alg`'s own confidence (the token's
     probability, the margin, the negative entropy), not by `alg_temp`'s drawn order."""
     bb, _ = shaped_backbone(Dream, alg=alg, alg_temp=alg_temp)
-    assert commits_by_step(bb, 6, {"entropy_bound": 0.5})[0] == run
+    assert commits_by_step(bb, 6, {"entropy_bound": 1.5})[0] == run
 
 
 @pytest.mark.parametrize("config", [{"temperature": 0.5}, {"top_p": 0.9}, {"top_k": 3}], ids=str)
