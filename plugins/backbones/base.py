@@ -167,6 +167,11 @@ def check_seed(seed: int) -> None:
 PARALLEL_RULES = ("threshold", "factor", "entropy_bound")
 
 
+def rules_set(config: Any) -> list[str]:
+    """The parallel decoding rules a Dream or LLaDA Config sets (at most one is valid)."""
+    return [rule for rule in PARALLEL_RULES if getattr(config, rule) is not None]
+
+
 def check_parallel(config: Any, order: tuple[str, str, str], ranked: tuple[str, ...]) -> None:
     """Refuse parallel decoding settings that cannot be: two rules at once, a value out of
     range, Fast-dLLM's rules beside a commit order other than by the drawn token's probability,
@@ -174,7 +179,7 @@ def check_parallel(config: Any, order: tuple[str, str, str], ranked: tuple[str, 
     value Fast-dLLM's rules need; `ranked`: the values that rank positions by a confidence)."""
     setting, value, required = order
     threshold, factor = config.threshold, config.factor
-    given = [rule for rule in PARALLEL_RULES if getattr(config, rule) is not None]
+    given = rules_set(config)
     if len(given) > 1:
         both = " and ".join(given)
         raise ValueError(f"set one of threshold, factor or entropy_bound, got {both}")

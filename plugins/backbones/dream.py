@@ -25,7 +25,6 @@ from dllmbench.api.hookspecs import hookimpl
 from dllmbench.api.interfaces import StepBatch
 from dllmbench.plugins.backbones.base import (
     ATTENTIONS,
-    PARALLEL_RULES,
     Attention,
     BlockStep,
     DiffusionBackbone,
@@ -35,6 +34,7 @@ from dllmbench.plugins.backbones.base import (
     check_temperature,
     model_entropy,
     parallel_commits,
+    rules_set,
     top_ranked,
 )
 from dllmbench.plugins.backbones.fastcache import Cache, check_cache
@@ -114,7 +114,7 @@ class DreamConfig:
     def ends_early(self) -> bool:
         """A parallel decoding rule (threshold, factor, entropy_bound) may fill a row's canvas
         before its T."""
-        return any(getattr(self, rule) is not None for rule in PARALLEL_RULES)
+        return bool(rules_set(self))
 
     @property
     def approximate(self) -> bool:

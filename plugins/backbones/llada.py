@@ -28,7 +28,6 @@ from dllmbench.api.interfaces import StepBatch
 from dllmbench.core.errors import UserError
 from dllmbench.plugins.backbones.base import (
     ATTENTIONS,
-    PARALLEL_RULES,
     Attention,
     BlockStep,
     DiffusionBackbone,
@@ -40,6 +39,7 @@ from dllmbench.plugins.backbones.base import (
     model_entropy,
     parallel_commits,
     purpose_generator,
+    rules_set,
     top_ranked,
 )
 from dllmbench.plugins.backbones.fastcache import Cache, check_cache
@@ -113,7 +113,7 @@ class LLaDAConfig:
     def ends_early(self) -> bool:
         """A parallel decoding rule (threshold, factor, entropy_bound) may fill a row's canvas
         before its T."""
-        return any(getattr(self, rule) is not None for rule in PARALLEL_RULES)
+        return bool(rules_set(self))
 
     @property
     def approximate(self) -> bool:
