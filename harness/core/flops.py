@@ -5,7 +5,8 @@ A forward of one row charges
     2·P·queries + 2·P_head·head + 4·layers·width·attended
 
 where P is the model's matmul parameters applied at every query token (attention and MLP
-projections, an adapter's low-rank matrices; no embedding lookup), P_head those of the output
+projections, an adapter's low-rank matrices; of a mixture of experts the router and the
+experts each token is routed to; no embedding lookup), P_head those of the output
 head (an LM head, a scorer's readout), applied only at the `head` positions that read it,
 `attended` the sum over query tokens of the keys each attends to (L² for a bidirectional
 forward over L tokens, L(L+1)/2 causal, queries × (cache + queries) for a cached block), and
@@ -85,11 +86,16 @@ def total_flops(shape: ModelShape, works: Iterable[Work]) -> int:
     return sum(flops(shape, w) for w in works)
 
 
-def _linear_params(module: Any, skip: set[int]) -> int:
-    """Weights of every linear map in `module` (torch.nn.Linear, transformers' Conv1D), not
-    counting the modules whose id is in `skip` nor anything below them, nor injected LoRA
-    adapters (children named `lora_*`, peft's convention): an adapter computes only while
-    its scorer scores, and that scorer adds its own (`ModelShape.plus`)."""
+def _linear_params(module: Any, skip: set[int], top_k: int | None = None) -> int:
+    """Weights of every linear map in `module` (torch.nn.Linear, transformers' Conv1D) that a
+    token passes through, not counting the modules whose id is in `skip` nor anything below
+    them, nor injected LoRA adapters (children named `lora_*`, peft's convention): an adapter
+    computes only while its scorer scores, and that scorer adds its own (`ModelShape.plus`).
+
+    A mixture of experts (transformers' experts modules: `num_experts` experts stacked in
+    3-D weights) counts the `top_k` experts each token is routed through, `top_k` of
+    `num_experts` of their weights; its router (a 2-D `weight` of `num_experts` rows on a
+    module that is not a Linear) counts whole, as every token is scored for every expert."""
     import torch
 
     total = 0
@@ -101,16 +107,29 @@ def _linear_params(module: Any, skip: set[int]) -> int:
         if isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D":
             total += int(m.weight.numel())
             continue
+        experts = getattr(m, "num_experts", None)
+        own = dict(m.named_parameters(recurse=False))
+        stacked = [p for p in own.values() if p.dim() == 3 and p.shape[0] == experts]
+        if isinstance(experts, int) and stacked:
+            if top_k is None:
+                raise ValueError(f"{type(m).__name__} routes to experts: its config names no top_k")
+            total += sum(int(p.numel()) for p in stacked) // experts * top_k
+            continue
+        weight = own.get("weight")
+        if isinstance(experts, int) and weight is not None and weight.dim() == 2:
+            total += int(weight.numel())  # a router
         stack.extend(c for name, c in m.named_children() if not name.startswith("lora_"))
     return total
 
 
 def shape_of(model: Any, head: Any = None, extra: Iterable[Any] = ()) -> ModelShape:
-    """The shape of a transformers model: every linear weight under `model` except the head's
-    (and any injected adapter's) is P, `head` (default: `model.lm_head` when it has one)
-    is P_head, and `extra` modules (a scorer's readout) join the head. Layers and width come
-    from the config (`num_hidden_layers`, heads × `head_dim`, else `hidden_size`). Works on
-    a model on the meta device: no weights needed."""
+    """The shape of a transformers model: every linear weight under `model` a token passes
+    through except the head's (and any injected adapter's) is P (of a mixture of experts, the
+    router and the `num_experts_per_tok` experts a token is routed to), `head` (default:
+    `model.lm_head` when it has one) is P_head, and `extra` modules (a scorer's readout)
+    join the head. Layers and width come from the config (`num_hidden_layers`, heads ×
+    `head_dim`, else `hidden_size`). Works on a model on the meta device: no weights
+    needed."""
     if head is None:
         head = getattr(model, "lm_head", None)
     heads = [h for h in (head, *extra) if h is not None]
@@ -121,7 +140,7 @@ def shape_of(model: Any, head: Any = None, extra: Iterable[Any] = ()) -> ModelSh
     head_dim = getattr(config, "head_dim", None)
     width = int(n_heads) * int(head_dim) if n_heads and head_dim else hidden
     return ModelShape(
-        params=_linear_params(model, skip),
+        params=_linear_params(model, skip, getattr(config, "num_experts_per_tok", None)),
         head=sum(_linear_params(h, set()) for h in heads),
         layers=int(config.num_hidden_layers),
         width=width,

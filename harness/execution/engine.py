@@ -84,9 +84,11 @@ CACHE_SHARE = 0.5  # of the GPU memory free after loading, for a KV cache across
 def sized_to_memory(capacity: Capacity, backbone: Backbone, cached_tokens: int = 0) -> Capacity:
     """`batch_tokens` from the free memory of the backbone's GPU when it is unset: about the
     activations of one layer of a no-grad forward per token (6 × hidden + 3 × MLP width
-    values), twice over for safety, plus what the backbone says a forward needs beside them
-    (`CountsForwardMemory`: a packing backbone's block mask, which grows with the square of
-    the blocks), within `MEMORY_SHARE` of what is free: the most tokens whose sum fits.
+    values; a mixture of experts adds, for each of the token's experts, its hidden state in
+    and out, the expert's 3 × width and its float32 output twice), twice over for safety,
+    plus what the backbone says a forward needs beside them (`CountsForwardMemory`: a
+    packing backbone's block mask, which grows with the square of the blocks), within
+    `MEMORY_SHARE` of what is free: the most tokens whose sum fits.
 
     A backbone with a KV cache (`CountsCacheMemory`) first gets `CACHE_SHARE` of what is free
     for the cache, and the problems in flight are as many as fit there, each holding
@@ -115,7 +117,13 @@ def sized_to_memory(capacity: Capacity, backbone: Backbone, cached_tokens: int =
     hidden = int(config.hidden_size)
     width = int(getattr(config, "intermediate_size", 4 * hidden))
     itemsize = next(backbone.transformer.parameters()).element_size()
-    per_token = 2 * (6 * hidden + 3 * width) * itemsize
+    one_layer = (6 * hidden + 3 * width) * itemsize
+    top_k = getattr(config, "num_experts_per_tok", None)
+    if isinstance(top_k, int):  # a mixture of experts: per expert of the token, its copy in
+        # and out, the expert's widths, and its weighted output in float32, reordered
+        expert = int(getattr(config, "moe_intermediate_size", width))
+        one_layer += top_k * ((2 * hidden + 3 * expert) * itemsize + 2 * hidden * 4)
+    per_token = 2 * one_layer
     budget = int(free * MEMORY_SHARE)
     extra = backbone.forward_extra_bytes if isinstance(backbone, CountsForwardMemory) else None
     low, high = 1, max(1, budget // per_token)  # the extra bytes only lower the count

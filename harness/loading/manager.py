@@ -38,6 +38,7 @@ BUILTIN_MODULES = (
     "dllmbench.plugins.backbones.tiny",
     "dllmbench.plugins.backbones.block",
     "dllmbench.plugins.backbones.fast_dllm_v2",
+    "dllmbench.plugins.backbones.llada2",
     "dllmbench.plugins.backbones.tiny_block",
     "dllmbench.plugins.scorers.reward",
     "dllmbench.plugins.scorers.self_verify",

@@ -1,5 +1,6 @@
-"""Block diffusion (SDAR, TraDo): transformers' own Qwen3 or Qwen2 class under a block-causal
-mask, sampled block by block with an exact KV cache of the committed blocks.
+"""Block diffusion (SDAR, TraDo, LLaDA2.0): transformers' own Qwen3, Qwen2 or Glm4Moe class
+(llada2_moe.py) under a block-causal mask, sampled block by block with an exact KV cache of
+the committed blocks.
 
 The canvas (the prompt and gen_length masks) is cut into blocks of `block_length` counted from
 position 0, as SDAR's `block_diffusion_generate` does: the prompt's whole blocks are context,
@@ -72,7 +73,7 @@ from dllmbench.plugins.backbones.loading import (
 
 Remasking = Literal["low_confidence_static", "low_confidence_dynamic", "sequential"]
 REMASKINGS: tuple[str, ...] = get_args(Remasking)
-Family = Literal["qwen3", "qwen2"]
+Family = Literal["qwen3", "qwen2", "llada2"]
 
 
 class BlockModelConfig:
@@ -115,7 +116,7 @@ class BlockConfig(BlockModelConfig):
     stop: bool = True  # end a row after the block in which it wrote an end token
     cache: bool = True  # False: every step recomputes the blocks before its own
     cache_memory: float | None = None  # GiB the KV cache may hold (default: unbounded)
-    family: Family = "qwen3"  # the architecture of model="random"
+    family: Family = "qwen3"  # the architecture of model="random" (llada2: LLaDA2.0's MoE)
     seed: int = 0  # initialisation of model="random"
     attention: Literal["sdpa"] = field(default="sdpa", repr=False)
 
@@ -136,7 +137,7 @@ class BlockConfig(BlockModelConfig):
             raise ValueError(f"threshold must be in [0, 1], got {self.threshold!r}")
         check_entropy_bound(self.entropy_bound)
         if self.family not in get_args(Family):
-            raise ValueError("family must be qwen3 or qwen2")
+            raise ValueError(f"family must be one of {', '.join(get_args(Family))}")
         if self.cache_memory is not None and self.cache_memory <= 0:
             raise ValueError("cache_memory must be > 0 GiB")
 
@@ -162,7 +163,8 @@ class Plan:
 
 
 class BlockDiffusion(DiffusionBackbone):
-    """A block-diffusion LM (SDAR, TraDo) on Qwen3 or Qwen2, with an exact KV cache."""
+    """A block-diffusion LM (SDAR, TraDo, LLaDA2.0) on Qwen3, Qwen2 or Glm4Moe, with an exact
+    KV cache."""
 
     Config = BlockConfig
     arch = "block"
@@ -203,6 +205,10 @@ class BlockDiffusion(DiffusionBackbone):
     def random_transformer(self, tokenizer: Any) -> torch.nn.Module:
         from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
+        if self.config.family == "llada2":
+            from dllmbench.plugins.backbones.llada2_moe import random_llada2
+
+            return random_llada2(len(tokenizer), RANDOM_POSITIONS, self.config.seed, self.dtype)
         qwen3 = self.config.family == "qwen3"
         shape = dict(
             hidden_size=64,

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 from dllmbench.core.errors import UserError
 from dllmbench.core.hub import hub_offline, hub_unreachable
 from dllmbench.core.jsonfile import read_object
+from dllmbench.plugins.backbones.llada2_moe import is_llada2, llada2_config, llada2_state
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DType = Literal["float32", "bfloat16", "float16"]  # the `dtype` option of a backbone
@@ -374,7 +375,11 @@ def build(arch: str, config: Any, dtype: torch.dtype) -> torch.nn.Module:
     from accelerate import init_empty_weights
     from transformers import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-    if arch == "block":
+    if type(config).__name__ == "Glm4MoeConfig":  # LLaDA2 (llada2_moe.py)
+        from transformers import Glm4MoeForCausalLM
+
+        cls = Glm4MoeForCausalLM
+    elif arch == "block":
         cls = Qwen3ForCausalLM if isinstance(config, Qwen3Config) else Qwen2ForCausalLM
     else:
         cls = Qwen2ForCausalLM if arch == "dream" else LlamaForCausalLM
@@ -385,21 +390,29 @@ def build(arch: str, config: Any, dtype: torch.dtype) -> torch.nn.Module:
 
 
 def load_checkpoint(arch: str, model: str, device: torch.device, dtype: torch.dtype):
-    """(transformer, tokenizer, raw config) of a Dream, LLaDA or block-diffusion checkpoint."""
+    """(transformer, tokenizer, raw config) of a Dream, LLaDA or block-diffusion checkpoint
+    (SDAR, TraDo, Fast-dLLM v2, LLaDA2.0)."""
     path = resolve(model)
     raw = read_config(arch, path)
     state = read_state_dict(path)
+    llada2 = arch == "block" and is_llada2(raw, state)
     try:
-        if arch == "block":  # Qwen3 normalises queries and keys per head; Qwen2 does not
+        if llada2:  # LLaDA2.0's mixture of experts: transformers' Glm4Moe
+            config = llada2_config(raw)
+        elif arch == "block":  # Qwen3 normalises queries and keys per head; Qwen2 does not
             config = block_config(raw, any(".q_norm." in k for k in state))
         else:
             config = qwen2_config(raw) if arch == "dream" else llama_config(raw)
         net = build(arch, config, dtype)
+    except UserError:
+        raise
     except Exception as exc:  # a value of the wrong kind or out of range: the file's fault
         reason = _one_line(f"{type(exc).__name__}: {exc}")
         raise UserError(f"{path / 'config.json'} does not build a model ({reason})") from None
     if arch == "llada":
         state = rename_llada_keys(state)
+    elif llada2:
+        state = llada2_state(state, config)
     if getattr(config, "tie_word_embeddings", False) and "lm_head.weight" not in state:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]  # a tied head (Qwen3-4B)
     state = {k: v.to(dtype) for k, v in state.items()}

@@ -1,0 +1,380 @@
+"""LLaDA2.0 (`llada2`): its checkpoints load into transformers' Glm4Moe and compute LLaDA2's
+forward, float32 and bfloat16; the sampler is LLaDA2's `generate` token for token; a token is
+charged the experts it is routed through."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+from test_block import SHARPER, run_rows
+
+from dllmbench.core.errors import UserError
+from dllmbench.core.flops import Work, flops, shape_of
+from dllmbench.core.types import Prompt
+from dllmbench.plugins.backbones.block import BlockDiffusion
+from dllmbench.plugins.backbones.llada2 import LLaDA2
+from dllmbench.plugins.backbones.llada2_moe import random_llada2
+from dllmbench.plugins.backbones.loading import char_tokenizer
+
+# -- a LLaDA2 checkpoint as the Hub holds it (LLaDA2MoeModelLM's names), and its forward --------
+
+SHAPE = {
+    "model_type": "llada2_moe",
+    "architectures": ["LLaDA2MoeModelLM"],
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 24,  # heads × head_dim is not the hidden size
+    "partial_rotary_factor": 0.5,
+    "rope_theta": 600000.0,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 512,
+    "use_qk_norm": True,
+    "use_qkv_bias": False,
+    "use_bias": False,
+    "num_experts": 8,
+    "num_shared_experts": 1,
+    "num_experts_per_tok": 3,
+    "n_group": 4,
+    "topk_group": 2,
+    "moe_intermediate_size": 16,
+    "routed_scaling_factor": 2.5,
+    "first_k_dense_replace": 1,
+    "score_function": "sigmoid",
+    "tie_word_embeddings": False,
+}
+
+
+def llada2_weights(raw: dict, vocab: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random weights in LLaDA2's own names and layout (fused query-key-value projection, one
+    module per expert)."""
+    g = torch.Generator().manual_seed(seed)
+    h, d = raw["hidden_size"], raw["head_dim"]
+    heads, kv = raw["num_attention_heads"], raw["num_key_value_heads"]
+
+    def w(*shape, std=0.08):
+        return torch.randn(*shape, generator=g) * std
+
+    def norm(n):
+        return 1 + w(n, std=0.2)
+
+    state = {"model.word_embeddings.weight": w(vocab, h, std=1.0)}
+    for i in range(raw["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        state[p + "input_layernorm.weight"] = norm(h)
+        state[p + "post_attention_layernorm.weight"] = norm(h)
+        state[p + "attention.query_key_value.weight"] = w((heads + 2 * kv) * d, h)
+        if raw["use_qkv_bias"]:
+            state[p + "attention.query_key_value.bias"] = w((heads + 2 * kv) * d)
+        state[p + "attention.query_layernorm.weight"] = norm(d)
+        state[p + "attention.key_layernorm.weight"] = norm(d)
+        state[p + "attention.dense.weight"] = w(h, heads * d)
+        if i < raw["first_k_dense_replace"]:
+            inter = raw["intermediate_size"]
+            state[p + "mlp.gate_proj.weight"] = w(inter, h)
+            state[p + "mlp.up_proj.weight"] = w(inter, h)
+            state[p + "mlp.down_proj.weight"] = w(h, inter)
+            continue
+        inter, shared = raw["moe_intermediate_size"], raw["num_shared_experts"]
+        state[p + "mlp.gate.weight"] = w(raw["num_experts"], h, std=0.5)
+        state[p + "mlp.gate.expert_bias"] = w(raw["num_experts"], std=0.3)
+        for e in range(raw["num_experts"]):
+            q = f"{p}mlp.experts.{e}."
+            state[q + "gate_proj.weight"] = w(inter, h)
+            state[q + "up_proj.weight"] = w(inter, h)
+            state[q + "down_proj.weight"] = w(h, inter)
+        for name, shape in (("gate_proj", (inter * shared, h)), ("up_proj", (inter * shared, h))):
+            state[f"{p}mlp.shared_experts.{name}.weight"] = w(*shape)
+        state[f"{p}mlp.shared_experts.down_proj.weight"] = w(h, inter * shared)
+    state["model.norm.weight"] = norm(h)
+    state["lm_head.weight"] = w(vocab, h)
+    return state
+
+
+def save_llada2(path, raw: dict, state: dict[str, torch.Tensor]) -> None:
+    tok = char_tokenizer()
+    (path / "config.json").write_text(json.dumps({**raw, "vocab_size": len(tok)}))
+    save_file({k: v.contiguous() for k, v in state.items()}, str(path / "model.safetensors"))
+    tok.save_pretrained(str(path))
+
+
+def rms(x, weight, eps):
+    """LLaDA2MoeRMSNorm: in float32, back to the input's dtype, then the weight."""
+    dtype = x.dtype
+    x = x.float()
+    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)
+
+
+def llada2_forward(state, raw, ids, allowed, dtype):
+    """LLaDA2MoeModelLM's forward, written out from its definition: logits [B, L, V] (float32)
+    of `ids` [B, L] at positions 0..L-1, query i seeing key j where `allowed[i, j]`."""
+    s = {k: v.to(dtype) for k, v in state.items()}
+    eps, d = raw["rms_norm_eps"], raw["head_dim"]
+    heads, kv = raw["num_attention_heads"], raw["num_key_value_heads"]
+    b, n = ids.shape
+    rot = int(d * raw["partial_rotary_factor"])
+    inv = 1.0 / raw["rope_theta"] ** (torch.arange(0, rot, 2).float() / rot)
+    angles = torch.arange(n).float()[:, None] * inv[None]
+    cos, sin = (torch.cat([f(angles)] * 2, -1).to(dtype) for f in (torch.cos, torch.sin))
+
+    def rope(t):  # rotate-half on the first `rot` channels of each head
+        a, rest = t[..., :rot], t[..., rot:]
+        half = torch.cat([-a[..., rot // 2 :], a[..., : rot // 2]], -1)
+        return torch.cat([a * cos + half * sin, rest], -1)
+
+    def mlp(x, p):
+        return F.linear(
+            F.silu(F.linear(x, s[p + "gate_proj.weight"])) * F.linear(x, s[p + "up_proj.weight"]),
+            s[p + "down_proj.weight"],
+        )
+
+    additive = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, -math.inf)
+    x = s["model.word_embeddings.weight"][ids]
+    for i in range(raw["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        y = rms(x, s[p + "input_layernorm.weight"], eps)
+        fused = p + "attention.query_key_value."
+        qkv = F.linear(y, s[fused + "weight"], s.get(fused + "bias"))
+        qkv = qkv.view(b, n, heads + 2 * kv, d).transpose(1, 2)
+        q, k, v = qkv.split([heads, kv, kv], dim=1)
+        q = rope(rms(q, s[p + "attention.query_layernorm.weight"], eps))
+        k = rope(rms(k, s[p + "attention.key_layernorm.weight"], eps))
+        k, v = (t.repeat_interleave(heads // kv, dim=1) for t in (k, v))
+        att = F.scaled_dot_product_attention(q, k, v, attn_mask=additive, scale=d**-0.5)
+        x = x + F.linear(att.transpose(1, 2).reshape(b, n, -1), s[p + "attention.dense.weight"])
+        y = rms(x, s[p + "post_attention_layernorm.weight"], eps)
+        if i < raw["first_k_dense_replace"]:
+            x = x + mlp(y, p + "mlp.")
+            continue
+        # the router: sigmoid scores in float32; groups ranked by their two best biased scores
+        flat = y.reshape(b * n, -1)
+        scores = torch.sigmoid(flat.float() @ s[p + "mlp.gate.weight"].float().T)
+        biased = scores + s[p + "mlp.gate.expert_bias"]
+        groups = biased.view(b * n, raw["n_group"], -1)
+        best = groups.topk(2, dim=-1).values.sum(-1).topk(raw["topk_group"], dim=-1).indices
+        keep = torch.zeros_like(groups[..., 0], dtype=torch.bool).scatter(1, best, True)
+        biased = biased.masked_fill(~keep.repeat_interleave(groups.shape[-1], 1), -math.inf)
+        chosen = biased.topk(raw["num_experts_per_tok"], dim=-1).indices
+        weight = scores.gather(1, chosen)
+        if chosen.shape[1] > 1:  # normalised when it chooses several
+            weight = weight / (weight.sum(-1, keepdim=True) + 1e-20)
+        weight = weight * raw["routed_scaling_factor"]
+        out = torch.zeros(b * n, flat.shape[-1])  # the chosen experts weighted, in float32
+        for t in range(b * n):
+            for slot, e in enumerate(chosen[t].tolist()):
+                part = mlp(flat[t : t + 1], f"{p}mlp.experts.{e}.")[0]
+                out[t] += part.float() * weight[t, slot]
+        out = out.to(dtype) + mlp(flat, p + "mlp.shared_experts.")
+        x = x + out.view(b, n, -1)
+    x = rms(x, s["model.norm.weight"], eps)
+    return F.linear(x, s["lm_head.weight"]).float()
+
+
+def block_causal(n: int, block: int) -> torch.Tensor:
+    blocks = torch.arange(n) // block
+    return blocks[None, :] <= blocks[:, None]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "tol", "change"),
+    [
+        ("float32", 2e-5, {}),
+        ("float32", 2e-5, {"use_qkv_bias": True, "num_experts_per_tok": 1}),
+        ("float32", 2e-5, {"first_k_dense_replace": 0, "num_shared_experts": 2}),
+        ("bfloat16", 0.05, {}),
+    ],
+)
+def test_a_llada2_checkpoint_computes_llada2s_forward(tmp_path, dtype, tol, change):
+    """Saved in LLaDA2's names (fused projection, an expert per module, the router's bias),
+    the checkpoint loads into Glm4Moe, unread remote code aside, and its logits under the
+    block-causal mask are LLaDA2's: in float32 to rounding, in bfloat16 as bfloat16 rounds.
+    Also: one expert chosen (not normalised) with a query-key-value bias; no dense layer
+    first and two shared experts."""
+    raw = {**SHAPE, **change}
+    state = llada2_weights(raw, len(char_tokenizer()), seed=4)
+    save_llada2(tmp_path, raw, state)
+    bb = LLaDA2(model=str(tmp_path), block_length=4, dtype=dtype)
+    assert type(bb.transformer).__name__ == "Glm4MoeForCausalLM"
+    ids = torch.randint(3, 60, (2, 11), generator=torch.Generator().manual_seed(1))
+    ours = bb.logits(ids, torch.ones_like(ids)).float()
+    ref = llada2_forward(state, raw, ids, block_causal(11, 4), getattr(torch, dtype))
+    scale = float(ref.abs().max())
+    assert float((ours - ref).abs().max()) <= tol * scale
+    if dtype == "float32":  # the routing matters: another bias chooses other experts
+        moved = dict(state)
+        for key in [k for k in moved if k.endswith("expert_bias")]:
+            moved[key] = -moved[key]
+        other = llada2_forward(moved, raw, ids, block_causal(11, 4), torch.float32)
+        assert float((other - ref).abs().max()) > 100 * tol * scale
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"use_bias": True}, "use_bias=true"),
+        ({"score_function": "softmax"}, "score_function 'softmax' is not sigmoid"),
+        ({"rope_scaling": {"type": "yarn", "factor": 4}}, "rope_scaling"),
+        ({"num_experts": None}, "lacks num_experts"),
+        ({"n_group": 3}, "8 experts in n_group=3 groups"),
+        ({"topk_group": 5}, "topk_group <= n_group"),
+        ({"num_experts_per_tok": 5}, "num_experts_per_tok=5 is more than"),
+        ({"moe_intermediate_size": 0}, "moe_intermediate_size is 0, not an integer >= 1"),
+    ],
+)
+def test_a_llada2_config_it_cannot_compute_is_one_line(tmp_path, change, needle):
+    raw = {k: v for k, v in {**SHAPE, **change}.items() if v is not None}
+    save_llada2(tmp_path, raw, llada2_weights(SHAPE, len(char_tokenizer())))
+    with pytest.raises(UserError, match=needle) as caught:
+        LLaDA2(model=str(tmp_path))
+    assert "\n" not in str(caught.value)
+
+
+def test_a_llada2_checkpoint_missing_an_expert_names_it(tmp_path):
+    state = llada2_weights(SHAPE, len(char_tokenizer()))
+    del state["model.layers.2.mlp.experts.5.up_proj.weight"]
+    save_llada2(tmp_path, SHAPE, state)
+    with pytest.raises(UserError, match=r"layer 2 has 7 of 8 experts' up_proj \(lacks \[5\]\)"):
+        LLaDA2(model=str(tmp_path))
+
+
+# -- LLaDA2's `generate` (LLaDA2MoeModelLM.generate), written out -----------------------------
+# Every step recomputes the whole window up to the current block, as `generate` does; the
+# draw is by the backbone's keyed uniforms (inverse CDF) instead of torch.multinomial, and the
+# mask token is never drawn (as in test_block's SDAR transcription).
+
+
+def llada2_generate(model, prompt, mask_id, gen, block, steps, temperature, threshold, u, stops):
+    plen = len(prompt)
+    blocks = -(-(plen + gen) // block)
+    total = blocks * block
+    x = torch.full((1, total), mask_id, dtype=torch.long)
+    x[0, :plen] = torch.tensor(prompt)
+    allowed = block_causal(total, block)
+    base, rem = divmod(block, steps)
+    schedule = [base + (s < rem) for s in range(steps)]
+    taken = 0
+    for nb in range(plen // block, blocks):
+        end = (nb + 1) * block
+        for step in range(steps):
+            active = x[0, end - block : end] == mask_id
+            if not active.any():
+                break
+            mask = torch.zeros(end, end).masked_fill(~allowed[:end, :end], -math.inf)
+            logits = model(
+                input_ids=x[:, :end],
+                attention_mask=mask[None, None],
+                position_ids=torch.arange(end)[None],
+            ).logits[0, -block:]
+            logits = logits.double()
+            logits[:, mask_id] = -math.inf
+            if temperature > 0:
+                probs = torch.softmax(logits / temperature, -1)
+                cdf = probs.cumsum(-1)
+                draw = u(taken)[end - block : end]
+                x0 = torch.searchsorted(cdf, (draw * cdf[:, -1])[:, None], right=True)[:, 0]
+                x0 = torch.minimum(x0, torch.searchsorted(cdf, cdf[:, -1:].contiguous())[:, 0])
+            else:
+                probs = torch.softmax(logits, -1)
+                x0 = probs.argmax(-1)
+            p = probs.gather(-1, x0[:, None])[:, 0]
+            confidence = torch.where(active, p, -math.inf)
+            high = confidence > threshold
+            transfer = torch.zeros(block, dtype=torch.bool)
+            if int(high.sum()) >= schedule[step]:
+                transfer = high
+            else:
+                transfer[confidence.topk(min(schedule[step], int(active.sum()))).indices] = True
+            x[0, end - block : end][transfer] = x0[transfer]
+            taken += 1
+        if any(bool((x[0, plen:end] == s).any()) for s in stops):
+            break
+    return x[0], taken
+
+
+@pytest.mark.parametrize(
+    ("block", "steps", "threshold", "temperature", "text"),
+    [
+        (4, 4, 0.95, 1.0, "Question: 12+7?"),
+        (8, 8, 0.5, 0.7, "What is 9-2?...."),
+        (8, 4, 0.9, 1.0, "Q: 3*4+5=?"),
+        (4, 4, 0.6, 0.0, "What is 9-2?"),
+    ],
+)
+def test_the_sampler_is_llada2s_generate_token_for_token(
+    block, steps, threshold, temperature, text
+):
+    """On a random LLaDA2 (Glm4Moe, experts routed by a biased router), the backbone's rows,
+    read from its KV cache, are `generate`'s tokens recomputing every block each step, and
+    it takes as many forwards when its canvas ends on a block boundary (`generate`'s runs on
+    to one; the backbone's last block is as much shorter)."""
+    bb = LLaDA2(
+        model="random", block_length=block, threshold=threshold, temperature=temperature, seed=5
+    )
+    bb.transformer.lm_head.weight.data.mul_(SHARPER)  # confidences spread around the threshold
+    prompt = bb.encode(Prompt(text=text))
+    gen = 4 * block
+    key = 77
+    ours = run_rows(bb, prompt, gen, (gen // block) * steps, [key])[0]
+    width = len(ours)
+    ref, forwards = llada2_generate(
+        bb.transformer,
+        prompt,
+        bb.mask_id,
+        gen,
+        block,
+        steps,
+        temperature,
+        threshold,
+        lambda step: torch.cat([bb.noise_at(key, step, "token", width), torch.rand(block)]),
+        sorted(bb.stop_ids),
+    )
+    same = width if width % block == 0 else width // block * block
+    ours, ref = ours[:same], ref[:same]
+    written = ref != bb.mask_id
+    assert torch.equal(ours[written], ref[written])
+    assert bool((ours[~written] == bb.eos_id).all())  # after the stop, the end token
+    assert int(written.sum()) > len(prompt) + block
+    if width % block == 0:  # no shorter last block: the same forwards
+        assert bb.steps_taken == forwards
+    if threshold < 0.95:  # the threshold committed several positions at some step
+        assert forwards < int(written.sum()) - len(prompt)
+
+
+def test_llada2s_defaults_are_its_generates():
+    c = LLaDA2.Config()
+    assert (c.model, c.block_length, c.threshold) == ("inclusionAI/LLaDA2.0-mini", 32, 0.95)
+    assert c.remasking == "low_confidence_dynamic" and c.stop and c.cache
+    assert isinstance(LLaDA2(model="random"), BlockDiffusion)
+
+
+# -- FLOPs: a token is charged its experts, not all of them ------------------------------------
+
+
+def test_a_mixture_of_experts_is_charged_the_experts_a_token_is_routed_to():
+    """torch's own count of a forward (eager attention and experts, so that every matmul is
+    one it sees) is the formula's: the router whole, the shared expert, and num_experts_per_tok
+    of the experts, whichever a token is routed to."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    net = random_llada2(80, 512, seed=2, dtype=torch.float32)
+    net.config._attn_implementation = "eager"
+    net.config._experts_implementation = "eager"
+    shape = shape_of(net)
+    c = net.config
+    h, routed = c.hidden_size, c.n_routed_experts
+    attention = h * c.head_dim * (c.num_attention_heads * 2 + c.num_key_value_heads * 2)
+    dense = 3 * h * c.intermediate_size
+    experts = c.num_experts_per_tok * 3 * h * c.moe_intermediate_size
+    shared = 3 * h * c.moe_intermediate_size * c.n_shared_experts
+    assert shape.params == 2 * attention + dense + routed * h + experts + shared
+    ids = torch.randint(0, 80, (3, 20), generator=torch.Generator().manual_seed(0))
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        net(input_ids=ids)
+    assert counter.get_total_flops() == 3 * flops(shape, Work.full(20))
