@@ -46,9 +46,11 @@ tokens per second, `forward_seconds` the forward alone; the KV cache's bytes (`s
 at the steady state, `peak_bytes`) and the CUDA allocator's peak are reported per model.
 
 `--models block-engines` runs the block models end to end instead: `block` (SDAR's sampler,
-blocks of 4, Qwen3-8B's shape) and `fast-dllm-v2` (its own sampler, blocks of 32 and
-sub-blocks of 8, Qwen2.5-7B's shape) through the engine, Majority@8 on 8 GSM8K problems with
-256 generated tokens at T = 256, every row written to its end (`stop=false`). Each reports
+blocks of 4, Qwen3-8B's shape), `llada2` (the same sampler, blocks of 32, LLaDA2.0-mini's
+mixture of experts: 8 of 256 experts routed per token, charged as such) and `fast-dllm-v2`
+(its own sampler, blocks of 32 and sub-blocks of 8, Qwen2.5-7B's shape) through the engine,
+Majority@8 on 8 GSM8K problems with 256 generated tokens at T = 256, every row written to its
+end (`stop=false`). Each reports
 seconds, the ledger's FLOPs as TFLOP/s and MFU, row-passes and generated tokens per second.
 
     python benchmarks/bench_gpu.py [--models dream,llada] [--json]
@@ -132,6 +134,31 @@ SHAPES: dict[str, dict[str, Any]] = {
         "max_position_embeddings": 40960,
         "tie_word_embeddings": False,
     },
+    # LLaDA2.0-mini's config.json (LLaDA2's names): 16B parameters, 8 of 256 experts routed
+    "llada2": {
+        "model_type": "llada2_moe",
+        "hidden_size": 2048,
+        "intermediate_size": 5120,
+        "num_hidden_layers": 20,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "vocab_size": 157184,
+        "rope_theta": 600000.0,
+        "partial_rotary_factor": 0.5,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 16384,
+        "use_qk_norm": True,
+        "num_experts": 256,
+        "num_shared_experts": 1,
+        "num_experts_per_tok": 8,
+        "n_group": 8,
+        "topk_group": 4,
+        "moe_intermediate_size": 512,
+        "routed_scaling_factor": 2.5,
+        "first_k_dense_replace": 1,
+        "tie_word_embeddings": False,
+    },
 }
 # --tiny: the same architectures at a few layers and a small width
 TINY = {
@@ -159,6 +186,20 @@ TINY = {
         "num_key_value_heads": 2,
         "head_dim": 16,
         "vocab_size": 512,
+    },
+    "llada2": {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "vocab_size": 512,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "n_group": 4,
+        "topk_group": 2,
+        "moe_intermediate_size": 32,
     },
 }
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0}  # bf16 dense
@@ -638,22 +679,30 @@ ENGINES_SMALL = Setup(rows=4, length=0, gen_length=32, repeats=1, engine_problem
 
 
 def block_engines(device, dtype, peak, tiny: bool) -> dict[str, Any]:
-    """`block` and `fast-dllm-v2` end to end: the engine's Majority@copies on GSM8K problems,
-    rows written to the end (`stop=false`: a random model's end tokens do not end them), each
-    charged the steps it took."""
+    """`block`, `llada2` and `fast-dllm-v2` end to end: the engine's Majority@copies on GSM8K
+    problems, rows written to the end (`stop=false`: a random model's end tokens do not end
+    them), each charged the steps it took."""
+    from transformers import Glm4MoeForCausalLM
+
     from dllmbench.plugins.backbones.fast_dllm_v2 import FastDLLMv2
+    from dllmbench.plugins.backbones.llada2 import LLaDA2
+    from dllmbench.plugins.backbones.llada2_moe import llada2_config
 
     s = ENGINES_SMALL if tiny else ENGINES
     out: dict[str, Any] = {}
     for name, cls, shape in (
         ("block", BlockDiffusion, "block"),
+        ("llada2", LLaDA2, "llada2"),
         ("fast-dllm-v2", FastDLLMv2, "dream"),
     ):
         free(device)
         raw = {**SHAPES[shape], **(TINY[shape] if tiny else {})}
-        qwen3 = cls is BlockDiffusion
-        net_cls = Qwen3ForCausalLM if qwen3 else Qwen2ForCausalLM
-        net = random_net(net_cls, block_config(raw, qwen3=qwen3), device, dtype)
+        if cls is LLaDA2:
+            net = random_net(Glm4MoeForCausalLM, llada2_config(raw), device, dtype)
+        else:
+            qwen3 = cls is BlockDiffusion
+            net_cls = Qwen3ForCausalLM if qwen3 else Qwen2ForCausalLM
+            net = random_net(net_cls, block_config(raw, qwen3=qwen3), device, dtype)
         bb = block_backbone(net, char_tokenizer(), device, dtype, cls, stop=False)
         shape_of = model_shape(bb)
         assert shape_of is not None
@@ -859,7 +908,7 @@ def main() -> None:
         "--models",
         default="dream,llada",
         help="comma-separated: dream, llada, block (the block model's cached step beside "
-        "Dream's), block-engines (block and fast-dllm-v2 through the engine)",
+        "Dream's), block-engines (block, llada2 and fast-dllm-v2 through the engine)",
     )
     parser.add_argument("--tiny", action="store_true", help="a tiny shape, on a CPU in seconds")
     parser.add_argument("--device", help="default: cuda when available (not with --tiny)")
