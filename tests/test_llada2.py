@@ -250,7 +250,9 @@ def test_a_llada2_checkpoint_missing_an_expert_names_it(tmp_path):
 # mask token is never drawn (as in test_block's SDAR transcription).
 
 
-def llada2_generate(model, prompt, mask_id, gen, block, steps, temperature, threshold, u, stops):
+def llada2_generate(
+    model, prompt, mask_id, gen, block, steps, temperature, threshold, u, stops, early=False
+):
     plen = len(prompt)
     blocks = -(-(plen + gen) // block)
     total = blocks * block
@@ -293,6 +295,12 @@ def llada2_generate(model, prompt, mask_id, gen, block, steps, temperature, thre
                 transfer[confidence.topk(min(schedule[step], int(active.sum()))).indices] = True
             x[0, end - block : end][transfer] = x0[transfer]
             taken += 1
+            ends = torch.tensor(stops)
+            if early and bool(torch.isin(x0[transfer], ends).any()):  # eos_early_stop
+                answer = x[0, plen:]
+                first = int(torch.isin(answer, ends).nonzero()[0, 0])
+                if not bool((answer[:first] == mask_id).any()):
+                    return x[0], taken
         if any(bool((x[0, plen:end] == s).any()) for s in stops):
             break
     return x[0], taken
@@ -347,10 +355,51 @@ def test_the_sampler_is_llada2s_generate_token_for_token(
         assert forwards < int(written.sum()) - len(prompt)
 
 
+def test_eos_early_stop_ends_a_row_at_the_step_generate_does():
+    """With `eos_early_stop` (llada2's default, as the model card runs `generate`) a row ends
+    at the step that commits an end token with everything before it written: `generate`'s
+    tokens, its forwards, fewer than the row that fills its block first."""
+    block, steps, threshold, key = 8, 8, 0.95, 77
+    taken = {}
+    for early in (False, True):
+        bb = LLaDA2(
+            model="random", block_length=block, seed=5, eos_early_stop=early, threshold=threshold
+        )
+        head = bb.transformer.lm_head.weight.data
+        head.mul_(SHARPER)
+        head[bb.eos_id] = head[52]  # the end token where the model would write token 52
+        head[52] = -head[52]
+        prompt = bb.encode(Prompt(text="What is 9-2?...."))
+        ours = run_rows(bb, prompt, 4 * block, 4 * steps, [key])[0]
+        width = len(ours)
+        assert width % block == 0
+        ref, forwards = llada2_generate(
+            bb.transformer,
+            prompt,
+            bb.mask_id,
+            4 * block,
+            block,
+            steps,
+            1.0,
+            threshold,
+            lambda step: bb.noise_at(key, step, "token", width),  # noqa: B023
+            sorted(bb.stop_ids),
+            early=early,
+        )
+        written = ref != bb.mask_id
+        assert torch.equal(ours[written], ref[written])
+        assert bool((ours[~written] == bb.eos_id).all())
+        assert bb.steps_taken == forwards
+        answer = ours[len(prompt) :].tolist()
+        assert 0 < answer.index(bb.eos_id) < 2 * block  # it ended in its second block
+        taken[early] = forwards
+    assert taken[True] < taken[False]
+
+
 def test_llada2s_defaults_are_its_generates():
     c = LLaDA2.Config()
     assert (c.model, c.block_length, c.threshold) == ("inclusionAI/LLaDA2.0-mini", 32, 0.95)
-    assert c.remasking == "low_confidence_dynamic" and c.stop and c.cache
+    assert c.remasking == "low_confidence_dynamic" and c.stop and c.cache and c.eos_early_stop
     assert isinstance(LLaDA2(model="random"), BlockDiffusion)
 
 

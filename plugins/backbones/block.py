@@ -22,7 +22,9 @@ less the largest, sum to at most the bound (base.py: `entropy_bound_count`).
 A block once filled is context: the row's next step stores its keys and values in the cache
 while it denoises the next block (one forward where the reference spends two). With `stop`,
 a row ends after the block in which it wrote an end token, as the reference's stopping
-criterion; its remaining positions are filled with that token.
+criterion; its remaining positions are filled with that token. With `eos_early_stop` it ends
+at the step that commits an end token once every position before the first one is written
+(LLaDA2's option): the same text, fewer steps.
 
 The cache (kvstore.py) names entries by their content, so rows forked or repeated from a
 parent reuse the parent's blocks instead of recomputing them, and frees them when the problem
@@ -114,6 +116,9 @@ class BlockConfig(BlockModelConfig):
     # their entropies less the largest sum to <= this (nats)
     entropy_bound: float | None = None
     stop: bool = True  # end a row after the block in which it wrote an end token
+    # end it at the step that commits an end token with every position before it written
+    # (LLaDA2's `eos_early_stop`): the same text, fewer steps
+    eos_early_stop: bool = False
     cache: bool = True  # False: every step recomputes the blocks before its own
     cache_memory: float | None = None  # GiB the KV cache may hold (default: unbounded)
     family: Family = "qwen3"  # the architecture of model="random" (llada2: LLaDA2.0's MoE)
@@ -565,8 +570,10 @@ class BlockDiffusion(DiffusionBackbone):
             chosen = choose(conf, per_step, c, ties, entropy)
             tokens[where[i][chosen]] = x0[chosen]
             confidence[where[i][chosen]] = conf[chosen].float()
-            if self.stops(c, tokens, prompt_len, plan):
-                rest = tokens[plan.end :]
+            if self.stops(c, tokens, prompt_len, plan) or self.stops_early(
+                c, tokens, prompt_len, x0[chosen]
+            ):
+                rest = tokens[prompt_len:]
                 rest[rest == self.mask_id] = self.eos_id if self.eos_id is not None else self.pad_id
         return out
 
@@ -583,6 +590,20 @@ class BlockDiffusion(DiffusionBackbone):
         if not c.stop or bool((written == self.mask_id).any()):
             return False
         return any(bool((written == s).any()) for s in self.stop_ids)
+
+    def stops_early(
+        self, c: BlockConfig, tokens: torch.Tensor, prompt_len: int, committed: torch.Tensor
+    ) -> bool:
+        """With `eos_early_stop`: this step committed an end token, and every position before
+        the first end token of the answer is written (LLaDA2's `eos_early_stop`)."""
+        if not c.eos_early_stop:
+            return False
+        ends = torch.tensor(sorted(self.stop_ids), dtype=tokens.dtype)
+        if not bool(torch.isin(committed, ends).any()):
+            return False
+        answer = tokens[prompt_len:]
+        first = int(torch.isin(answer, ends).nonzero()[0, 0])
+        return not bool((answer[:first] == self.mask_id).any())
 
     def commit(self, ids, attn, offsets, batch):  # pragma: no cover - the step is its own
         raise NotImplementedError("BlockDiffusion steps through denoise_step_with_confidence")

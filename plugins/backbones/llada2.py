@@ -7,9 +7,11 @@ of 32 from position 0, gives each block `steps` steps, draws every masked positi
 current block, and commits every position above `threshold` (0.95) when there are at least
 the step's share of them, else the step's share most confident first. That is
 `low_confidence_dynamic`, and its stop (the block in which an end token was written is the
-last) is `block`'s `stop`. Where `generate` recomputes every block before the current one at
-every step, the backbone reads them from its exact KV cache: under the block-causal mask they
-are the same keys and values, so the tokens are the same and a step costs a block.
+last) is `block`'s `stop`; `eos_early_stop`, on as the model card runs `generate`, ends a row
+at the step that commits an end token once everything before it is written. Where
+`generate` recomputes every block before the current one at every step, the backbone reads
+them from its exact KV cache: under the block-causal mask they are the same keys and values,
+so the tokens are the same and a step costs a block.
 
 One departure: `generate`'s `temperature=0.0` (its default) does not divide the logits and
 then draws, so it samples at temperature 1. Here 0 is the most probable token and the default
@@ -31,6 +33,7 @@ class LLaDA2Config(BlockConfig):
     block_length: int = 32  # LLaDA2's
     threshold: float = 0.95  # LLaDA2's
     family: Family = "llada2"  # the architecture of model="random"
+    eos_early_stop: bool = True  # as LLaDA2's model card runs `generate`
 
 
 class LLaDA2(BlockDiffusion):
