@@ -69,6 +69,19 @@ def test_what_stays_with_torchs_own_linear():
     assert x.grad is not None and layer.weight.grad is not None
 
 
+@pytest.mark.parametrize(("k", "n"), [(32, 0), (0, 32)])
+def test_a_linear_of_no_width_stays_with_torch(k, n):
+    """LLaDA2 without shared experts has linears of no width: oneDNN's operator cannot
+    reshape their empty weight (a RuntimeError); torch's own gives the empty or zero result."""
+    layer = _layer(k, n, False)
+    use_onednn(layer)
+    x = torch.randn(MIN_ROWS, k)
+    with _spy() as spy, torch.no_grad():
+        got = layer(x)
+    assert spy.call_count == 0
+    assert torch.equal(got, F.linear(x, layer.weight))
+
+
 def test_a_trained_layer_keeps_its_gradient_and_a_frozen_input_is_routed():
     """A LoRA adapter trains on a frozen base: the base's linear has no gradient to give
     when its input needs none, and oneDNN computes it; the adapter's still trains."""

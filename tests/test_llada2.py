@@ -16,9 +16,9 @@ from test_block import SHARPER, run_rows
 from dllmbench.core.errors import UserError
 from dllmbench.core.flops import Work, flops, shape_of
 from dllmbench.core.types import Prompt
-from dllmbench.plugins.backbones.block import BlockDiffusion
+from dllmbench.plugins.backbones.block import BlockDiffusion, draw
 from dllmbench.plugins.backbones.llada2 import LLaDA2
-from dllmbench.plugins.backbones.llada2_moe import random_llada2
+from dllmbench.plugins.backbones.llada2_moe import llada2_config, random_llada2
 from dllmbench.plugins.backbones.loading import char_tokenizer
 
 # -- a LLaDA2 checkpoint as the Hub holds it (LLaDA2MoeModelLM's names), and its forward --------
@@ -188,7 +188,9 @@ def block_causal(n: int, block: int) -> torch.Tensor:
         ("float32", 2e-5, {}),
         ("float32", 2e-5, {"use_qkv_bias": True, "num_experts_per_tok": 1}),
         ("float32", 2e-5, {"first_k_dense_replace": 0, "num_shared_experts": 2}),
+        ("float32", 2e-5, {"num_shared_experts": 0}),  # shared experts of no width
         ("bfloat16", 0.05, {}),
+        ("bfloat16", 0.05, {"num_shared_experts": 0}),
     ],
 )
 def test_a_llada2_checkpoint_computes_llada2s_forward(tmp_path, dtype, tol, change):
@@ -196,7 +198,8 @@ def test_a_llada2_checkpoint_computes_llada2s_forward(tmp_path, dtype, tol, chan
     the checkpoint loads into Glm4Moe, unread remote code aside, and its logits under the
     block-causal mask are LLaDA2's: in float32 to rounding, in bfloat16 as bfloat16 rounds.
     Also: one expert chosen (not normalised) with a query-key-value bias; no dense layer
-    first and two shared experts."""
+    first and two shared experts; no shared experts (zero-width tensors, as LLaDA2 saves
+    them: float32 on the CPU once crashed in oneDNN's linear)."""
     raw = {**SHAPE, **change}
     state = llada2_weights(raw, len(char_tokenizer()), seed=4)
     save_llada2(tmp_path, raw, state)
@@ -226,6 +229,11 @@ def test_a_llada2_checkpoint_computes_llada2s_forward(tmp_path, dtype, tol, chan
         ({"topk_group": 5}, "topk_group <= n_group"),
         ({"num_experts_per_tok": 5}, "num_experts_per_tok=5 is more than"),
         ({"moe_intermediate_size": 0}, "moe_intermediate_size is 0, not an integer >= 1"),
+        ({"norm_head": True}, "norm_head=true is not supported"),
+        ({"n_group": 8}, "8 experts in n_group=8 groups"),  # groups of one expert
+        ({"first_k_dense_replace": True}, "first_k_dense_replace is True, not an integer"),
+        ({"partial_rotary_factor": 1.5}, r"partial_rotary_factor is 1.5, not a number in \[0, 1\]"),
+        ({"partial_rotary_factor": "0.5"}, "partial_rotary_factor is '0.5', not a number"),
     ],
 )
 def test_a_llada2_config_it_cannot_compute_is_one_line(tmp_path, change, needle):
@@ -244,6 +252,105 @@ def test_a_llada2_checkpoint_missing_an_expert_names_it(tmp_path):
         LLaDA2(model=str(tmp_path))
 
 
+def test_a_config_json_without_optional_keys_gets_llada2s_defaults():
+    """LLaDA2MoeConfig's defaults (configuration_llada2_moe.py) for every key a config.json
+    may leave out."""
+    raw = {
+        "model_type": "llada2_moe",
+        "vocab_size": 100,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_experts": 16,
+        "moe_intermediate_size": 16,
+    }
+    c = llada2_config(raw)
+    assert c.head_dim == 16 and c.num_key_value_heads == 4  # hidden // heads; all heads
+    assert c.rope_parameters["rope_theta"] == 10000.0
+    assert c.rope_parameters["partial_rotary_factor"] == 0.5
+    assert (c.rms_norm_eps, c.hidden_act, c.max_position_embeddings) == (1e-5, "silu", 16384)
+    assert c.use_qk_norm and not c.attention_bias and not c.tie_word_embeddings
+    assert (c.num_experts_per_tok, c.n_group, c.topk_group) == (2, 8, 4)
+    assert (c.n_shared_experts, c.first_k_dense_replace) == (0, 0)
+    assert c.routed_scaling_factor == 2.5 and c.norm_topk_prob  # two chosen: normalised
+    assert llada2_config({**raw, "num_shared_experts": None}).n_shared_experts == 0
+
+
+def _logits(tmp_path, raw, saved, dtype="float32"):
+    save_llada2(tmp_path, raw, saved)
+    bb = LLaDA2(model=str(tmp_path), block_length=4, dtype=dtype)
+    ids = torch.randint(3, 60, (2, 11), generator=torch.Generator().manual_seed(1))
+    return bb.logits(ids, torch.ones_like(ids)).float(), ids
+
+
+def test_a_checkpoint_without_the_routing_bias_routes_as_with_a_zero_one(tmp_path):
+    state = llada2_weights(SHAPE, len(char_tokenizer()), seed=4)
+    zero = {k: torch.zeros_like(v) if k.endswith("expert_bias") else v for k, v in state.items()}
+    saved = {k: v for k, v in state.items() if not k.endswith("expert_bias")}
+    ours, ids = _logits(tmp_path, SHAPE, saved)
+    ref = llada2_forward(zero, SHAPE, ids, block_causal(11, 4), torch.float32)
+    assert float((ours - ref).abs().max()) <= 2e-5 * float(ref.abs().max())
+
+
+def test_null_shared_experts_are_none(tmp_path):
+    """num_shared_experts null: LLaDA2 builds no shared experts and saves none."""
+    raw = {**SHAPE, "num_shared_experts": 0}
+    state = llada2_weights(raw, len(char_tokenizer()), seed=4)
+    saved = {k: v for k, v in state.items() if ".shared_experts." not in k}
+    ours, ids = _logits(tmp_path, {**SHAPE, "num_shared_experts": None}, saved)
+    ref = llada2_forward(state, raw, ids, block_causal(11, 4), torch.float32)
+    assert float((ours - ref).abs().max()) <= 2e-5 * float(ref.abs().max())
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "needle"),
+    [
+        ("model.layers.1.attention.dense.bias", torch.zeros(64), r"dense\.bias: .*\(use_bias\)"),
+        (
+            "model.layers.2.mlp.experts.3.down_proj.weight",
+            torch.zeros(64, 15),
+            r"experts\.3\.down_proj\.weight is \[64, 15\], expert 0's \[64, 16\]",
+        ),
+    ],
+)
+def test_a_checkpoint_key_it_cannot_load_is_one_line(tmp_path, key, value, needle):
+    """A biased output projection (LLaDA2's `use_bias`, which defaults to true when
+    config.json leaves it out), an expert of another shape."""
+    state = {**llada2_weights(SHAPE, len(char_tokenizer())), key: value}
+    save_llada2(tmp_path, {k: v for k, v in SHAPE.items() if k != "use_bias"}, state)
+    with pytest.raises(UserError, match=needle) as caught:
+        LLaDA2(model=str(tmp_path))
+    assert "\n" not in str(caught.value)
+
+
+def test_the_experts_sum_their_shares_in_float32_and_round_once(tmp_path):
+    """In bfloat16, as LLaDA2's `moe_infer`: each expert's output (bfloat16) times its
+    float32 weight, summed in float32 and rounded once; transformers' eager experts round
+    each share to bfloat16 before adding it."""
+    raw = {**SHAPE, "num_experts_per_tok": 4, "n_group": 2, "topk_group": 1}
+    save_llada2(tmp_path, raw, llada2_weights(raw, len(char_tokenizer()), seed=4))
+    moe = LLaDA2(model=str(tmp_path), dtype="bfloat16").transformer.model.layers[1].mlp
+    x = torch.randn(64, raw["hidden_size"], generator=torch.Generator().manual_seed(0))
+    x = x.to(torch.bfloat16)
+    with torch.no_grad():
+        _, weights, chosen = moe.gate(x)
+        ours = moe.experts(x, chosen, weights)
+        gate_up, down = moe.experts.gate_up_proj, moe.experts.down_proj
+        shares = []
+        for slot in range(chosen.shape[1]):
+            g, u = torch.einsum("th,tih->ti", x, gate_up[chosen[:, slot]]).chunk(2, -1)
+            part = torch.einsum("ti,thi->th", (F.silu(g) * u).to(x.dtype), down[chosen[:, slot]])
+            shares.append(part.to(x.dtype).float() * weights[:, slot, None])
+    once = sum(shares).to(x.dtype)
+    each = torch.zeros_like(x)
+    for share in shares:
+        each += share.to(x.dtype)
+    same_once = float((ours == once).float().mean())
+    same_each = float((ours == each).float().mean())
+    assert same_once > 0.9 and same_once > same_each + 0.1
+
+
 # -- LLaDA2's `generate` (LLaDA2MoeModelLM.generate), written out -----------------------------
 # Every step recomputes the whole window up to the current block, as `generate` does; the
 # draw is by the backbone's keyed uniforms (inverse CDF) instead of torch.multinomial, and the
@@ -251,7 +358,19 @@ def test_a_llada2_checkpoint_missing_an_expert_names_it(tmp_path):
 
 
 def llada2_generate(
-    model, prompt, mask_id, gen, block, steps, temperature, threshold, u, stops, early=False
+    model,
+    prompt,
+    mask_id,
+    gen,
+    block,
+    steps,
+    temperature,
+    threshold,
+    u,
+    stops,
+    top_k=None,
+    top_p=1.0,
+    early=False,
 ):
     plen = len(prompt)
     blocks = -(-(plen + gen) // block)
@@ -277,7 +396,20 @@ def llada2_generate(
             logits = logits.double()
             logits[:, mask_id] = -math.inf
             if temperature > 0:
-                probs = torch.softmax(logits / temperature, -1)
+                logits = logits / temperature
+            if top_k:  # _top_k_logits, then _top_p_logits of what it kept
+                kth = torch.topk(logits, top_k).values[:, -1:]
+                logits = logits.masked_fill(logits < kth, -math.inf)
+            if top_p < 1.0:
+                ordered, order = torch.sort(logits, descending=True)
+                drop = torch.softmax(ordered, -1).cumsum(-1) > top_p
+                drop[:, 1:] = drop[:, :-1].clone()
+                drop[:, 0] = False
+                logits = logits.masked_fill(
+                    torch.zeros_like(drop).scatter(-1, order, drop), -math.inf
+                )
+            if temperature > 0:
+                probs = torch.softmax(logits, -1)
                 cdf = probs.cumsum(-1)
                 draw = u(taken)[end - block : end]
                 x0 = torch.searchsorted(cdf, (draw * cdf[:, -1])[:, None], right=True)[:, 0]
@@ -307,23 +439,31 @@ def llada2_generate(
 
 
 @pytest.mark.parametrize(
-    ("block", "steps", "threshold", "temperature", "text"),
+    ("block", "steps", "threshold", "temperature", "text", "top_k", "top_p"),
     [
-        (4, 4, 0.95, 1.0, "Question: 12+7?"),
-        (8, 8, 0.5, 0.7, "What is 9-2?...."),
-        (8, 4, 0.9, 1.0, "Q: 3*4+5=?"),
-        (4, 4, 0.6, 0.0, "What is 9-2?"),
+        (4, 4, 0.95, 1.0, "Question: 12+7?", None, 1.0),
+        (8, 8, 0.5, 0.7, "What is 9-2?....", None, 1.0),
+        (8, 4, 0.9, 1.0, "Q: 3*4+5=?", None, 1.0),
+        (4, 4, 0.6, 0.0, "What is 9-2?", None, 1.0),
+        # both filters on (their order: test_top_p_reads_what_top_k_left_as_in_generate)
+        (8, 8, 0.9, 1.0, "Q: 3*4+5=?", 4, 0.7),
     ],
 )
 def test_the_sampler_is_llada2s_generate_token_for_token(
-    block, steps, threshold, temperature, text
+    block, steps, threshold, temperature, text, top_k, top_p
 ):
     """On a random LLaDA2 (Glm4Moe, experts routed by a biased router), the backbone's rows,
     read from its KV cache, are `generate`'s tokens recomputing every block each step, and
     it takes as many forwards when its canvas ends on a block boundary (`generate`'s runs on
     to one; the backbone's last block is as much shorter)."""
     bb = LLaDA2(
-        model="random", block_length=block, threshold=threshold, temperature=temperature, seed=5
+        model="random",
+        block_length=block,
+        threshold=threshold,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=5,
     )
     bb.transformer.lm_head.weight.data.mul_(SHARPER)  # confidences spread around the threshold
     prompt = bb.encode(Prompt(text=text))
@@ -342,6 +482,8 @@ def test_the_sampler_is_llada2s_generate_token_for_token(
         threshold,
         lambda step: torch.cat([bb.noise_at(key, step, "token", width), torch.rand(block)]),
         sorted(bb.stop_ids),
+        top_k,
+        top_p,
     )
     same = width if width % block == 0 else width // block * block
     ours, ref = ours[:same], ref[:same]
@@ -394,6 +536,17 @@ def test_eos_early_stop_ends_a_row_at_the_step_generate_does():
         assert 0 < answer.index(bb.eos_id) < 2 * block  # it ended in its second block
         taken[early] = forwards
     assert taken[True] < taken[False]
+
+
+def test_top_p_reads_what_top_k_left_as_in_generate():
+    """`generate`'s `_top_k_logits`, then `_top_p_logits` of what it kept: of probabilities
+    0.4, 0.3, 0.2, 0.1, top-2 leaves 0.57 and 0.43, and top-p 0.5 of those keeps the first
+    alone (top-p first would keep two)."""
+    logits = torch.tensor([[0.4, 0.3, 0.2, 0.1, 1e-12]]).log()  # the last: the mask token
+    c = LLaDA2.Config(model="random", temperature=1.0, top_k=2, top_p=0.5)
+    for u in torch.linspace(0.01, 0.99, 9, dtype=torch.float64):
+        x0, conf, _ = draw(logits.clone(), u[None], c, mask_id=4)
+        assert int(x0) == 0 and float(conf) == pytest.approx(1.0)
 
 
 def test_llada2s_defaults_are_its_generates():

@@ -636,7 +636,10 @@ def draw(
     entropy = model_entropy(logits) if c.entropy_bound is not None else None
     if c.temperature > 0:
         logits = logits / c.temperature
-    probs = torch.softmax(filter_logits(logits, c.top_p, c.top_k), dim=-1)
+    # top-k, then top-p of what top-k left: SDAR's order and LLaDA2's `generate`'s (Dream's
+    # `filter_logits` applies top-p first)
+    logits = filter_logits(filter_logits(logits, 1.0, c.top_k), c.top_p, None)
+    probs = torch.softmax(logits, dim=-1)
     if c.temperature == 0:
         conf, x0 = probs.max(-1)
         return x0, conf, entropy

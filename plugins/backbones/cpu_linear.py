@@ -10,7 +10,8 @@ oneDNN's block of 128, as two BLAS builds do.
 
 Below `MIN_ROWS` rows oneDNN's set-up costs more than the product saves, so small inputs stay
 with torch's own linear, as does everything that needs a gradient, every other device and
-dtype, and a torch whose oneDNN lacks the operator.
+dtype, a linear of no width (oneDNN's operator cannot reshape an empty weight), and a torch
+whose oneDNN lacks the operator.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def _linear(module: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if (
         all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors)
         and x.dim() >= 2
+        and weight.numel()  # a linear of no width (LLaDA2 without shared experts) stays
         and x.numel() >= MIN_ROWS * x.shape[-1]
         and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
     ):

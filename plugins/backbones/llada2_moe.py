@@ -96,6 +96,13 @@ def llada2_config(raw: Mapping[str, Any]) -> Any:
     if raw.get("rope_scaling"):
         raise UserError(f"{where}: rope_scaling {raw['rope_scaling']!r} is not supported")
     sizes = {key: raw.get(key, default) for key, default in MOE_SIZES.items()}
+    if sizes["num_shared_experts"] is None:  # LLaDA2 builds no shared experts: none of width
+        sizes["num_shared_experts"] = 0
+    factor = raw.get("partial_rotary_factor", 0.5)
+    if isinstance(factor, bool) or not isinstance(factor, int | float) or not 0 <= factor <= 1:
+        raise UserError(
+            f"{where}: partial_rotary_factor is {factor!r}, not a number in [0, 1]; restore it"
+        )
     for key, value in sizes.items():
         least = 1 if key in POSITIVE else 0
         if value is None:
@@ -129,7 +136,7 @@ def llada2_config(raw: Mapping[str, Any]) -> Any:
         rope_parameters={
             "rope_type": "default",
             "rope_theta": raw.get("rope_theta", 10000.0),
-            "partial_rotary_factor": raw.get("partial_rotary_factor", 0.5),
+            "partial_rotary_factor": factor,
         },
         attention_bias=bool(raw.get("use_qkv_bias", False)),
         use_qk_norm=bool(raw.get("use_qk_norm", True)),
@@ -154,13 +161,14 @@ def prepared(config: Any) -> Any:
 
 
 def llada2_state(state: Mapping[str, torch.Tensor], config: Any) -> dict[str, torch.Tensor]:
-    """LLaDA2's state dict in Glm4Moe's names and layout. A key no rule covers, or an expert
-    missing from a layer, is an error naming it."""
+    """LLaDA2's state dict in Glm4Moe's names and layout. Each expert is copied once, into
+    its place in its layer's stacked tensors. A key no rule covers, or an expert missing from
+    a layer or of another shape than expert 0's, is an error naming it."""
     head_dim = config.head_dim
     q = config.num_attention_heads * head_dim
     kv = config.num_key_value_heads * head_dim
     out: dict[str, torch.Tensor] = {}
-    experts: dict[tuple[int, str], dict[int, torch.Tensor]] = {}
+    experts: dict[tuple[int, str], dict[int, str]] = {}  # (layer, name) → index → its key
     for key, value in state.items():
         if (m := QKV.match(key)) is not None:
             if value.shape[0] != q + 2 * kv:
@@ -176,30 +184,60 @@ def llada2_state(state: Mapping[str, torch.Tensor], config: Any) -> dict[str, to
             continue
         if (m := EXPERT.match(key)) is not None:
             layer, index, name = m.groups()
-            experts.setdefault((int(layer), f"{name}_proj"), {})[int(index)] = value
+            experts.setdefault((int(layer), f"{name}_proj"), {})[int(index)] = key
             continue
+        if key.endswith(".attention.dense.bias"):
+            raise UserError(
+                f"LLaDA2 checkpoint has {key}: a biased output projection (use_bias) is not "
+                "supported"
+            )
         if (name := renamed(key)) is None:
             raise UserError(f"LLaDA2 checkpoint has an unexpected key {key!r}")
         out[name] = value
     count = config.n_routed_experts
     for layer in sorted({layer for layer, _ in experts}):
-        parts = {}
+        keys = {}
         for name in ("gate_proj", "up_proj", "down_proj"):
-            have = experts.get((layer, name), {})
+            keys[name] = have = experts.get((layer, name), {})
             if sorted(have) != list(range(count)):
                 lacking = sorted(set(range(count)) - set(have))[:3]
                 raise UserError(
                     f"LLaDA2 checkpoint: layer {layer} has {len(have)} of {count} experts' "
                     f"{name} (lacks {lacking}); restore the checkpoint"
                 )
-            parts[name] = torch.stack([have[i] for i in range(count)])
         prefix = f"model.layers.{layer}.mlp.experts."
-        out[prefix + "gate_up_proj"] = torch.cat([parts["gate_proj"], parts["up_proj"]], dim=1)
-        out[prefix + "down_proj"] = parts["down_proj"]
+        gate, down = state[keys["gate_proj"][0]], state[keys["down_proj"][0]]
+        shapes = {"gate_proj": gate.shape, "up_proj": gate.shape, "down_proj": down.shape}
+        for name, shape in shapes.items():
+            for i in range(count):
+                if state[keys[name][i]].shape != shape:
+                    raise UserError(
+                        f"LLaDA2 checkpoint: {keys[name][i]} is "
+                        f"{list(state[keys[name][i]].shape)}, expert 0's {list(shape)}; "
+                        "restore the checkpoint"
+                    )
+        width = gate.shape[0]
+        gate_up = torch.empty((count, 2 * width, gate.shape[1]), dtype=gate.dtype)
+        stacked = torch.empty((count, *down.shape), dtype=down.dtype)
+        for i in range(count):
+            gate_up[i, :width] = state[keys["gate_proj"][i]]
+            gate_up[i, width:] = state[keys["up_proj"][i]]
+            stacked[i] = state[keys["down_proj"][i]]
+        out[prefix + "gate_up_proj"] = gate_up
+        out[prefix + "down_proj"] = stacked
+    hidden = config.hidden_size
     for layer in range(config.first_k_dense_replace, config.num_hidden_layers):
-        bias = f"model.layers.{layer}.mlp.gate.e_score_correction_bias"
-        if f"model.layers.{layer}.mlp.gate.weight" in out and bias not in out:
-            out[bias] = torch.zeros(count)  # saved without its bias: LLaDA2 starts it at zero
+        p = f"model.layers.{layer}.mlp."
+        if p + "gate.weight" not in out:
+            continue  # load_strict names what is missing
+        if p + "gate.e_score_correction_bias" not in out:
+            out[p + "gate.e_score_correction_bias"] = torch.zeros(count)  # LLaDA2 starts at 0
+        shared = p + "shared_experts."
+        if config.n_shared_experts == 0 and not any(k.startswith(shared) for k in out):
+            # no shared experts (num_shared_experts 0 or null): Glm4Moe's have no width
+            out[shared + "gate_proj.weight"] = torch.zeros(0, hidden)
+            out[shared + "up_proj.weight"] = torch.zeros(0, hidden)
+            out[shared + "down_proj.weight"] = torch.zeros(hidden, 0)
     return out
 
 

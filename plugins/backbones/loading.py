@@ -384,7 +384,10 @@ def build(arch: str, config: Any, dtype: torch.dtype) -> torch.nn.Module:
     else:
         cls = Qwen2ForCausalLM if arch == "dream" else LlamaForCausalLM
     config._attn_implementation = "sdpa"
-    with init_empty_weights(include_buffers=False):
+    with init_empty_weights(include_buffers=False), warnings.catch_warnings():
+        # LLaDA2 without shared experts: Glm4Moe builds them with no width, which torch's
+        # initialiser warns of; the weights are assigned next
+        warnings.filterwarnings("ignore", "Initializing zero-element tensors is a no-op")
         model = cls(config)
     return model
 
