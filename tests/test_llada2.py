@@ -580,3 +580,22 @@ def test_a_mixture_of_experts_is_charged_the_experts_a_token_is_routed_to():
     with FlopCounterMode(display=False) as counter, torch.no_grad():
         net(input_ids=ids)
     assert counter.get_total_flops() == 3 * flops(shape, Work.full(20))
+
+
+def test_a_forward_is_sized_for_each_tokens_copies_for_its_experts(monkeypatch):
+    """On a (pretended) GPU, a mixture of experts' forward is sized with its experts'
+    buffers (`grouped_mm`: per chosen expert, the token's state in and out, the expert's
+    widths, its float32 output weighted and reordered) beside a dense layer's activations."""
+    from dllmbench.execution.engine import CACHE_SHARE, MEMORY_SHARE, Capacity, sized_to_memory
+
+    free = 10**8
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (free, free))
+    bb = LLaDA2(model="random", block_length=4)
+    bb.device = "cuda"
+    c = bb.transformer.config
+    h, top_k, width = c.hidden_size, c.num_experts_per_tok, c.moe_intermediate_size
+    dense = (6 * h + 3 * c.intermediate_size) * 4
+    experts = top_k * ((2 * h + 3 * width) * 4 + 2 * h * 4)
+    sized = sized_to_memory(Capacity(problems=1), bb, 100)
+    left = free - int(free * CACHE_SHARE)
+    assert sized.batch_tokens == int(left * MEMORY_SHARE) // (2 * (dense + experts))
