@@ -183,6 +183,21 @@ def test_checkpoint_round_trips(saved):
     assert json.loads((path / "config.json").read_text())["pooling"] == "mean"
 
 
+def test_the_output_folder_of_train_scorer_names_its_checkpoint(saved, tmp_path):
+    """Given train-scorer's --out (its checkpoints in best/ and latest/), the line names the
+    checkpoint to give."""
+    bb, _, path = saved
+    out = tmp_path / "trained"
+    out.mkdir()
+    path.rename(out / "best")
+    with pytest.raises(UserError, match=rf"has no config.json; .* checkpoint={out / 'best'}$"):
+        PRM(backbone=bb, checkpoint=str(out))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(UserError, match=r"has no config.json$"):
+        PRM(backbone=bb, checkpoint=str(empty))
+
+
 @pytest.mark.parametrize("name", ["dream", "llada", "tiny", "tiny-block"])
 def test_the_base_identity_is_the_same_in_every_dtype_and_differs_for_another_model(name):
     """A scorer follows its model, not the dtype or device it runs in: the identity is equal

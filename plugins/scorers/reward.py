@@ -157,7 +157,11 @@ def read_checkpoint(path: Path, kind: str) -> dict[str, Any]:
         )
     file = path / "config.json"
     if not file.is_file():
-        raise UserError(f"scorer checkpoint {str(path)!r} has no config.json")
+        inside = [d for d in ("best", "latest") if (path / d / "config.json").is_file()]
+        hint = (
+            f"; it is a train-scorer output: give checkpoint={path / inside[0]}" if inside else ""
+        )
+        raise UserError(f"scorer checkpoint {str(path)!r} has no config.json{hint}")
     saved = {**LATER, **read_object(file, "restore it")}
     missing = [k for k in ("kind", "base", *SETTINGS) if k not in saved]
     if missing:
