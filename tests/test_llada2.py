@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from test_block import SHARPER, run_rows
 
+from dllmbench.api.interfaces import StepBatch
 from dllmbench.core.errors import UserError
 from dllmbench.core.flops import Work, flops, shape_of
 from dllmbench.core.types import Prompt
@@ -599,3 +600,28 @@ def test_a_forward_is_sized_for_each_tokens_copies_for_its_experts(monkeypatch):
     sized = sized_to_memory(Capacity(problems=1), bb, 100)
     left = free - int(free * CACHE_SHARE)
     assert sized.batch_tokens == int(left * MEMORY_SHARE) // (2 * (dense + experts))
+
+
+def test_rows_of_two_prompts_in_one_forward_are_each_alone():
+    """Rows of prompts of different lengths share a forward (padded queries, their own cached
+    blocks): each row's tokens are the row's alone, its experts routed per token."""
+    bb = LLaDA2(model="random", block_length=4, seed=5, threshold=0.6, eos_early_stop=False)
+    bb.transformer.lm_head.weight.data.mul_(SHARPER)
+    prompts = [bb.encode(Prompt(text=t)) for t in ("Question: 12+7?", "What is 9-2?")]
+
+    def stepped(which: list[int]) -> list[torch.Tensor]:
+        rows = [bb.canvas(prompts[i], 16) for i in which]
+        for i in which:
+            bb.hold(prompts[i])
+        for t in range(8):
+            lens = [len(prompts[i]) for i in which]
+            batch = StepBatch(rows, lens, [t] * len(which), [7 + i for i in which], 16)
+            rows = bb.denoise_step(batch)
+        for i in which:
+            bb.release(prompts[i])
+        return rows
+
+    together = stepped([0, 1])
+    assert torch.equal(together[0], stepped([0])[0])
+    assert torch.equal(together[1], stepped([1])[0])
+    assert all(int((row == bb.mask_id).sum()) < 16 - 8 for row in together)  # past block one
