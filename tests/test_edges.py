@@ -421,3 +421,23 @@ def test_demo_retrain_checks_its_folder_before_pretraining(cli, tmp_path, retrai
     assert_user_error(cli("demo", "retrain", "--out", file / "x"), f"{file} is not a folder")
     assert_user_error(cli("demo", "retrain", "--out", "/proc/dllmbench"), "cannot write to /proc")
     assert file.read_text() == "mine"
+
+
+def test_a_run_refused_at_its_first_problem_leaves_its_directory_as_it_was(cli, tmp_path):
+    """A row setting the backbone refuses only once rows start (EB-Sampler's bound on a Dream
+    sampler that draws its order at random) is one line, and the run directory it had just
+    begun is taken back: a folder it made is gone, a folder that was there stays empty, and
+    the corrected command runs in it."""
+    method = ["--method", "threshold:n=2,entropy_bound=0.5+majority", "--budget", "16"]
+    for out in (tmp_path / "new", tmp_path / "there"):
+        if out.name == "there":
+            out.mkdir()
+        argv = [*TINY, "--backbone", "tiny:alg=origin", *method, "--out", out]
+        assert_user_error(cli(*argv), "which alg=origin does not rank by")
+        if out.name == "new":
+            assert not out.exists()
+        else:
+            assert list(out.iterdir()) == []
+        fixed = cli(*TINY, "--backbone", "tiny", *method, "--out", out)
+        assert fixed.code == 0, fixed.err
+        assert (out / "manifest.json").is_file() and (out / "samples.jsonl").is_file()

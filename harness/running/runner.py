@@ -499,6 +499,8 @@ def run(
                 # read why in this heartbeat, and stop
                 heart.update(reason=str(exc))
                 heart.stop("stopped")
+            elif watch is None:  # refused before its first record: the directory as it was
+                rundir.take_back()
             raise
         finally:
             if not rundir.opened and heart.beat.state == "running":

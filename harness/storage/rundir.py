@@ -331,6 +331,9 @@ class RunDir:
         self.samples_offset = 0  # where this invocation's records start in its samples file
         self.notices: list[str] = []  # what acquire() found and mended, to be said
         self.opened = False  # open() accepted the manifest: the run began
+        # a run this invocation began anew: the folders acquire() made and compute.json's
+        # bytes before (None: none), to take the start back (`take_back`)
+        self._began: tuple[list[Path], bytes | None] | None = None
 
     # -- pre-flight and lock ----------------------------------------------------------------
     def acquire(self) -> None:
@@ -551,9 +554,30 @@ class RunDir:
             self.samples_offset = good
             self.opened = True
             return records
+        compute = self.compute_path.read_bytes() if self.compute_path.exists() else None
+        self._began = (self._made, compute)
         self._made = []  # a run directory now: it stays
         self.opened = True
         return []
+
+    def take_back(self) -> bool:
+        """Take back a run this invocation began anew and wrote no record to (a setting its
+        backbone refused at the first problem): the manifest goes, compute.json is as it was,
+        and `release` removes the folders `acquire` made, so the command, corrected, can use
+        the same --out. False, and nothing done, for a resumed run, a share of one, or once a
+        record is written."""
+        written = self.samples_path.exists() and self.samples_path.stat().st_size > 0
+        if self._began is None or self.shard is not None or written:
+            return False
+        made, compute = self._began
+        self.manifest_path.unlink(missing_ok=True)
+        self.samples_path.unlink(missing_ok=True)
+        if compute is None:
+            self.compute_path.unlink(missing_ok=True)
+        else:
+            _write_atomic(self.compute_path, compute.decode("utf-8"))
+        self._made, self._began, self.opened = made, None, False
+        return True
 
     def samples_files(self) -> list[Path]:
         """Every samples file of the run: samples.jsonl, then the shares' in (N, I) order."""
