@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from safetensors.torch import save_file
 from test_block import SHARPER, run_rows
 
 from dllmbench.api.interfaces import StepBatch
-from dllmbench.core.errors import UserError
+from dllmbench.core.errors import Notice, UserError
 from dllmbench.core.flops import Work, flops, shape_of
 from dllmbench.core.types import Prompt
 from dllmbench.plugins.backbones.block import BlockDiffusion, draw
@@ -450,6 +451,7 @@ def llada2_generate(
         (8, 8, 0.9, 1.0, "Q: 3*4+5=?", 4, 0.7),
     ],
 )
+@pytest.mark.filterwarnings("ignore::dllmbench.core.errors.Notice")  # 4 steps a block of 8
 def test_the_sampler_is_llada2s_generate_token_for_token(
     block, steps, threshold, temperature, text, top_k, top_p
 ):
@@ -625,3 +627,16 @@ def test_rows_of_two_prompts_in_one_forward_are_each_alone():
     assert torch.equal(together[0], stepped([0])[0])
     assert torch.equal(together[1], stepped([1])[0])
     assert all(int((row == bb.mask_id).sum()) < 16 - 8 for row in together)  # past block one
+
+
+def test_a_t_below_gen_length_is_said_once():
+    """`run`'s default T of 128 over 512 tokens makes each step commit about 4 tokens where
+    `generate` commits one: a Notice says so once, naming the T that gives its schedule."""
+    bb = LLaDA2(model="random", block_length=4)
+    prompt = bb.encode(Prompt(text="What is 9-2?"))
+    with pytest.warns(Notice, match=r"T=8 is below gen_length=16, .* about 2 tokens .* --steps 16"):
+        run_rows(bb, prompt, 16, 8, [1, 2])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        run_rows(bb, prompt, 16, 8, [3])  # said once
+        run_rows(LLaDA2(model="random", block_length=4), prompt, 16, 16, [1])  # T = gen_length
