@@ -441,3 +441,27 @@ def test_a_run_refused_at_its_first_problem_leaves_its_directory_as_it_was(cli, 
         fixed = cli(*TINY, "--backbone", "tiny", *method, "--out", out)
         assert fixed.code == 0, fixed.err
         assert (out / "manifest.json").is_file() and (out / "samples.jsonl").is_file()
+
+
+def test_a_take_back_cut_short_leaves_the_run_begun_and_says_the_refusal(
+    cli, tmp_path, monkeypatch
+):
+    """The manifest goes last: a take-back that cannot finish (a disk that refuses an unlink,
+    a kill) leaves the run begun, which the same command resumes, not files without a
+    manifest that every command refuses; and the refusal is still the one line said."""
+    out = tmp_path / "run"
+    unlink = Path.unlink
+
+    def refusing(self, *args, **kwargs):
+        if self.name == "compute.json":
+            raise PermissionError(13, "Permission denied", str(self))
+        return unlink(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "unlink", refusing)
+    method = ["--method", "threshold:n=2,entropy_bound=0.5+majority", "--budget", "16"]
+    argv = [*TINY, "--backbone", "tiny:alg=origin", *method, "--out", out]
+    assert_user_error(cli(*argv), "which alg=origin does not rank by")
+    assert (out / "manifest.json").is_file()
+    monkeypatch.setattr(Path, "unlink", unlink)
+    assert_user_error(cli(*argv), "which alg=origin does not rank by")  # resumed, refused
+    assert (out / "manifest.json").is_file()  # a resumed run keeps everything

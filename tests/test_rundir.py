@@ -638,3 +638,21 @@ def test_report_of_an_unmerged_sharded_run_says_merge(tmp_path):
     run(config(tmp_path / "r", methods=["vanilla"], shard=Shard(1, 2)))
     with pytest.raises(UserError, match="finish it by merging its shares with dllmbench merge"):
         check_finished(tmp_path / "r")
+
+
+def test_a_take_back_puts_compute_json_back_byte_for_byte(tmp_path):
+    """A compute.json there when the run began (written between the lock and the manifest) is
+    put back as it was, whatever its bytes, and the manifest goes."""
+    rundir = RunDir(tmp_path / "run")
+    rundir.acquire()
+    try:
+        before = b'{"invocations": ["\xe9"]}\r\n'  # not UTF-8: bytes, not text
+        rundir.compute_path.write_bytes(before)
+        rundir.open({"methods": [], "task": {}, "created": "now"})
+        rundir.compute_path.write_text('{"invocations": [{"mine": 1}]}\n')
+        assert rundir.take_back()
+        assert rundir.compute_path.read_bytes() == before
+        assert not rundir.manifest_path.exists()
+        assert not rundir.take_back()  # once
+    finally:
+        rundir.release()

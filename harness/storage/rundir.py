@@ -181,13 +181,15 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _temporary(path: Path, text: str, durable: bool = True) -> Path:
-    """`text` in a temporary file beside `path`, named for this process (fsynced unless not
-    `durable`). A write that fails (a full disk: `DiskFull`, one line) leaves none."""
+def _temporary(path: Path, text: str | bytes, durable: bool = True) -> Path:
+    """`text` (or bytes, written as they are) in a temporary file beside `path`, named for
+    this process (fsynced unless not `durable`). A write that fails (a full disk: `DiskFull`,
+    one line) leaves none."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    data = text if isinstance(text, bytes) else text.encode("utf-8")
     try:
-        with space_checked(path), open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        with space_checked(path), open(tmp, "wb") as fh:
+            fh.write(data)
             fh.flush()
             if durable:
                 os.fsync(fh.fileno())
@@ -197,7 +199,7 @@ def _temporary(path: Path, text: str, durable: bool = True) -> Path:
     return tmp
 
 
-def _write_atomic(path: Path, text: str, durable: bool = True) -> None:
+def _write_atomic(path: Path, text: str | bytes, durable: bool = True) -> None:
     """Replace `path` whole; a failed write leaves `path` as it was and no temporary file.
     `durable=False` skips the fsyncs: the file survives the process being killed (the page
     cache outlives it), not the machine losing power."""
@@ -565,17 +567,25 @@ class RunDir:
         backbone refused at the first problem): the manifest goes, compute.json is as it was,
         and `release` removes the folders `acquire` made, so the command, corrected, can use
         the same --out. False, and nothing done, for a resumed run, a share of one, or once a
-        record is written."""
+        record is written; False too when a file cannot be removed or put back, with the
+        manifest still there (the run begun, as a resume finds it)."""
         written = self.samples_path.exists() and self.samples_path.stat().st_size > 0
         if self._began is None or self.shard is not None or written:
             return False
         made, compute = self._began
-        self.manifest_path.unlink(missing_ok=True)
-        self.samples_path.unlink(missing_ok=True)
-        if compute is None:
-            self.compute_path.unlink(missing_ok=True)
-        else:
-            _write_atomic(self.compute_path, compute.decode("utf-8"))
+        # the manifest goes last: a take-back cut short (a kill, a disk that refuses) leaves
+        # the run begun, which the same command resumes, not files without a manifest, which
+        # every command refuses; a failure is not said (the refusal being taken back is)
+        try:
+            self.samples_path.unlink(missing_ok=True)
+            if compute is None:
+                self.compute_path.unlink(missing_ok=True)
+            else:
+                _write_atomic(self.compute_path, compute)
+            _fsync_dir(self.path)
+            self.manifest_path.unlink(missing_ok=True)
+        except (OSError, UserError):  # DiskFull, writing compute.json back, is a UserError
+            return False
         self._made, self._began, self.opened = made, None, False
         return True
 
