@@ -552,6 +552,14 @@ def test_top_p_reads_what_top_k_left_as_in_generate():
         assert int(x0) == 0 and float(conf) == pytest.approx(1.0)
 
 
+def test_a_row_setting_it_cannot_take_names_llada2():
+    bb = LLaDA2(model="random", block_length=4)
+    with pytest.raises(UserError, match=r"^llada2: a row cannot set 'alg'"):
+        bb.check_row_settings({"alg": "entropy"}, 16, 16)
+    with pytest.raises(UserError, match=r"^llada2: a row's sampler settings"):
+        bb.check_row_settings({"threshold": 2.0}, 16, 16)
+
+
 def test_llada2s_defaults_are_its_generates():
     c = LLaDA2.Config()
     assert (c.model, c.block_length, c.threshold) == ("inclusionAI/LLaDA2.0-mini", 32, 0.95)

@@ -45,6 +45,8 @@ class LLaDA2(BlockDiffusion):
     """LLaDA2.0: a block-diffusion mixture of experts on Glm4Moe, with an exact KV cache."""
 
     Config = LLaDA2Config
+    arch = "llada2"  # its messages name it
+    layout = "block"  # its checkpoint loads as the block backbone's (llada2_moe.py)
 
     def denoise_step_with_confidence(
         self, batch: StepBatch
