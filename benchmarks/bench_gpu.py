@@ -187,20 +187,15 @@ TINY = {
         "head_dim": 16,
         "vocab_size": 512,
     },
-    "llada2": {
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "vocab_size": 512,
-        "num_experts": 8,
-        "num_experts_per_tok": 2,
-        "n_group": 4,
-        "topk_group": 2,
-        "moe_intermediate_size": 32,
-    },
+}
+# LLaDA2's: block's, and 8 experts in 4 groups, 2 routed from 2 groups
+TINY["llada2"] = {
+    **TINY["block"],
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "n_group": 4,
+    "topk_group": 2,
+    "moe_intermediate_size": 32,
 }
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0}  # bf16 dense
 

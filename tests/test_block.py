@@ -175,6 +175,27 @@ def run_rows(bb, prompt_ids, gen_length, total, keys, settings=None):
     return rows
 
 
+def stepped(bb, prompts, which, steps, settings=None, gen_length=16):
+    """Rows of `prompts[i]` for i in `which` (keys 7 + i), stepped `steps` times in one batch
+    per step."""
+    rows = [bb.canvas(prompts[i], gen_length) for i in which]
+    for i in which:
+        bb.hold(prompts[i])
+    for t in range(steps):
+        batch = StepBatch(
+            rows,
+            [len(prompts[i]) for i in which],
+            [t] * len(which),
+            [7 + i for i in which],
+            gen_length,
+            settings=[settings or {} for _ in which],
+        )
+        rows = bb.denoise_step(batch)
+    for i in which:
+        bb.release(prompts[i])
+    return rows
+
+
 SHARPER = 40  # a random model's head scaled: its positions' entropies differ
 
 CASES = [
@@ -276,28 +297,9 @@ def test_entropy_bound_rows_in_one_batch_are_the_rows_alone():
     bb = BlockDiffusion(model="random", seed=3, remasking="low_confidence_static", temperature=0.5)
     bb.transformer.lm_head.weight.data.mul_(SHARPER)
     prompts = [bb.encode(Prompt(text=t)) for t in ("Question: 12+7?", "What is 9-2?")]
-
-    def stepped(which: list[int]) -> list[torch.Tensor]:
-        rows = [bb.canvas(prompts[i], 16) for i in which]
-        for i in which:
-            bb.hold(prompts[i])
-        for t in range(6):
-            batch = StepBatch(
-                rows,
-                [len(prompts[i]) for i in which],
-                [t] * len(which),
-                [7 + i for i in which],
-                16,
-                settings=[{"entropy_bound": 1.0}] * len(which),
-            )
-            rows = bb.denoise_step(batch)
-        for i in which:
-            bb.release(prompts[i])
-        return rows
-
-    together = stepped([0, 1])
-    assert torch.equal(together[0], stepped([0])[0])
-    assert torch.equal(together[1], stepped([1])[0])
+    together = stepped(bb, prompts, [0, 1], 6, {"entropy_bound": 1.0})
+    assert torch.equal(together[0], stepped(bb, prompts, [0], 6, {"entropy_bound": 1.0})[0])
+    assert torch.equal(together[1], stepped(bb, prompts, [1], 6, {"entropy_bound": 1.0})[0])
     # the schedule commits one a step (10 of 16 left after 6 steps); EB committed more
     assert all(int((row == bb.mask_id).sum()) < 10 for row in together)
 

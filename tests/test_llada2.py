@@ -12,9 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
-from test_block import SHARPER, run_rows
+from test_block import SHARPER, run_rows, stepped
 
-from dllmbench.api.interfaces import StepBatch
 from dllmbench.core.errors import Notice, UserError
 from dllmbench.core.flops import Work, flops, shape_of
 from dllmbench.core.types import Prompt
@@ -618,22 +617,9 @@ def test_rows_of_two_prompts_in_one_forward_are_each_alone():
     bb = LLaDA2(model="random", block_length=4, seed=5, threshold=0.6, eos_early_stop=False)
     bb.transformer.lm_head.weight.data.mul_(SHARPER)
     prompts = [bb.encode(Prompt(text=t)) for t in ("Question: 12+7?", "What is 9-2?")]
-
-    def stepped(which: list[int]) -> list[torch.Tensor]:
-        rows = [bb.canvas(prompts[i], 16) for i in which]
-        for i in which:
-            bb.hold(prompts[i])
-        for t in range(8):
-            lens = [len(prompts[i]) for i in which]
-            batch = StepBatch(rows, lens, [t] * len(which), [7 + i for i in which], 16)
-            rows = bb.denoise_step(batch)
-        for i in which:
-            bb.release(prompts[i])
-        return rows
-
-    together = stepped([0, 1])
-    assert torch.equal(together[0], stepped([0])[0])
-    assert torch.equal(together[1], stepped([1])[0])
+    together = stepped(bb, prompts, [0, 1], 8)
+    assert torch.equal(together[0], stepped(bb, prompts, [0], 8)[0])
+    assert torch.equal(together[1], stepped(bb, prompts, [1], 8)[0])
     assert all(int((row == bb.mask_id).sum()) < 16 - 8 for row in together)  # past block one
 
 

@@ -38,7 +38,8 @@ from __future__ import annotations
 
 import inspect
 import itertools
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, get_args
 
@@ -46,6 +47,7 @@ import torch
 
 from dllmbench.api.hookspecs import hookimpl
 from dllmbench.api.interfaces import StepBatch
+from dllmbench.core.errors import Notice
 from dllmbench.core.flops import Work
 from dllmbench.plugins.backbones.base import (
     DiffusionBackbone,
@@ -206,6 +208,7 @@ class BlockDiffusion(DiffusionBackbone):
         self.computed_queries = 0  # query tokens every forward computed (tests, benchmarks)
         params = inspect.signature(self.transformer.model.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self._ends = torch.tensor(sorted(self.stop_ids), dtype=torch.long)  # `stops_early`
 
     def random_transformer(self, tokenizer: Any) -> torch.nn.Module:
         from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
@@ -596,14 +599,25 @@ class BlockDiffusion(DiffusionBackbone):
     ) -> bool:
         """With `eos_early_stop`: this step committed an end token, and every position before
         the first end token of the answer is written (LLaDA2's `eos_early_stop`)."""
-        if not c.eos_early_stop:
-            return False
-        ends = torch.tensor(sorted(self.stop_ids), dtype=tokens.dtype)
-        if not bool(torch.isin(committed, ends).any()):
+        if not c.eos_early_stop or not bool(torch.isin(committed, self._ends).any()):
             return False
         answer = tokens[prompt_len:]
-        first = int(torch.isin(answer, ends).nonzero()[0, 0])
+        first = int(torch.isin(answer, self._ends).nonzero()[0, 0])
         return not bool((answer[:first] == self.mask_id).any())
+
+    def say_if_hurried(
+        self, batch: StepBatch, rows: Iterable[int], message: Callable[[int, int], str]
+    ) -> None:
+        """Say once, as a `Notice`, `message(T, gen_length)` of the first of `rows` whose T is
+        below its gen_length: its steps then commit more than the reference's would."""
+        if self.__dict__.get("_said_hurried"):
+            return
+        for i in rows:
+            gen = len(batch.tokens[i]) - batch.prompt_lens[i]
+            if batch.total(i) < gen:
+                self._said_hurried = True
+                warnings.warn(Notice(message(batch.total(i), gen)), stacklevel=3)
+                return
 
     def commit(self, ids, attn, offsets, batch):  # pragma: no cover - the step is its own
         raise NotImplementedError("BlockDiffusion steps through denoise_step_with_confidence")

@@ -30,7 +30,6 @@ token) and what a step is charged are the block backbone's.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
@@ -39,7 +38,6 @@ import torch
 
 from dllmbench.api.hookspecs import hookimpl
 from dllmbench.api.interfaces import StepBatch
-from dllmbench.core.errors import Notice
 from dllmbench.core.flops import Work
 from dllmbench.plugins.backbones.base import check_seed, check_temperature, top_ranked
 from dllmbench.plugins.backbones.block import (
@@ -273,7 +271,7 @@ class FastDLLMv2(BlockDiffusion):
         live = [i for i in range(n) if plans[i] is not None]
         if not live:
             return out
-        self._say_if_hurried(batch, live)
+        self.say_if_hurried(batch, live, hurried)
         hidden, new, _ = self.run([rows[i] for i in live], [plans[i] for i in live])  # type: ignore[misc]
         # a position's logits are read from the hidden state before it (the token shift)
         picks: dict[int, torch.Tensor] = {}
@@ -327,25 +325,14 @@ class FastDLLMv2(BlockDiffusion):
                 rest[rest == self.mask_id] = self.eos_id if self.eos_id is not None else self.pad_id
         return out
 
-    def _say_if_hurried(self, batch: StepBatch, live: list[int]) -> None:
-        """Say once, as a `Notice`, that a row's T is below its gen_length: its steps then
-        commit more than the reference's threshold rule would."""
-        if self.__dict__.get("_said_hurried"):
-            return
-        for i in live:
-            gen = len(batch.tokens[i]) - batch.prompt_lens[i]
-            if batch.total(i) < gen:
-                self._said_hurried = True
-                warnings.warn(
-                    Notice(
-                        f"fast-dllm-v2: T={batch.total(i)} is below gen_length={gen}, so each "
-                        "step also commits what ends the row within T, beyond the tokens above "
-                        f"the threshold that the reference commits; give --steps {gen} for the "
-                        "reference's decoding"
-                    ),
-                    stacklevel=2,
-                )
-                return
+
+def hurried(total: int, gen: int) -> str:
+    """What a row's T below its gen_length does to Fast-dLLM v2's decoding."""
+    return (
+        f"fast-dllm-v2: T={total} is below gen_length={gen}, so each step also commits what "
+        "ends the row within T, beyond the tokens above the threshold that the reference "
+        f"commits; give --steps {gen} for the reference's decoding"
+    )
 
 
 def draw(

@@ -20,7 +20,6 @@ is 1, which draws as `generate`'s default does.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -28,7 +27,6 @@ import torch
 
 from dllmbench.api.hookspecs import hookimpl
 from dllmbench.api.interfaces import StepBatch
-from dllmbench.core.errors import Notice
 from dllmbench.plugins.backbones.block import BlockConfig, BlockDiffusion, Family
 
 
@@ -51,33 +49,22 @@ class LLaDA2(BlockDiffusion):
     def denoise_step_with_confidence(
         self, batch: StepBatch
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        self._say_if_hurried(batch)
+        self.say_if_hurried(batch, range(len(batch.tokens)), hurried)
         return super().denoise_step_with_confidence(batch)
-
-    def _say_if_hurried(self, batch: StepBatch) -> None:
-        """Say once, as a `Notice`, that a row's T is below its gen_length: its steps then
-        commit more than `generate`'s one token a step beyond those above the threshold."""
-        if self.__dict__.get("_said_hurried"):
-            return
-        for i, tokens in enumerate(batch.tokens):
-            gen = len(tokens) - batch.prompt_lens[i]
-            if batch.total(i) < gen:
-                self._said_hurried = True
-                warnings.warn(
-                    Notice(
-                        f"llada2: T={batch.total(i)} is below gen_length={gen}, so each step "
-                        f"commits about {-(-gen // batch.total(i))} tokens beyond those above "
-                        "the threshold, where generate's default (32 steps a block of 32) "
-                        f"commits one; give --steps {gen} for generate's schedule"
-                    ),
-                    stacklevel=2,
-                )
-                return
 
     contract_configs: ClassVar[list[dict]] = [
         {"model": "random", "block_length": 4},
         {"model": "random", "block_length": 8, "temperature": 0.7, "entropy_bound": 1.0},
     ]
+
+
+def hurried(total: int, gen: int) -> str:
+    """What a row's T below its gen_length does to LLaDA2's decoding."""
+    return (
+        f"llada2: T={total} is below gen_length={gen}, so each step commits about "
+        f"{-(-gen // total)} tokens beyond those above the threshold, where generate's default "
+        f"(32 steps a block of 32) commits one; give --steps {gen} for generate's schedule"
+    )
 
 
 @hookimpl
