@@ -373,11 +373,16 @@ def llama_config(raw: dict[str, Any]) -> LlamaConfig:
 def build(arch: str, config: Any, dtype: torch.dtype) -> torch.nn.Module:
     """The model with its parameters on the meta device (buffers real), ready to be assigned."""
     from accelerate import init_empty_weights
-    from transformers import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+    from transformers import (
+        Glm4MoeConfig,
+        Glm4MoeForCausalLM,
+        LlamaForCausalLM,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
 
-    if type(config).__name__ == "Glm4MoeConfig":  # LLaDA2 (llada2_moe.py)
-        from transformers import Glm4MoeForCausalLM
-
+    if isinstance(config, Glm4MoeConfig):  # LLaDA2 (llada2_moe.py)
         cls = Glm4MoeForCausalLM
     elif arch == "block":
         cls = Qwen3ForCausalLM if isinstance(config, Qwen3Config) else Qwen2ForCausalLM
