@@ -213,6 +213,9 @@ CASES = [
     ("qwen2", 8, 8, "low_confidence_static", 0.85, 0.5, "Question: 12+7?", 2.0),
     ("qwen3", 8, 4, "low_confidence_dynamic", 0.85, 0.3, "Question: 12+7?", 2.0),
     ("qwen3", 4, 4, "sequential", 0.85, 0.5, "Question: 12+7?", 3.0),
+    # SDAR-MoE's architecture (sdar_moe.py): the same sampler over routed experts
+    ("qwen3_moe", 4, 4, "low_confidence_dynamic", 0.5, 0.03, "Question: 12+7?", None),
+    ("qwen3_moe", 8, 4, "low_confidence_static", 0.85, 0.5, "What is 9-2?", 2.0),
 ]
 
 

@@ -1,6 +1,6 @@
-"""Block diffusion (SDAR, TraDo, LLaDA2.0): transformers' own Qwen3, Qwen2 or Glm4Moe class
-(llada2_moe.py) under a block-causal mask, sampled block by block with an exact KV cache of
-the committed blocks.
+"""Block diffusion (SDAR, SDAR-MoE, TraDo, LLaDA2.0): transformers' own Qwen3, Qwen3-MoE
+(sdar_moe.py), Qwen2 or Glm4Moe class (llada2_moe.py) under a block-causal mask, sampled
+block by block with an exact KV cache of the committed blocks.
 
 The canvas (the prompt and gen_length masks) is cut into blocks of `block_length` counted from
 position 0, as SDAR's `block_diffusion_generate` does: the prompt's whole blocks are context,
@@ -77,7 +77,7 @@ from dllmbench.plugins.backbones.loading import (
 
 Remasking = Literal["low_confidence_static", "low_confidence_dynamic", "sequential"]
 REMASKINGS: tuple[str, ...] = get_args(Remasking)
-Family = Literal["qwen3", "qwen2", "llada2"]
+Family = Literal["qwen3", "qwen2", "qwen3_moe", "llada2"]
 
 
 class BlockModelConfig:
@@ -123,7 +123,8 @@ class BlockConfig(BlockModelConfig):
     eos_early_stop: bool = False
     cache: bool = True  # False: every step recomputes the blocks before its own
     cache_memory: float | None = None  # GiB the KV cache may hold (default: unbounded)
-    family: Family = "qwen3"  # the architecture of model="random" (llada2: LLaDA2.0's MoE)
+    # the architecture of model="random" (qwen3_moe: SDAR-MoE's; llada2: LLaDA2.0's MoE)
+    family: Family = "qwen3"
     seed: int = 0  # initialisation of model="random"
     attention: Literal["sdpa"] = field(default="sdpa", repr=False)
 
@@ -170,8 +171,8 @@ class Plan:
 
 
 class BlockDiffusion(DiffusionBackbone):
-    """A block-diffusion LM (SDAR, TraDo, LLaDA2.0) on Qwen3, Qwen2 or Glm4Moe, with an exact
-    KV cache."""
+    """A block-diffusion LM (SDAR, SDAR-MoE, TraDo, LLaDA2.0) on Qwen3, Qwen3-MoE, Qwen2 or
+    Glm4Moe, with an exact KV cache."""
 
     Config = BlockConfig
     arch = "block"
@@ -199,6 +200,7 @@ class BlockDiffusion(DiffusionBackbone):
             "entropy_bound": 2.0,
         },
         {"model": "random", "cache": False, "temperature": 0.0},
+        {"model": "random", "family": "qwen3_moe", "block_length": 8},
     ]
 
     def __init__(self, **kwargs: Any):
@@ -217,6 +219,10 @@ class BlockDiffusion(DiffusionBackbone):
             from dllmbench.plugins.backbones.llada2_moe import random_llada2
 
             return random_llada2(len(tokenizer), RANDOM_POSITIONS, self.config.seed, self.dtype)
+        if self.config.family == "qwen3_moe":
+            from dllmbench.plugins.backbones.sdar_moe import random_sdar_moe
+
+            return random_sdar_moe(len(tokenizer), RANDOM_POSITIONS, self.config.seed, self.dtype)
         qwen3 = self.config.family == "qwen3"
         shape = dict(
             hidden_size=64,

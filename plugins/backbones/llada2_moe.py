@@ -15,9 +15,9 @@ same group-limited choice, the same partial rotary and per-head norms. What diff
 and layout, which `llada2_state` converts one to one: the fused projection is cut into
 `q_proj`, `k_proj`, `v_proj` by rows (queries, then keys, then values), and each expert's
 `gate_proj`, `up_proj`, `down_proj` are stacked into the experts' [E, 2I, H] and [E, H, I]
-tensors. The experts run as `grouped_mm`, which weights and sums the chosen experts' outputs
-in float32 and rounds once, as LLaDA2's own `moe_infer` does (transformers' eager loop
-would round each expert's share to bfloat16 before adding it).
+tensors (experts.py). The experts run as `grouped_mm`, which weights and sums the chosen
+experts' outputs in float32 and rounds once, as LLaDA2's own `moe_infer` does (transformers'
+eager loop would round each expert's share to bfloat16 before adding it).
 """
 
 from __future__ import annotations
@@ -29,12 +29,13 @@ from typing import Any
 import torch
 
 from dllmbench.core.errors import UserError
+from dllmbench.plugins.backbones.experts import stack_experts
 
 MODEL_TYPE = "llada2_moe"
 EXPERTS_IMPLEMENTATION = "grouped_mm"  # float32 sum of the chosen experts, as LLaDA2's own
 
 # LLaDA2 name → Glm4Moe name within a layer (after "model.layers.N."), one to one; the fused
-# projection and the experts are QKV's and EXPERT's
+# projection is QKV's, the experts experts.py's
 LAYER_RENAMES = {
     "attention.dense.": "self_attn.o_proj.",
     "attention.query_layernorm.": "self_attn.q_norm.",
@@ -60,7 +61,6 @@ MOE_SIZES: dict[str, int | None] = {
     "first_k_dense_replace": 0,
 }
 POSITIVE = ("num_experts", "moe_intermediate_size", "num_experts_per_tok", "n_group", "topk_group")
-EXPERT = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight$")
 
 
 def renamed(key: str) -> str | None:
@@ -161,15 +161,15 @@ def prepared(config: Any) -> Any:
 
 
 def llada2_state(state: Mapping[str, torch.Tensor], config: Any) -> dict[str, torch.Tensor]:
-    """LLaDA2's state dict in Glm4Moe's names and layout. Each expert is copied once, into
-    its place in its layer's stacked tensors. A key no rule covers, or an expert missing from
-    a layer or of another shape than expert 0's, is an error naming it."""
+    """LLaDA2's state dict in Glm4Moe's names and layout (the experts stacked, experts.py). A
+    key no rule covers, or an expert missing from a layer or of another shape than expert
+    0's, is an error naming it."""
     head_dim = config.head_dim
     q = config.num_attention_heads * head_dim
     kv = config.num_key_value_heads * head_dim
-    out: dict[str, torch.Tensor] = {}
-    experts: dict[tuple[int, str], dict[int, str]] = {}  # (layer, name) → index → its key
-    for key, value in state.items():
+    count = config.n_routed_experts
+    rest, out = stack_experts(state, count, "LLaDA2 checkpoint")
+    for key, value in rest.items():
         if (m := QKV.match(key)) is not None:
             if value.shape[0] != q + 2 * kv:
                 raise UserError(
@@ -182,10 +182,6 @@ def llada2_state(state: Mapping[str, torch.Tensor], config: Any) -> dict[str, to
             ):
                 out[f"model.layers.{layer}.self_attn.{name}.{kind}"] = part
             continue
-        if (m := EXPERT.match(key)) is not None:
-            layer, index, name = m.groups()
-            experts.setdefault((int(layer), f"{name}_proj"), {})[int(index)] = key
-            continue
         if key.endswith(".attention.dense.bias"):
             raise UserError(
                 f"LLaDA2 checkpoint has {key}: a biased output projection (use_bias) is not "
@@ -194,37 +190,6 @@ def llada2_state(state: Mapping[str, torch.Tensor], config: Any) -> dict[str, to
         if (name := renamed(key)) is None:
             raise UserError(f"LLaDA2 checkpoint has an unexpected key {key!r}")
         out[name] = value
-    count = config.n_routed_experts
-    for layer in sorted({layer for layer, _ in experts}):
-        keys = {}
-        for name in ("gate_proj", "up_proj", "down_proj"):
-            keys[name] = have = experts.get((layer, name), {})
-            if sorted(have) != list(range(count)):
-                lacking = sorted(set(range(count)) - set(have))[:3]
-                raise UserError(
-                    f"LLaDA2 checkpoint: layer {layer} has {len(have)} of {count} experts' "
-                    f"{name} (lacks {lacking}); restore the checkpoint"
-                )
-        prefix = f"model.layers.{layer}.mlp.experts."
-        gate, down = state[keys["gate_proj"][0]], state[keys["down_proj"][0]]
-        shapes = {"gate_proj": gate.shape, "up_proj": gate.shape, "down_proj": down.shape}
-        for name, shape in shapes.items():
-            for i in range(count):
-                if state[keys[name][i]].shape != shape:
-                    raise UserError(
-                        f"LLaDA2 checkpoint: {keys[name][i]} is "
-                        f"{list(state[keys[name][i]].shape)}, expert 0's {list(shape)}; "
-                        "restore the checkpoint"
-                    )
-        width = gate.shape[0]
-        gate_up = torch.empty((count, 2 * width, gate.shape[1]), dtype=gate.dtype)
-        stacked = torch.empty((count, *down.shape), dtype=down.dtype)
-        for i in range(count):
-            gate_up[i, :width] = state[keys["gate_proj"][i]]
-            gate_up[i, width:] = state[keys["up_proj"][i]]
-            stacked[i] = state[keys["down_proj"][i]]
-        out[prefix + "gate_up_proj"] = gate_up
-        out[prefix + "down_proj"] = stacked
     hidden = config.hidden_size
     for layer in range(config.first_k_dense_replace, config.num_hidden_layers):
         p = f"model.layers.{layer}.mlp."

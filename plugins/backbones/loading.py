@@ -35,6 +35,7 @@ from dllmbench.core.errors import UserError
 from dllmbench.core.hub import hub_offline, hub_unreachable
 from dllmbench.core.jsonfile import read_object
 from dllmbench.plugins.backbones.llada2_moe import is_llada2, llada2_config, llada2_state
+from dllmbench.plugins.backbones.sdar_moe import is_sdar_moe, sdar_moe_config, sdar_moe_state
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DType = Literal["float32", "bfloat16", "float16"]  # the `dtype` option of a backbone
@@ -337,15 +338,25 @@ def qwen2_config(raw: dict[str, Any]) -> Qwen2Config:
     return config
 
 
-def block_config(raw: dict[str, Any], qwen3: bool) -> Any:
-    """A block-diffusion checkpoint's config.json (SDAR and TraDo: Qwen3's fields; Fast-dLLM
-    v2: Qwen2.5's) as transformers' own Qwen3Config or Qwen2Config. The sampler passes its
-    block-causal mask itself."""
+def block_config(raw: dict[str, Any], qwen3: bool, experts: bool = False) -> Any:
+    """A block-diffusion checkpoint's config.json (SDAR and TraDo: Qwen3's fields; SDAR-MoE:
+    Qwen3-MoE's, sdar_moe.py; Fast-dLLM v2: Qwen2.5's) as transformers' own Qwen3Config,
+    Qwen3MoeConfig or Qwen2Config. The sampler passes its block-causal mask itself."""
     from transformers import Qwen2Config, Qwen3Config
 
     keys = (*QWEN_FIELDS, *(("head_dim", "attention_bias") if qwen3 else ()))
+    if experts:
+        return sdar_moe_config(raw, keys)
     cls = Qwen3Config if qwen3 else Qwen2Config
     return cls(**{k: raw[k] for k in keys if k in raw}, use_sliding_window=False)
+
+
+def rope_scaled(raw: dict[str, Any]) -> bool:
+    """Whether a config.json scales its rotary embedding (`rope_scaling` other than none or
+    the default), which the block backbones' classes would not read."""
+    scaling = raw.get("rope_scaling")
+    kind = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else scaling
+    return bool(scaling) and kind != "default"
 
 
 def llama_config(raw: dict[str, Any]) -> LlamaConfig:
@@ -380,10 +391,14 @@ def build(arch: str, config: Any, dtype: torch.dtype) -> torch.nn.Module:
         Qwen2ForCausalLM,
         Qwen3Config,
         Qwen3ForCausalLM,
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
     )
 
     if isinstance(config, Glm4MoeConfig):  # LLaDA2 (llada2_moe.py)
         cls = Glm4MoeForCausalLM
+    elif isinstance(config, Qwen3MoeConfig):  # SDAR-MoE (sdar_moe.py)
+        cls = Qwen3MoeForCausalLM
     elif arch == "block":
         cls = Qwen3ForCausalLM if isinstance(config, Qwen3Config) else Qwen2ForCausalLM
     else:
@@ -399,16 +414,22 @@ def build(arch: str, config: Any, dtype: torch.dtype) -> torch.nn.Module:
 
 def load_checkpoint(arch: str, model: str, device: torch.device, dtype: torch.dtype):
     """(transformer, tokenizer, raw config) of a Dream, LLaDA or block-diffusion checkpoint
-    (SDAR, TraDo, Fast-dLLM v2, LLaDA2.0)."""
+    (SDAR, SDAR-MoE, TraDo, Fast-dLLM v2, LLaDA2.0)."""
     path = resolve(model)
     raw = read_config(arch, path)
     state = read_state_dict(path)
     llada2 = arch == "block" and is_llada2(raw, state)
+    sdar_moe = arch == "block" and not llada2 and is_sdar_moe(raw, state)
+    if arch == "block" and not llada2 and rope_scaled(raw):
+        raise UserError(
+            f"{path / 'config.json'}: rope_scaling {raw['rope_scaling']!r} is not supported "
+            "(the block backbones compute the unscaled rotary embedding)"
+        )
     try:
         if llada2:  # LLaDA2.0's mixture of experts: transformers' Glm4Moe
             config = llada2_config(raw)
         elif arch == "block":  # Qwen3 normalises queries and keys per head; Qwen2 does not
-            config = block_config(raw, any(".q_norm." in k for k in state))
+            config = block_config(raw, sdar_moe or any(".q_norm." in k for k in state), sdar_moe)
         else:
             config = qwen2_config(raw) if arch == "dream" else llama_config(raw)
         net = build(arch, config, dtype)
@@ -421,6 +442,8 @@ def load_checkpoint(arch: str, model: str, device: torch.device, dtype: torch.dt
         state = rename_llada_keys(state)
     elif llada2:
         state = llada2_state(state, config)
+    elif sdar_moe:
+        state = sdar_moe_state(state, config)
     if getattr(config, "tie_word_embeddings", False) and "lm_head.weight" not in state:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]  # a tied head (Qwen3-4B)
     state = {k: v.to(dtype) for k, v in state.items()}
@@ -441,7 +464,9 @@ def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # config.json's model_type ("Dream") is not AutoConfig's
     try:
-        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
+        with warnings.catch_warnings():  # AutoConfig's reading of a `rope_scaling: null`
+            warnings.filterwarnings("ignore", "`rope_scaling` is deprecated", FutureWarning)
+            return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
     except (ValueError, OSError, KeyError):
         from transformers import Qwen2TokenizerFast
 
