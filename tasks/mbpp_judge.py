@@ -208,7 +208,9 @@ def _build(node, depth: int):
         if tag == "y" and len(args) == 1 and type(args[0]) is bytes:
             return args[0]
         if tag in _SEQUENCES and len(args) == 1 and type(args[0]) is tuple:
-            return _SEQUENCES[tag](_build(item, depth + 1) for item in args[0])
+            return _unique(
+                tag, _SEQUENCES[tag](_build(item, depth + 1) for item in args[0]), args[0]
+            )
         if tag == "q" and len(args) == 2 and all(type(a) is str for a in args):
             return Fraction(int(args[0], 16), int(args[1], 16))
         if tag == "D" and len(args) == 1 and type(args[0]) is str and len(args[0]) < 10_000:
@@ -218,7 +220,8 @@ def _build(node, depth: int):
         if tag == "it" and len(args) == 1 and type(args[0]) is tuple:  # an iterator's items
             return iter([_build(item, depth + 1) for item in args[0]])
         if tag in _VIEWS and len(args) == 1 and type(args[0]) is tuple:
-            return _VIEWS[tag]([_build(item, depth + 1) for item in args[0]])
+            view = _VIEWS[tag]([_build(item, depth + 1) for item in args[0]])
+            return view if tag == "V" else _unique(tag, view, args[0])
         if tag == "n" and len(args) == 2 and type(args[0]) is str:
             return _numpy_dtype(args[0]).type(_build(args[1], depth + 1))
         if tag == "A" and len(args) == 3 and type(args[0]) is str and type(args[2]) is tuple:
@@ -233,10 +236,20 @@ def _build(node, depth: int):
                 if type(pair) is not tuple or len(pair) != 2:
                     raise Undecodable("not a key-value pair")
                 out[_build(pair[0], depth + 1)] = _build(pair[1], depth + 1)
-            return out
+            return _unique(tag, out, args[0])
     except (ValueError, TypeError, ArithmeticError, InvalidOperation) as exc:  # bad hex, 1/0
         raise Undecodable(str(exc)) from None
     raise Undecodable(f"unknown tag {tag!r}")
+
+
+def _unique(tag: str, built, items: tuple):
+    """A set, dict or keys/items view as rebuilt, refused when members merged: Python's own set
+    never holds two equal members, so more items than members means a program's set (or dict)
+    of members whose `__hash__` differs between equal values, which Python's assert compares
+    with its duplicates (a set of six never equals one of three) and the rebuilt one without."""
+    if tag in ("S", "F", "d", "K", "I") and len(built) != len(items):
+        raise Undecodable("a set or dict with equal members")
+    return built
 
 
 # dict views, rebuilt from their items: keys and items compare as sets, values with nothing

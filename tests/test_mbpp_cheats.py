@@ -132,9 +132,36 @@ def test_plans():
 def test_decoder_is_strict():
     assert decode("('l',(('i','0x3'),('f','nan'),('N',),('b',1)))")[0] == 3
     assert decode("('d',((('s','a'),('S',(('i','-0x1'),))),))") == {"a": {-1}}
-    for bad in ("3", "('x',)", "('i',3)", "('S',(('l',()),))", "__import__('os')", "('s',)"):
+    twice = "(('i','0x1'),('i','0x1'),)"  # equal members: a program's own __hash__ at work
+    merged = (f"('S',{twice})", f"('F',{twice})", f"('K',{twice})")
+    merged += ("('d',((('i','0x1'),('N',)),(('f','0x1p+0'),('N',)),))",)
+    for bad in (
+        "3",
+        "('x',)",
+        "('i',3)",
+        "('S',(('l',()),))",
+        "__import__('os')",
+        "('s',)",
+        *merged,
+    ):
         with pytest.raises(Undecodable):
             decode(bad)
+
+
+def test_a_set_that_holds_its_members_twice_is_graded_wrong(task):
+    """Equal members with a hash of their own per instance: Python's set keeps both, so the
+    assert fails; the grader refuses the record rather than merge them (task 473)."""
+    problem = next(p for p in task.problems("test") if p.id == "473")
+    program = (
+        "import itertools\n_n = itertools.count()\n"
+        "class H(int):\n    def __hash__(self):\n        return next(_n)\n"
+        "def tuple_intersection(a, b):\n"
+        "    want = {tuple(sorted(x)) for x in a} & {tuple(sorted(x)) for x in b}\n"
+        "    return {tuple(H(v) for v in t) for t in want for _ in (0, 1)}\n"
+    )
+    assert not task.grade(problem, task.extract(f"```python\n{program}\n```"), "")
+    honest = program.replace("tuple(H(v) for v in t)", "t")
+    assert task.grade(problem, task.extract(f"```python\n{honest}\n```"), "")
 
 
 def test_in_process_asserts_are_counted(task):

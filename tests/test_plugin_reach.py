@@ -47,7 +47,9 @@ class PeeksAtTheAnswer:
 
 class PrivateRollout(PeeksAtTheAnswer):
     """Majority@2 that also finds the backbone through `gc` and runs it itself, in its own
-    code (`where="here"`) or on a thread of its own (`where="thread"`)."""
+    code (`where="here"`), on a thread of its own (`where="thread"`), or in a forward hook it
+    hangs on the backbone's model (`where="hook"`), which runs inside the engine's own forward,
+    outside any plugin code."""
 
     def __init__(self, where: str = "here"):
         self.where = where
@@ -61,7 +63,17 @@ class PrivateRollout(PeeksAtTheAnswer):
             with torch.no_grad():
                 backbone.transformer(input_ids=ids)
 
-        if self.where == "thread":
+        if self.where == "hook":
+            busy = []
+
+            def hook(module, args, output):
+                if not busy:  # the hook's own forward calls it again
+                    busy.append(True)
+                    rollout()
+                    busy.clear()
+
+            backbone.transformer.register_forward_hook(hook)
+        elif self.where == "thread":
             worker = threading.Thread(target=rollout)
             worker.start()
             worker.join()
@@ -202,6 +214,7 @@ TINY = ["run", "--task", "arith", "--backbone", "tiny", "--steps", "8", "--gen-l
             "its search ran a model itself",
         ),
         ("thread", "a model ran on another thread during the run"),
+        ("hook", "a hook was added to or removed from a model"),
     ],
 )
 def test_a_strategy_that_runs_the_backbone_itself_stops_the_run(

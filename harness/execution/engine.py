@@ -281,7 +281,7 @@ class Engine:
         queue = Scheduler(
             self.capacity, self._finished, self._charge_reused, self._watch, self._trusted
         )
-        with self._watch.watching():
+        with self._watch.watching((self.backbone, *self.scorers.values())):
             try:
                 self._admit(queue, pending, skip)
                 while queue.busy:

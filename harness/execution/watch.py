@@ -8,6 +8,9 @@ strategy that found the backbone object (through `gc`, say) and ran it itself, o
 its weights, is caught at the next check and the run refuses, naming it.
 
 The hook costs one Python call per module call; it is removed when the engine's run ends.
+Each round also checks that no hook was added to (or removed from) the run's models or torch's
+global hooks since the run began: a hook a strategy hangs on the backbone (found through `gc`)
+runs inside the engine's own forward, where no plugin code is being watched.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import torch
+from torch.nn.modules import module as _torch_module
 from torch.nn.modules.module import register_module_forward_pre_hook
 
 from dllmbench.core.errors import PluginViolation
@@ -30,6 +35,8 @@ class ComputeWatch:
         self._plugin = False
         self.calls = 0  # module calls by plugin code, since the last `take`
         self.elsewhere = 0  # module calls on other threads
+        self._modules: list[torch.nn.Module] = []  # the run's models, whose hooks stay as they were
+        self._hooks: tuple = ()
 
     def _hook(self, module: Any, args: Any) -> None:
         if threading.get_ident() != self._thread:
@@ -38,10 +45,13 @@ class ComputeWatch:
             self.calls += 1
 
     @contextmanager
-    def watching(self) -> Iterator[ComputeWatch]:
-        """Count while the engine runs (on this thread)."""
+    def watching(self, models: tuple[Any, ...] = ()) -> Iterator[ComputeWatch]:
+        """Count while the engine runs (on this thread); `models` (the backbone, the scorers):
+        objects whose torch modules must keep the hooks they have now."""
         self._thread = threading.get_ident()
         handle = register_module_forward_pre_hook(self._hook)
+        self._modules = list(dict.fromkeys(m for obj in models for m in _modules_of(obj)))
+        self._hooks = self._hook_state()
         try:
             yield self
         finally:
@@ -66,8 +76,35 @@ class ComputeWatch:
             )
             raise PluginViolation(name, distribution, what)
 
+    def _hook_state(self) -> tuple:
+        glob = tuple(
+            tuple(getattr(_torch_module, name, {}))
+            for name in (
+                "_global_forward_pre_hooks",
+                "_global_forward_hooks",
+                "_global_forward_hooks_always_called",
+                "_global_backward_pre_hooks",
+                "_global_backward_hooks",
+            )
+        )
+        own = tuple(
+            (tuple(m._forward_pre_hooks), tuple(m._forward_hooks), tuple(m._backward_hooks))
+            for m in self._modules
+        )
+        return glob, own
+
     def check_threads(self) -> None:
-        """Refuse the run if a model ran on another thread while the engine ran."""
+        """Refuse the run if a model ran on another thread while the engine ran, or a hook was
+        hung on (or taken off) a model or torch's global hooks: a hook runs code of its own
+        inside the engine's forward, unwatched (another forward, say)."""
+        if self._hook_state() != self._hooks:
+            raise PluginViolation(
+                "unknown",
+                None,
+                "a hook was added to or removed from a model (or torch's global module hooks) "
+                "during the run: code run inside the engine's forwards, charged to no one; "
+                "every forward must go through ops",
+            )
         if self.elsewhere:
             raise PluginViolation(
                 "unknown",
@@ -75,3 +112,14 @@ class ComputeWatch:
                 f"a model ran on another thread during the run ({self.elsewhere} module "
                 "forwards outside ops, charged to no one); every forward must go through ops",
             )
+
+
+def _modules_of(obj: Any) -> Iterator[torch.nn.Module]:
+    """The torch modules of a backbone or scorer: itself when it is one, else those its
+    attributes hold (one level down: `backbone.transformer`), with all their submodules."""
+    if isinstance(obj, torch.nn.Module):
+        yield from obj.modules()
+        return
+    for value in list(getattr(obj, "__dict__", {}).values()):
+        if isinstance(value, torch.nn.Module):
+            yield from value.modules()
