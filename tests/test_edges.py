@@ -272,7 +272,11 @@ def test_numbers_are_ascii_digits_and_bounded(cli, finished_run, option, value, 
         (["--backbone", "toy:p_correct=٠.5"], "option p_correct wants a number"),
         (["--task", "toy_sum:size=4,size=3"], "option 'size' is given twice in 'toy_sum:size"),
         (["--method", "independent:n=2,n=3+majority"], "option 'n' is given twice"),
-        (["--scorer", "orm=toy:noise=1,noise=2"], "option 'noise' is given twice"),
+        (["--scorer", "other=toy:noise=1,noise=2"], "option 'noise' is given twice"),
+        (  # a second orm beside the run's own would silently replace it
+            ["--scorer", "orm=toy:noise=2"],
+            "--scorer orm is given twice ('orm=toy:partial=false' and 'orm=toy:noise=2')",
+        ),
     ],
 )
 def test_plugin_numbers_are_ascii_and_options_are_given_once(cli, finished_run, argv, needle):
@@ -324,7 +328,7 @@ def test_an_unknown_task_is_named_before_a_missing_backbone(cli, tmp_path):
     [
         (["--task", "toy_sum:foo"], "task 'toy_sum' option 'foo' is not key=value; its options: "),
         (["--backbone", "toy:fast"], "backbone 'toy' option 'fast' is not key=value; its options"),
-        (["--scorer", "orm=toy:x"], "scorer 'toy' option 'x' is not key=value; its options: "),
+        (["--scorer", "other=toy:x"], "scorer 'toy' option 'x' is not key=value; its options: "),
     ],
 )
 def test_an_option_that_is_not_key_value_names_the_plugins_options(cli, finished_run, argv, needle):

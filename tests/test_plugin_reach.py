@@ -45,6 +45,9 @@ class PeeksAtTheAnswer:
         return ops.pool(rows)
 
 
+HOOKS: list = []  # the hooks PrivateRollout hung, removed when its test ends
+
+
 class PrivateRollout(PeeksAtTheAnswer):
     """Majority@2 that also finds the backbone through `gc` and runs it itself, in its own
     code (`where="here"`), on a thread of its own (`where="thread"`), or in a forward hook it
@@ -56,29 +59,30 @@ class PrivateRollout(PeeksAtTheAnswer):
 
     async def search(self, problem, ops):
         rows = ops.start(problem, copies=2)
-        backbone = next(o for o in gc.get_objects() if type(o) is Tiny)
-        ids = rows.tokens[:1].to(backbone.device)
+        # every Tiny alive: a test process may hold others beside the run's
+        backbones = [o for o in gc.get_objects() if type(o) is Tiny]
+        ids = rows.tokens[:1]
 
-        def rollout():
+        def rollout(backbone):
             with torch.no_grad():
-                backbone.transformer(input_ids=ids)
+                backbone.transformer(input_ids=ids.to(backbone.device))
 
         if self.where == "hook":
-            busy = []
+            for backbone in backbones:
 
-            def hook(module, args, output):
-                if not busy:  # the hook's own forward calls it again
-                    busy.append(True)
-                    rollout()
-                    busy.clear()
+                def hook(module, args, output, backbone=backbone, busy=[]):  # noqa: B006
+                    if not busy:  # the hook's own forward calls it again
+                        busy.append(True)
+                        rollout(backbone)
+                        busy.clear()
 
-            backbone.transformer.register_forward_hook(hook)
+                HOOKS.append(backbone.transformer.register_forward_hook(hook))
         elif self.where == "thread":
-            worker = threading.Thread(target=rollout)
+            worker = threading.Thread(target=rollout, args=(backbones[0],))
             worker.start()
             worker.join()
         else:
-            rollout()
+            rollout(backbones[0])
         return ops.pool(await ops.denoise(rows))
 
 
@@ -222,7 +226,11 @@ def test_a_strategy_that_runs_the_backbone_itself_stops_the_run(
 ):
     registry_with(__name__)
     argv = [*TINY, "--limit", 2, "--method", f"private_rollout:where={where}+majority"]
-    result = cli(*argv, "--budget", 16, "--out", tmp_path / "r")
+    try:
+        result = cli(*argv, "--budget", 16, "--out", tmp_path / "r")
+    finally:
+        while HOOKS:
+            HOOKS.pop().remove()
     assert result.code == 3, result.err
     lines = [line for line in result.err.splitlines() if "error" in line]
     assert len(lines) == 1 and needle in lines[0], result.err

@@ -274,8 +274,10 @@ def test_deny_list_leaves_out_a_plugin_and_its_families(tmp_path, monkeypatch):
     assert "prm_guided" in reg.names("strategy")
     families = available_families(reg, 8)
     assert "smc_vote" not in families and "smc_top" not in families and "vanilla" in families
-    with pytest.raises(PluginError, match="unknown strategy 'smc'"):
+    with pytest.raises(PluginError, match="strategy 'smc' is disabled by DLLMBENCH_DISABLE"):
         reg.strategy("smc")
+    with pytest.raises(PluginError, match="unknown strategy 'smcc'"):
+        reg.strategy("smcc")
 
 
 @pytest.mark.slow

@@ -443,6 +443,12 @@ class Scheduler:
                     f"methods that own it ({list(given)}): rows are charged as ops.start "
                     "gave them"
                 )
+                if lineage and not given:  # a copy beyond every pool of nested members
+                    what = (
+                        f"asked for a forward of copy {lineage[0]} of ops.start, which belongs "
+                        "to no method: with prefix_field set, copy i belongs to the methods "
+                        "whose pool is larger than i; start at most pool_size() copies"
+                    )
                 raise PluginViolation(run.strategy, run.distribution, what)
 
     def finished(self, run: StrategyRun) -> bool:

@@ -149,6 +149,7 @@ class Collected:
     plugins: dict[str, dict[str, PluginInfo]]
     families: dict[str, MethodFamily]
     broken: list[Broken]
+    disabled: frozenset[str] = frozenset()  # registered names DLLMBENCH_DISABLE removed
 
 
 def _version(dist: str) -> str:
@@ -351,7 +352,9 @@ def collect(loaded: Loaded) -> Collected:
         [n for n in loaded.disabled if _norm(n) not in {_norm(k) for k in registered}],
         loaded.known | registered,
     )
+    removed = set()
     for table in (*plugins.values(), families):
         for name in [n for n in table if _norm(n) in loaded.disabled]:
             del table[name]
-    return Collected(plugins, families, collector.broken())
+            removed.add(name)
+    return Collected(plugins, families, collector.broken(), frozenset(removed))

@@ -121,14 +121,16 @@ class Registry:
         table: dict[str, dict[str, PluginInfo]],
         families: dict[str, MethodFamily] | None = None,
         broken: list[Broken] | tuple[Broken, ...] = (),
+        disabled: frozenset[str] = frozenset(),
     ):
         self._table = table
         self._families = dict(families or {})
         self._broken = list(broken)
+        self._disabled = disabled
 
     @classmethod
     def from_collected(cls, collected: Collected) -> Registry:
-        return cls(collected.plugins, collected.families, collected.broken)
+        return cls(collected.plugins, collected.families, collected.broken, collected.disabled)
 
     @classmethod
     def load(cls, selection: PluginSelection | None = None) -> Registry:
@@ -154,6 +156,11 @@ class Registry:
         return self._families.get(name)
 
     def _refuse_broken(self, kind: str, name: str) -> None:
+        if name in self._disabled:
+            raise PluginError(
+                f"{kind} {name!r} is disabled by DLLMBENCH_DISABLE; take it out of that "
+                "variable to use it"
+            )
         for b in self._broken:
             if b.kind == kind and b.name == name:
                 raise PluginError(b.line())
