@@ -22,7 +22,7 @@ import pytest
 from dllmbench.api.hookspecs import hookimpl
 from dllmbench.core.types import Pool, Problem
 from dllmbench.testing import contracts
-from dllmbench.testing.doubles import ToyBackbone
+from dllmbench.testing.doubles import ToyBackbone, ToySum
 
 pytest_plugins = ("pytester",)
 
@@ -219,6 +219,28 @@ def dllmbench_register_selectors(register):
     register("kit_id_ties", IdTies)
 
 
+class IntAnswers(ToySum):
+    """The toy task, but its answers come out as ints: the kit's other task checks pass it,
+    and its first run stops (`extract` gives a string or None)."""
+
+    def extract(self, text):
+        answer = super().extract(text)
+        return None if answer is None else int(answer)
+
+
+class ListKeys(ToySum):
+    """The toy task, but its answer keys are lists, which no vote can count."""
+
+    def answer_key(self, answer):
+        return [super().answer_key(answer)]
+
+
+@hookimpl
+def dllmbench_register_tasks(register):
+    register("kit_int_answers", IntAnswers)
+    register("kit_list_keys", ListKeys)
+
+
 @pytest.fixture
 def kit_doubles(registry_with):
     """The registry with this module's doubles in it, for one test."""
@@ -333,6 +355,16 @@ FAILS = [
         "test_selector_leaves_its_candidates_alone",
         "kit_reorders",
         r"selector 'kit_reorders' tried to change its candidates \(AttributeError",
+    ),
+    (
+        "test_task_reads_answers_as_the_engine_does",
+        "kit_int_answers",
+        r"task 'kit_int_answers': extract\('7'\) returned 7, not a string or None",
+    ),
+    (
+        "test_task_reads_answers_as_the_engine_does",
+        "kit_list_keys",
+        r"task 'kit_list_keys': answer_key\('7'\) returned \[7\]: not hashable",
     ),
     (
         "test_selector_same_choice_on_equal_inputs",

@@ -13,6 +13,7 @@ import torch
 from conftest import toy_argv
 
 from dllmbench.api.hookspecs import hookimpl
+from dllmbench.api.interfaces import StepBatch
 from dllmbench.api.ops import DenoiseRequest, Posted
 from dllmbench.plugins.backbones.tiny import Tiny
 
@@ -90,7 +91,8 @@ class ReOwns(PeeksAtTheAnswer):
     """Majority@n whose rows are charged to someone else: to nobody (`to="nobody"`), posted
     past ops (`to="posted"`), or, sharing a nested pool with a smaller method, to the larger
     one only (`to="larger"`: its rows out of start order, so the smaller one's candidates
-    were paid for by the larger)."""
+    were paid for by the larger), or started beyond its pool (`to="overstart"`: 2n copies,
+    those from n on no method's)."""
 
     @dataclasses.dataclass(frozen=True)
     class Config:
@@ -110,7 +112,7 @@ class ReOwns(PeeksAtTheAnswer):
 
     async def search(self, problem, ops):
         n, to = self.config.n, self.config.to
-        rows = ops.start(problem, copies=n)
+        rows = ops.start(problem, copies=2 * n if to == "overstart" else n)
         if to == "nobody":
             rows = dataclasses.replace(rows, owners=((),) * n)
         elif to == "posted":
@@ -161,6 +163,39 @@ class ForgesScores:
 @hookimpl
 def dllmbench_register_selectors(register):
     register("forges_scores", ForgesScores)
+
+
+class LookaheadScorer:
+    """A process scorer sharing the backbone: it reads each row once through `logits`
+    (`rollout=False`), or rolls each row out to its end with the backbone's own
+    `denoise_step` and reads that (`rollout=True`): T forwards for one pass of score."""
+
+    reads_partial = True
+
+    @dataclasses.dataclass(frozen=True)
+    class Config:
+        rollout: bool = False
+
+    def __init__(self, backbone=None, **config):
+        self.config = self.Config(**config)
+        self.backbone = backbone
+
+    def score(self, batch):
+        bb, out = self.backbone, []
+        for row, plen, step in zip(batch.tokens, batch.prompt_lens, batch.steps, strict=True):
+            if self.config.rollout:
+                for t in range(step, batch.total_steps):
+                    one = StepBatch([row], [plen], [t], [7], batch.total_steps)
+                    row = bb.denoise_step(one)[0]
+            ids, attn, _ = bb.pad([row])
+            with torch.no_grad():
+                out.append(float(bb.logits(ids.to(bb.device), attn.to(bb.device))[0, -1, 0]))
+        return out
+
+
+@hookimpl
+def dllmbench_register_scorers(register):
+    register("lookahead", LookaheadScorer)
 
 
 def test_a_strategy_never_sees_the_answer_and_its_answers_are_still_graded(
@@ -236,11 +271,36 @@ def test_a_strategy_that_runs_the_backbone_itself_stops_the_run(
     assert len(lines) == 1 and needle in lines[0], result.err
 
 
+@pytest.mark.parametrize("rollout", [False, True])
+def test_a_scorer_that_rolls_rows_out_with_the_backbone_stops_the_run(
+    tmp_path, cli, registry_with, rollout
+):
+    """A scorer is given the backbone to share its weights: reading each row once is one pass
+    of score per row; running the model over more rows (a rollout) is denoising nobody is
+    charged for, and the run stops with one line naming the scorer."""
+    registry_with(__name__)
+    argv = [*TINY, "--limit", 2, "--scorer", f"prm=lookahead:rollout={rollout}"]
+    argv += ["--method", "prm_guided:k=2,every=4+first", "--budget", 20]
+    result = cli(*argv, "--out", tmp_path / "r")
+    if not rollout:
+        assert result.code == 0, result.err
+        return
+    assert result.code == 3, result.err
+    lines = [line for line in result.err.splitlines() if "error" in line]
+    assert len(lines) == 1, result.err
+    assert "plugin 'lookahead' (from module:test_plugin_reach) broke its contract" in lines[0]
+    assert "score() ran the backbone's model over" in lines[0]
+
+
 @pytest.mark.parametrize(
     "methods,needle",
     [
         (["re_owns:n=2,to=nobody+majority"], "charged to [], not to the methods that own it"),
         (["re_owns:n=2,to=posted+majority"], "charged to [], not to the methods that own it"),
+        (
+            ["re_owns:n=2,to=overstart+majority"],
+            "asked for a forward of copy 2 of ops.start, which belongs to no method",
+        ),
         (
             ["re_owns:n=2,to=larger+majority", "re_owns:n=4,to=larger+majority"],
             "candidates [0, 1] that were charged to others",

@@ -72,7 +72,7 @@ from dllmbench.execution.scheduler import (
     Trusted,
     Wait,
 )
-from dllmbench.execution.watch import ComputeWatch
+from dllmbench.execution.watch import ComputeWatch, ModelRows, model_body
 from dllmbench.loading.provenance import Origins, config_data
 
 __all__ = ["Capacity", "Engine", "Sampling", "Unit", "plan_units", "sized_to_memory"]
@@ -255,6 +255,7 @@ class Engine:
         self._early: dict[Any, bool] = {}  # a row's settings → whether it may end early
         self._held: dict[str, list[int]] = {}  # problems in flight → prompts a backbone holds
         self._watch = ComputeWatch()  # forwards plugin code makes itself (`watch.py`)
+        self._model_rows = ModelRows(model_body(backbone))  # rows a scorer runs the model over
         self._trusted = Trusted()  # the requests the engine posts itself
         for method in methods:
             if method.id in self.capped:
@@ -281,7 +282,11 @@ class Engine:
         queue = Scheduler(
             self.capacity, self._finished, self._charge_reused, self._watch, self._trusted
         )
-        with self._watch.watching((self.backbone, *self.scorers.values())):
+        # the scorers' row count hooks the model first: the hooks the run begins with
+        with (
+            self._model_rows.watching(),
+            self._watch.watching((self.backbone, *self.scorers.values())),
+        ):
             try:
                 self._admit(queue, pending, skip)
                 while queue.busy:
@@ -645,8 +650,18 @@ class Engine:
                         raise self.origins.violation("backbone", self.origins.backbone, what)
             self._check_step(batch.tokens, [row[0] if reported else row for row in out])
             return out
-        with self.origins.blame("scorer", self.origins.scorer(batch.scorer)):
+        with (
+            self.origins.blame("scorer", self.origins.scorer(batch.scorer)),
+            self._model_rows.counting() as model,
+        ):
             values = np.asarray(self.scorers[batch.scorer].score(batch.batch), dtype=np.float64)
+        if model.rows > size:
+            what = (
+                f"score() ran the backbone's model over {model.rows} rows for a batch of {size}: "
+                "a scorer reads each row it scores once (one pass of score:<name> per row); "
+                "a rollout is denoising, which a strategy asks of ops, where it is charged"
+            )
+            raise self.origins.violation("scorer", self.origins.scorer(batch.scorer), what)
         if values.shape != (size,):
             what = f"score() returned shape {values.shape} for a batch of {size} rows"
             raise self.origins.violation("scorer", self.origins.scorer(batch.scorer), what)

@@ -123,3 +123,62 @@ def _modules_of(obj: Any) -> Iterator[torch.nn.Module]:
     for value in list(getattr(obj, "__dict__", {}).values()):
         if isinstance(value, torch.nn.Module):
             yield from value.modules()
+
+
+def model_body(backbone: Any) -> Any:
+    """The module a forward of the backbone's transformer runs once per row: the body under
+    the LM head (`transformer.model`) when it has one, else the transformer; None for a
+    backbone that is not a transformer."""
+    transformer = getattr(backbone, "transformer", None)
+    if not isinstance(transformer, torch.nn.Module):
+        return None
+    body = getattr(transformer, "model", None)
+    return body if isinstance(body, torch.nn.Module) else transformer
+
+
+def _rows_of(args: Any, kwargs: dict[str, Any]) -> int:
+    """The rows of a forward: the first dimension of its first tensor input."""
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            return int(value.shape[0]) if value.dim() else 1
+    return 1
+
+
+class ModelRows:
+    """Rows the backbone's model computed while a scorer scored.
+
+    A scorer may share the backbone's weights (the reward scorers and `self` read each row it
+    scores through them once); one that runs the model over more rows than it was asked to
+    score (a rollout through `denoise_step` or `logits`) computes forwards that one scoring
+    pass per row does not pay for, and the run refuses it."""
+
+    def __init__(self, body: Any) -> None:
+        self.body = body
+        self.rows = 0
+        self._on = False
+
+    def _hook(self, module: Any, args: Any, kwargs: dict[str, Any]) -> None:
+        if self._on and threading.get_ident() == self._thread:
+            self.rows += _rows_of(args, kwargs)
+
+    @contextmanager
+    def watching(self) -> Iterator[ModelRows]:
+        """Hook the backbone's model while the engine runs (nothing without a model)."""
+        self._thread = threading.get_ident()
+        if self.body is None:
+            yield self
+            return
+        handle = self.body.register_forward_pre_hook(self._hook, with_kwargs=True)
+        try:
+            yield self
+        finally:
+            handle.remove()
+
+    @contextmanager
+    def counting(self) -> Iterator[ModelRows]:
+        """Count the rows the model computes inside this block (from 0)."""
+        self.rows, self._on = 0, True
+        try:
+            yield self
+        finally:
+            self._on = False

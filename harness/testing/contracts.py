@@ -921,6 +921,46 @@ def test_task_problems_are_well_formed(dllmbench_task):
     assert task.extract("") is None, f"task {name!r}: extract('') is not None"
 
 
+def _answer_texts(gold: Any) -> list[str]:
+    """Texts a model might write for a problem: its gold in the usual final-answer shapes,
+    and a wrong number in them."""
+    texts = []
+    for value in ("7", str(gold)):
+        texts += [value, f"#### {value}", f"The answer is {value}.", f"\\boxed{{{value}}}"]
+    return list(dict.fromkeys(texts))
+
+
+def test_task_reads_answers_as_the_engine_does(dllmbench_task):
+    """What a run holds a task to on every candidate (`Engine.read`, `Engine.judge`), on texts
+    in the usual final-answer shapes: `extract` gives a string or None, `answer_key` of an
+    extracted answer something hashable, `grade` a bool. A task that breaks one passes the
+    other checks and stops its first run (exit status 3)."""
+    name, config = dllmbench_task
+    task = built("task", name, **config)
+    problem = task.problems(next(iter(task.splits())))[0]
+    graded: set[str] = set()
+    for text in _answer_texts(problem.gold):
+        answer = task.extract(text)
+        assert answer is None or isinstance(answer, str), (
+            f"task {name!r}: extract({text!r}) returned {answer!r}, not a string or None"
+        )
+        if answer is None or answer in graded:
+            continue
+        graded.add(answer)
+        key = task.answer_key(answer)
+        try:
+            hash(key)
+        except TypeError:
+            raise AssertionError(
+                f"task {name!r}: answer_key({answer!r}) returned {key!r}: not hashable "
+                "(votes count keys)"
+            ) from None
+        verdict = task.grade(problem, answer, text)
+        assert isinstance(verdict, bool | np.bool_), (
+            f"task {name!r}: grade(problem, {answer!r}, {text!r}) returned {verdict!r}, not a bool"
+        )
+
+
 def test_task_grade_many_agrees_with_grade(dllmbench_task):
     """`grade_many`, which the engine uses for a whole pool when a task has it, must give
     `grade`'s verdicts in order: for no answer, a likely wrong one and the gold one (when the
