@@ -241,8 +241,9 @@ def test_numbers_of_other_commands_out_of_range(cli, tmp_path, argv, needle):
     ],
 )
 def test_plugin_options_of_the_wrong_type(cli, finished_run, argv, needle):
-    # a repeated --task or --backbone replaces the toy run's own
-    argv = [*TOY, "--methods", "vanilla,orm_rerank", "--scorer", "orm=toy", *argv]
+    # a repeated --task or --backbone replaces the toy run's own (a scorer name is given once)
+    scorer = [] if "--scorer" in argv else ["--scorer", "orm=toy"]
+    argv = [*TOY, "--methods", "vanilla,orm_rerank", *scorer, *argv]
     unchanged(cli, finished_run, *argv, needles=(needle,))
 
 
