@@ -493,3 +493,19 @@ def test_collect_and_train_scorer_name_the_plugin_of_an_option_that_is_not_key_v
     result = cli(*train, "--options", "pooling", "--out", tmp_path / "t")
     assert_user_error(result, "scorer 'orm' option 'pooling' is not key=value; its options")
     assert "method spec" not in result.err
+
+
+def test_train_scorer_says_n_a_for_a_roc_auc_it_has_not(tmp_path):
+    """One class in a validation bucket has no ROC-AUC: the summary says `n/a`, as the
+    training log does, not Python's `None`."""
+    from rich.console import Console
+
+    from dllmbench.cli.train_scorer import _show
+
+    best = {"step": 5, "bce": 0.5, "accuracy": 0.75, "auc": None, "rerank": {"problems": 0}}
+    best["by_mask_ratio"] = {"[0.0,0.1)": {"n": 4, "auc": None}, "[0.9,1.0]": {"n": 4, "auc": 0.5}}
+    console = Console(record=True, width=200)
+    _show(console, {"best": best}, tmp_path)
+    text = console.export_text()
+    assert "None" not in text, text
+    assert "ROC-AUC n/a)" in text and "n=4 ROC-AUC n/a" in text and "ROC-AUC 0.500" in text

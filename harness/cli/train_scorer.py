@@ -113,12 +113,17 @@ def execute(args: argparse.Namespace) -> Reply:
     return Reply(json.loads(json.dumps(record)), lambda console: _show(console, record, out))
 
 
+def _fmt(value: float | None) -> str:
+    """A ROC-AUC as the training log writes it: `n/a` where it has none (one class only)."""
+    return "n/a" if value is None else f"{value:.3f}"
+
+
 def _show(console: Console, record: dict[str, Any], out: Path) -> None:
     best = record["best"]
     console.print(
         f"best checkpoint: {out / 'best'} (step {best['step']}, validation BCE "
         f"{best['bce']:.4f}, accuracy {best['accuracy']:.3f}, ROC-AUC "
-        f"{best['auc']})"
+        f"{_fmt(best['auc'])})"
     )
     if "rollout_bce" in best:
         console.print(f"  validation BCE against the rollouts' shares: {best['rollout_bce']:.4f}")
@@ -129,4 +134,4 @@ def _show(console: Console, record: dict[str, Any], out: Path) -> None:
             f"{ranked['top1_accuracy']:.3f} (their mean accuracy {ranked['mean_accuracy']:.3f})"
         )
     for bucket, m in best["by_mask_ratio"].items():
-        console.print(f"  mask ratio {bucket}: n={m['n']} ROC-AUC {m['auc']}")
+        console.print(f"  mask ratio {bucket}: n={m['n']} ROC-AUC {_fmt(m['auc'])}")
