@@ -527,6 +527,13 @@ def test_a_share_of_a_finished_whole_run_is_refused(cli, finished_run):
     (finished_run / "samples.shard-2-of-2.jsonl").touch()
     needles = ("holds every record of share 1/3 already", "written by --shard 1/2, 2/2")
     unchanged(cli, finished_run, *TOY_RUN, "--resume", "--shard", "1/3", needles=needles)
+    # half by a share, the rest by a whole run: both are named, not the share alone
+    (finished_run / "samples.shard-2-of-2.jsonl").unlink()
+    shard = (finished_run / "samples.shard-1-of-2.jsonl").read_bytes().splitlines(keepends=True)
+    (finished_run / "samples.shard-1-of-2.jsonl").write_bytes(b"".join(shard[:3]))
+    (finished_run / "samples.jsonl").write_bytes(b"".join(shard[3:]))
+    needles = ("holds every record of share 2/2 already", "by --shard 1/2 and a run without")
+    unchanged(cli, finished_run, *TOY_RUN, "--resume", "--shard", "2/2", needles=needles)
 
 
 def test_a_prompt_longer_than_the_model_is_refused_before_a_forward(cli, tmp_path):

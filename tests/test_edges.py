@@ -469,3 +469,47 @@ def test_a_take_back_cut_short_leaves_the_run_begun_and_says_the_refusal(
     monkeypatch.setattr(Path, "unlink", unlink)
     assert_user_error(cli(*argv), "which alg=origin does not rank by")  # resumed, refused
     assert (out / "manifest.json").is_file()  # a resumed run keeps everything
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["--task", ":"], "--task ':' names no task; give task[:option=value,...]"),
+        (["--backbone", ":x=1"], "--backbone ':x=1' names no backbone; give backbone"),
+        (["--scorer", "orm=:x=1"], "--scorer ':x=1' names no scorer; give NAME=PLUGIN"),
+    ],
+)
+def test_a_plugin_argument_without_a_name_says_so_not_method_spec(cli, finished_run, argv, needle):
+    result = cli(*TOY_RUN, *argv, "--out", finished_run)
+    assert_user_error(result, needle)
+    assert "method spec" not in result.err
+
+
+def test_collect_and_train_scorer_name_the_plugin_of_an_option_that_is_not_key_value(
+    cli, tmp_path, collection
+):
+    result = cli(*COLLECT[:2], ":", *COLLECT[3:], "--out", tmp_path / "c")
+    assert_user_error(result, "--task ':' names no task")
+    result = cli(*COLLECT[:4], "toy:fast", *COLLECT[5:], "--out", tmp_path / "c")
+    assert_user_error(result, "backbone 'toy' option 'fast' is not key=value; its options")
+    assert not (tmp_path / "c").exists()
+    train = ["train-scorer", "--kind", "orm", "--steps", "1", "--data", collection]
+    result = cli(*train, "--options", "pooling", "--out", tmp_path / "t")
+    assert_user_error(result, "scorer 'orm' option 'pooling' is not key=value; its options")
+    assert "method spec" not in result.err
+
+
+def test_train_scorer_says_n_a_for_a_roc_auc_it_has_not(tmp_path):
+    """One class in a validation bucket has no ROC-AUC: the summary says `n/a`, as the
+    training log does, not Python's `None`."""
+    from rich.console import Console
+
+    from dllmbench.cli.train_scorer import _show
+
+    best = {"step": 5, "bce": 0.5, "accuracy": 0.75, "auc": None, "rerank": {"problems": 0}}
+    best["by_mask_ratio"] = {"[0.0,0.1)": {"n": 4, "auc": None}, "[0.9,1.0]": {"n": 4, "auc": 0.5}}
+    console = Console(record=True, width=200)
+    _show(console, {"best": best}, tmp_path)
+    text = console.export_text()
+    assert "None" not in text, text
+    assert "ROC-AUC n/a)" in text and "n=4 ROC-AUC n/a" in text and "ROC-AUC 0.500" in text

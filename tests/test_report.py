@@ -430,6 +430,6 @@ def test_report_refuses_controls_sampled_otherwise(two_budgets, tmp_path, cli, c
     capsys.readouterr()  # what collecting and diagnosing printed
     out = tmp_path / "report"
     result = cli("report", str(two_budgets), "--controls", str(controls), "--out", str(out))
-    assert_user_error(result, "gen_length differs")
+    assert_user_error(result, "the collection's and the run's gen_length differ (6 against")
     result = cli("report", str(two_budgets), "--controls", str(tmp_path), "--out", str(out))
     assert_user_error(result, "holds no controls.json")

@@ -15,7 +15,7 @@ from dllmbench.core.errors import UserError
 from dllmbench.execution.engine import Capacity, Sampling
 from dllmbench.running.merge import merge
 from dllmbench.running.runner import RunConfig, run
-from dllmbench.storage.rundir import RunDir, manifest_differences
+from dllmbench.storage.rundir import RunDir, brief_differences, manifest_differences
 from dllmbench.storage.shards import Shard
 
 METHODS = ["vanilla", "majority", "orm_rerank", "prm_guided", "smc_vote", "oracle"]
@@ -656,3 +656,23 @@ def test_a_take_back_puts_compute_json_back_byte_for_byte(tmp_path):
         assert not rundir.take_back()  # once
     finally:
         rundir.release()
+
+
+def test_a_refused_resume_names_the_cause_before_what_follows_from_it():
+    """`dllmbench run` then `dllmbench run --limit 100` into the same default --out: the
+    limit is the cause; the methods' prices and the reference row follow from it and come
+    after it, so the cut line still names it."""
+    old = {
+        "task": {"limit": 40, "problems": 40},
+        "methods": [{"id": f"M{i}", "flops": 10 + i} for i in range(8)],
+        "reference_row": {"prompt_tokens": 47},
+    }
+    new = {
+        "task": {"limit": 100, "problems": 100},
+        "methods": [{"id": f"M{i}", "flops": 20 + i} for i in range(8)],
+        "reference_row": {"prompt_tokens": 42},
+    }
+    diffs = manifest_differences(old, new)
+    assert diffs[:2] == ["task.limit: 40 → 100", "task.problems: 40 → 100"]
+    assert diffs[-1] == "reference_row.prompt_tokens: 47 → 42"
+    assert "task.limit: 40 → 100" in brief_differences(diffs)

@@ -155,6 +155,10 @@ def test_training_resumes_exactly(tmp_path, capsys):
     backbone, scorer = fresh()
     with pytest.raises(UserError, match="other trajectories"):
         train(scorer, relabelled, cfg, tmp_path / "cut", backbone.mask_id, log=str)
+    # nor under another configuration: the line names what differs
+    backbone, scorer = fresh()
+    with pytest.raises(UserError, match=r"another configuration \(steps: 6 → 8\); choose"):
+        train(scorer, snapshots, replace(cfg, steps=8), tmp_path / "cut", backbone.mask_id, log=str)
 
 
 def test_best_of_n_ranks_each_problems_final_states():

@@ -186,9 +186,17 @@ def load_controls(folder: str | Path, run: evidence.RunData) -> Controls:
             )
     for what, (theirs, ours) in checks.items():
         if theirs != ours:
+            if isinstance(theirs, dict) and isinstance(ours, dict):  # the keys that differ
+                shown = ", ".join(
+                    f"{k}: {theirs.get(k)!r} against {ours.get(k)!r}"
+                    for k in sorted(set(theirs) | set(ours), key=str)
+                    if theirs.get(k) != ours.get(k)
+                )
+            else:
+                shown = f"{theirs!r} against {ours!r}"
             raise UserError(
-                f"the controls in {folder} do not fit {run.path}: their {what} differs "
-                f"({theirs!r} against {ours!r}); collect and diagnose as the run was sampled"
+                f"the controls in {folder} do not fit {run.path}: the collection's and the "
+                f"run's {what} differ ({shown}); collect and diagnose as the run was sampled"
             )
     return controls
 

@@ -17,6 +17,7 @@ from dllmbench.cli.common import (
     add_sampling,
     check_canvas,
     declared_default,
+    plugin_arg,
 )
 from dllmbench.cli.folders import claim
 from dllmbench.cli.progress import Progress
@@ -60,7 +61,6 @@ def add_parser(sub: Any) -> None:
 
 def execute(args: argparse.Namespace) -> Reply:
     from dllmbench.execution.engine import Capacity, Sampling
-    from dllmbench.execution.method import parse_part
     from dllmbench.execution.rates import prompts_fit
     from dllmbench.loading.provenance import Origins
     from dllmbench.loading.registry import registry
@@ -74,8 +74,8 @@ def execute(args: argparse.Namespace) -> Reply:
 
     reg = registry()
     out = claim(args.out, "collection")  # before the backbone loads
-    task_name, task_config = parse_part(args.task)
-    backbone_name, backbone_config = parse_part(args.backbone)
+    task_name, task_config = plugin_arg("task", args.task)
+    backbone_name, backbone_config = plugin_arg("backbone", args.backbone)
     # a shipped demo model samples as it was trained to, as `run` and `plan` do; else GENERAL
     fill_unset(args, {**GENERAL, **DEMO_PROTOCOLS.get(backbone_name, {})})
     steps = snapshot_steps(args.steps, args.snapshots)

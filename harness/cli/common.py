@@ -228,6 +228,13 @@ def scorers_arg(entries: list[str]) -> dict[str, tuple[str, dict[str, Any]]]:
     return out
 
 
+_FORMS = {  # how --KIND is written, and an example: for a line naming what is missing
+    "task": ("task[:option=value,...]", "arith:test_size=50"),
+    "backbone": ("backbone[:option=value,...]", "tiny:temperature=0.5"),
+    "scorer": ("NAME=PLUGIN[:option=value,...]", "orm=orm:checkpoint=DIR"),
+}
+
+
 def plugin_arg(kind: str, text: str) -> tuple[str, dict[str, Any]]:
     """`--task arith:test_size=50` and the like → (name, options): an unknown plugin is one
     line listing the known ones, an option that is not key=value one naming the plugin's
@@ -236,7 +243,10 @@ def plugin_arg(kind: str, text: str) -> tuple[str, dict[str, Any]]:
     from dllmbench.loading.registry import options, registry
 
     name = text.partition(":")[0].strip()
-    info = registry().info(kind, name) if name else None  # unknown: the registry's line
+    if not name:  # `--backbone :`, `--task :x=1`: parse_part's line would speak of a method
+        form, example = _FORMS.get(kind, (f"{kind}[:option=value,...]", "NAME"))
+        raise UserError(f"--{kind} {text!r} names no {kind}; give {form}, e.g. {example}")
+    info = registry().info(kind, name)  # unknown: the registry's line
     try:
         return parse_part(text)
     except UserError:

@@ -9,7 +9,14 @@ from typing import Any
 from rich.console import Console
 
 from dllmbench.cli.argtypes import natural_int, positive_int
-from dllmbench.cli.common import Reply, add_json, add_scorers, declared_default, scorers_arg
+from dllmbench.cli.common import (
+    Reply,
+    add_json,
+    add_scorers,
+    declared_default,
+    plugin_arg,
+    scorers_arg,
+)
 from dllmbench.cli.folders import claim
 from dllmbench.cli.progress import Progress
 from dllmbench.core.errors import UserError
@@ -76,7 +83,6 @@ def default_scorers(backbone: str, config: dict[str, Any]) -> dict[str, tuple[st
 
 def execute(args: argparse.Namespace) -> Reply:
     from dllmbench.analysis.controls_markdown import markdown
-    from dllmbench.execution.method import parse_part
     from dllmbench.loading.registry import registry
     from dllmbench.scoring.collect import read_meta
     from dllmbench.scoring.controls import ControlsConfig, run_controls, write
@@ -85,7 +91,7 @@ def execute(args: argparse.Namespace) -> Reply:
     meta = read_meta(path)
     out = claim(path / "controls" if args.out is None else args.out, "scorer controls folder")
     if args.backbone:
-        backbone = parse_part(args.backbone)
+        backbone = plugin_arg("backbone", args.backbone)
     else:
         backbone = (meta["backbone"]["name"], dict(meta["backbone"]["config"]))
     specs = scorers_arg(args.scorer) if args.scorer else default_scorers(*backbone)

@@ -108,7 +108,7 @@ def add_parser(sub: Any) -> None:
         "--shard",
         type=parse_shard,
         metavar="I/N",
-        help="run share I of N of the problems into --out (then: dllmbench merge --out)",
+        help="run share I of N of the problems into --out (then: dllmbench merge RUN_DIR)",
     )
     run.add_argument(
         "--resamples",

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 
 from dllmbench.cli.argtypes import fraction, natural_int, positive_float, positive_int
-from dllmbench.cli.common import Reply, add_json, declared_default
+from dllmbench.cli.common import Reply, add_json, declared_default, plugin_arg
 from dllmbench.cli.folders import claim
 from dllmbench.cli.progress import Progress
 from dllmbench.core.errors import UserError
@@ -80,7 +80,6 @@ def _config(args: argparse.Namespace) -> TrainConfig:
 
 def execute(args: argparse.Namespace) -> Reply:
     from dllmbench.api.interfaces import TrainableScorer, missing_members
-    from dllmbench.execution.method import parse_part
     from dllmbench.loading.registry import registry
     from dllmbench.scoring.collect import load
     from dllmbench.scoring.training import NO_ROLLOUTS, train
@@ -91,11 +90,11 @@ def execute(args: argparse.Namespace) -> Reply:
     if args.labels == "rollout" and not meta.get("rollouts"):
         raise UserError(f"{args.data} has no rollouts: {NO_ROLLOUTS}")
     if args.backbone:
-        backbone_name, backbone_config = parse_part(args.backbone)
+        backbone_name, backbone_config = plugin_arg("backbone", args.backbone)
     else:
         backbone_name = meta["backbone"]["name"]
         backbone_config = dict(meta["backbone"]["config"])
-    _, options = parse_part(f"x:{args.options}")
+    _, options = plugin_arg("scorer", f"{args.kind}:{args.options}")
     reg.check("scorer", args.kind, seed=args.seed, **options)  # before the backbone loads
     backbone = reg.backbone(backbone_name, **backbone_config)
     scorer = reg.scorer(args.kind, shared={"backbone": backbone}, seed=args.seed, **options)
@@ -114,12 +113,17 @@ def execute(args: argparse.Namespace) -> Reply:
     return Reply(json.loads(json.dumps(record)), lambda console: _show(console, record, out))
 
 
+def _fmt(value: float | None) -> str:
+    """A ROC-AUC as the training log writes it: `n/a` where it has none (one class only)."""
+    return "n/a" if value is None else f"{value:.3f}"
+
+
 def _show(console: Console, record: dict[str, Any], out: Path) -> None:
     best = record["best"]
     console.print(
         f"best checkpoint: {out / 'best'} (step {best['step']}, validation BCE "
         f"{best['bce']:.4f}, accuracy {best['accuracy']:.3f}, ROC-AUC "
-        f"{best['auc']})"
+        f"{_fmt(best['auc'])})"
     )
     if "rollout_bce" in best:
         console.print(f"  validation BCE against the rollouts' shares: {best['rollout_bce']:.4f}")
@@ -130,4 +134,4 @@ def _show(console: Console, record: dict[str, Any], out: Path) -> None:
             f"{ranked['top1_accuracy']:.3f} (their mean accuracy {ranked['mean_accuracy']:.3f})"
         )
     for bucket, m in best["by_mask_ratio"].items():
-        console.print(f"  mask ratio {bucket}: n={m['n']} ROC-AUC {m['auc']}")
+        console.print(f"  mask ratio {bucket}: n={m['n']} ROC-AUC {_fmt(m['auc'])}")

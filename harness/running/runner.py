@@ -623,8 +623,12 @@ def _refuse_a_share_with_nothing_to_do(rundir: RunDir, manifest: dict[str, Any])
     have = {(r["problem"], r["method"]) for r in rundir.read_records()}
     if all((p, m) in have for p in shard.share(ids) for m in methods):
         finished = " (it is finished)" if len(have) >= len(ids) * len(methods) else ""
-        others = [s.label for s in shards_in(rundir.path)]
-        by = f"by --shard {', '.join(others)}" if others else "by a run without --shard"
+        writers = [f"--shard {', '.join(s.label for s in shards_in(rundir.path))}"]
+        if not writers[0].removeprefix("--shard "):
+            writers = []
+        if (rundir.path / "samples.jsonl").exists():  # a whole run wrote some, or all
+            writers.append("a run without --shard")
+        by = f"by {' and '.join(writers)}" if writers else "by a run without --shard"
         raise UserError(
             f"{rundir.path} holds every record of share {shard.label} already, written "
             f"{by}{finished}: there is nothing for this share to run; "

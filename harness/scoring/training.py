@@ -271,9 +271,16 @@ def resume(
     # on the CPU: a run saved on a GPU resumes anywhere (the optimizer's state follows the
     # parameters' device as it loads)
     saved = torch.load(path, weights_only=True, map_location="cpu")
-    if json.loads(saved["config"]) != asdict(cfg):
+    old, new = json.loads(saved["config"]), json.loads(json.dumps(asdict(cfg)))
+    if old != new:
+        differ = "; ".join(
+            f"{k}: {old.get(k)!r} → {new.get(k)!r}"
+            for k in sorted(set(old) | set(new))
+            if old.get(k) != new.get(k)
+        )
         raise UserError(
-            f"{out} holds a training run with another configuration; choose another --out"
+            f"{out} holds a training run with another configuration ({differ}); "
+            "choose another --out"
         )
     if saved.get("data", data) != data:
         raise UserError(f"{out} holds a training run on other trajectories; choose another --out")

@@ -139,6 +139,10 @@ def _located(manifest: dict[str, Any]) -> set[str]:
     }
 
 
+# top-level manifest keys whose differences follow from others: listed after them
+_DERIVED = {"methods": 1, "reference_row": 2}
+
+
 def manifest_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """The keys (dotted) whose values differ. Volatile keys are left out, and so is a config
     field that located checkpoint files: those are compared by their hashes under `weights`."""
@@ -159,7 +163,10 @@ def manifest_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         group = ".".join(parts[:2]) if parts[0] == "methods" else k
         groups.setdefault(group, []).append(k)
     out = []
-    for group, members in groups.items():
+    # what the user changed (task, sampling, budgets, plugins) before what follows from it
+    # (each method's price, the reference row), so a cut list still names the cause
+    ordered = sorted(groups.items(), key=lambda item: _DERIVED.get(item[0].split(".")[0], 0))
+    for group, members in ordered:
         if group.startswith("methods.") and all(k not in a for k in members):
             out.append(f"{group}: added")
         elif group.startswith("methods.") and all(k not in b for k in members):
