@@ -476,7 +476,7 @@ def test_a_take_back_cut_short_leaves_the_run_begun_and_says_the_refusal(
     [
         (["--task", ":"], "--task ':' names no task; give task[:option=value,...]"),
         (["--backbone", ":x=1"], "--backbone ':x=1' names no backbone; give backbone"),
-        (["--scorer", "orm=:x=1"], "--scorer ':x=1' names no scorer; give NAME=PLUGIN"),
+        (["--scorer", "other=:x=1"], "--scorer ':x=1' names no scorer; give NAME=PLUGIN"),
     ],
 )
 def test_a_plugin_argument_without_a_name_says_so_not_method_spec(cli, finished_run, argv, needle):
