@@ -209,6 +209,14 @@ def test_the_demo_runs_at_its_budget_and_four_times_it():
     # a FLOP budget names the directory as it is typed (it was `bFlops(1000000000)`)
     flops = run_config(build_parser().parse_args(["run", "--budget", "1e9flops,2.5e12flops"]))
     assert flops.run_dir().name == "arith-tiny-b1e9flops+2.5e12flops-seed0"
+    # the README's `run --limit 100` after the demo is a run of its own, not the demo refused;
+    # the demo's own 40, given or not, is the demo
+    hundred = run_config(build_parser().parse_args(["run", "--limit", "100"]))
+    assert hundred.run_dir().name == f"arith-tiny-b{budget}+{4 * budget}-seed0-n100"
+    forty = run_config(build_parser().parse_args(["run", "--limit", "40"]))
+    assert forty.run_dir() == cfg.run_dir() and forty.limit == cfg.limit == 40
+    argv = ["run", "--task", "arith", "--backbone", "tiny", "--budget", "64", "--limit", "7"]
+    assert run_config(build_parser().parse_args(argv)).run_dir().name == "arith-tiny-b64-seed0-n7"
 
 
 FAULTS = """

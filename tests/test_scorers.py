@@ -174,6 +174,20 @@ def saved(tmp_path):
     return bb, prm, tmp_path / "prm"
 
 
+def test_a_checkpoint_is_readable_as_the_umask_allows(saved):
+    """safetensors writes its files owner-only: a scorer trained on a shared machine would be
+    unreadable by the team. Its files get the mode any file the user writes gets."""
+    import os
+    import stat
+
+    from dllmbench.core.tensorfile import umask
+
+    _, _, path = saved
+    expected = 0o666 & ~umask()
+    for name in ("adapter.safetensors", "head.safetensors"):
+        assert stat.S_IMODE(os.stat(path / name).st_mode) == expected, name
+
+
 def test_checkpoint_round_trips(saved):
     bb, prm, path = saved
     loaded = PRM(backbone=bb, checkpoint=str(path))

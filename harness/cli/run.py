@@ -117,7 +117,9 @@ def add_parser(sub: Any) -> None:
         help=f"bootstrap resamples, at most {MOST_RESAMPLES} (default %(default)s)",
     )
     run.add_argument(
-        "--out", help="run directory (default runs/TASK-BACKBONE-bBUDGETS-seedSEED, e.g. b1040)"
+        "--out",
+        help="run directory (default runs/TASK-BACKBONE-bBUDGETS-seedSEED, e.g. b1040, then "
+        "-nLIMIT after a --limit)",
     )
     run.add_argument(
         "--resume", action="store_true", help="require an existing run directory and continue it"
@@ -178,6 +180,7 @@ def run_config(args: argparse.Namespace) -> RunConfig:
         raise UserError("--out is empty; give the run directory, e.g. --out runs/mine")
     model = shipped_model(args)
     demo = model is not None and not args.task
+    named_limit = None if demo and args.limit == DEMO["limit"] else args.limit  # before filling
     if model is not None:
         # with no --task, the shipped demo on this model; with one, the model's own sampling
         # (T, canvas, prompt): `--task arith --backbone tiny` samples as it was trained to,
@@ -199,6 +202,7 @@ def run_config(args: argparse.Namespace) -> RunConfig:
         scorers=s.scorers,
         split=args.split,
         limit=args.limit,
+        named_limit=named_limit,
         budget=args.budget,
         budget_factors=DEMO_BUDGET_FACTORS if demo else (1,),
         methods=methods_arg(args),

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Protocol
 
 import torch
-from safetensors.torch import save_file
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
+from dllmbench.core.tensorfile import save_tensors
 from dllmbench.scoring.training import warmup_cosine
 
 PATTERN = r"####| ?[A-Za-z]+|\d| ?[^\w\s]|\n| "
@@ -208,5 +208,5 @@ def save_checkpoint(net, tokenizer, out: Path, fields: dict) -> None:
     }
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     state = {k: v.detach().contiguous() for k, v in net.state_dict().items()}
-    save_file(state, str(out / "model.safetensors"))
+    save_tensors(state, out / "model.safetensors")
     tokenizer.save_pretrained(str(out))

@@ -66,6 +66,9 @@ class RunConfig:
     scorers: dict[str, tuple[str, dict[str, Any]]] | None = None
     split: str = "test"
     limit: int | None = None
+    # a --limit the user gave (not a demo's own 40): named in the default run directory, so
+    # that `run --limit 100` after the demo starts a run of its own instead of being refused
+    named_limit: int | None = None
     # passes per problem: one budget or several (each family planned at each); None: the
     # run's own on resume, else `budget_factors` times `default_budget(T)`
     budget: int | list[int] | None = None
@@ -98,7 +101,9 @@ class RunConfig:
         if self.out:
             return Path(self.out)
         budgets = "+".join(b.typed() if isinstance(b, Flops) else str(b) for b in self.budgets())
-        return Path("runs") / f"{self.task}-{self.backbone}-b{budgets}-seed{self.sampling.seed}"
+        limit = f"-n{self.named_limit}" if self.named_limit is not None else ""
+        name = f"{self.task}-{self.backbone}-b{budgets}-seed{self.sampling.seed}{limit}"
+        return Path("runs") / name
 
 
 @dataclass

@@ -39,11 +39,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from dllmbench.api.ops import Ops
 from dllmbench.core.errors import UserError
 from dllmbench.core.schema import Record, TrajectoryLine
+from dllmbench.core.tensorfile import save_tensors
 from dllmbench.core.types import Pool, Problem, Rows
 from dllmbench.execution.engine import Capacity, Engine, Sampling, sized_to_memory
 from dllmbench.execution.method import Method, MethodSpec
@@ -293,7 +294,7 @@ def _write_shard(
     tensors = {"tokens": tokens, "steps": torch.tensor(steps, dtype=torch.int32)}
     if rollouts:
         tensors["rollouts"] = torch.tensor(correct, dtype=torch.int32)
-    save_file(tensors, str(name))
+    save_tensors(tensors, name)
     with open(out / "trajectories.jsonl", "a", encoding="utf-8") as fh:
         for line in lines:
             fh.write(json.dumps(line) + "\n")

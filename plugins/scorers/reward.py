@@ -27,13 +27,14 @@ from typing import Any, ClassVar, Literal, get_args
 import numpy as np
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from dllmbench.api.hookspecs import hookimpl
 from dllmbench.api.interfaces import ScoreBatch, TransformerBackbone, model_shape
 from dllmbench.core.errors import PluginError, UserError
 from dllmbench.core.flops import ModelShape, Work
 from dllmbench.core.jsonfile import read_object
+from dllmbench.core.tensorfile import save_tensors
 from dllmbench.plugins.scorers.adapters import (
     active,
     adapter_names,
@@ -298,8 +299,8 @@ class RewardScorer:
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         adapter, head = self.state()
-        save_file(adapter, str(path / "adapter.safetensors"))
-        save_file(head, str(path / "head.safetensors"))
+        save_tensors(adapter, path / "adapter.safetensors")
+        save_tensors(head, path / "head.safetensors")
         config = {
             "format": FORMAT,
             "kind": self.kind,
