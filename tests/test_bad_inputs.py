@@ -212,6 +212,10 @@ def test_run_numbers_out_of_range(cli, finished_run, option, value):
         (["train-scorer", "--kind", "prm", "--data", "d", "--accum", "0"], "--accum"),
         (["train-scorer", "--kind", "prm", "--data", "d", "--lr", "-1"], "positive number"),
         (["train-scorer", "--kind", "prm", "--data", "d", "--warmup", "-1"], "--warmup"),
+        (
+            ["train-scorer", "--kind", "prm", "--data", "d", "--warmup", "50", "--steps", "20"],
+            "--warmup 50 is longer than --steps 20",
+        ),
         (["train-scorer", "--kind", "prm", "--data", "d", "--val-fraction", "2"], "between"),
         (["train-scorer", "--kind", "prm", "--data", "d", "--val-every", "0"], "--val-every"),
     ],

@@ -279,8 +279,9 @@ def execute(args: argparse.Namespace) -> Reply:
         if outcome.shard is not None:  # the first of a launch: the others wrote the rest
             by = f" by this process of {outcome.shard.count}"
         files = ", ".join(written_files(Path(outcome.path)))
+        records = f"{outcome.written} record{'s' * (outcome.written != 1)} written"
         console.print(
-            f"run directory: {outcome.path} ({outcome.written} records written{by}{note}): {files}",
+            f"run directory: {outcome.path} ({records}{by}{note}): {files}",
             soft_wrap=True,  # a path is never cut; the terminal wraps it
         )
         console.print(

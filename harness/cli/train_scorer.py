@@ -85,6 +85,11 @@ def execute(args: argparse.Namespace) -> Reply:
     from dllmbench.scoring.training import NO_ROLLOUTS, train
 
     reg = registry()
+    if args.warmup > args.steps:  # the learning rate would never reach --lr
+        raise UserError(
+            f"--warmup {args.warmup} is longer than --steps {args.steps}: the learning rate "
+            "would never reach --lr; give a warm-up of at most --steps"
+        )
     out = claim(args.out, "scorer training folder")  # not the collection it reads, not a run
     meta, snapshots = load(Path(args.data))
     if args.labels == "rollout" and not meta.get("rollouts"):
