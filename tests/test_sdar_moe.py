@@ -274,6 +274,21 @@ def test_an_sdar_moe_checkpoint_it_cannot_load_names_what(tmp_path, edit, needle
     assert "\n" not in str(caught.value)
 
 
+def test_each_expert_is_let_go_of_once_its_layer_is_stacked():
+    """The experts are most of a mixture's weights: the conversion takes them out of the
+    checkpoint's dict as it stacks them, so a 30B checkpoint is not held twice while it loads."""
+    from dllmbench.plugins.backbones.loading import block_config
+    from dllmbench.plugins.backbones.sdar_moe import sdar_moe_state
+
+    raw = {**SHAPE, "vocab_size": len(char_tokenizer())}
+    state = sdar_moe_weights(SHAPE, len(char_tokenizer()))
+    before = set(state)
+    out = sdar_moe_state(state, block_config(raw, qwen3=True, experts=True))
+    assert not any(".mlp.experts." in k for k in state) and len(state) < len(before)
+    assert {k for k in out if ".mlp.experts." not in k} == set(state)
+    assert out["model.layers.0.mlp.experts.gate_up_proj"].shape == (8, 32, 64)
+
+
 def test_a_checkpoint_is_known_by_its_experts_without_a_model_type(tmp_path):
     """A config.json that names no model type (a hand-made or older one) still loads as
     SDAR-MoE when its weights are experts; a dense SDAR stays Qwen3."""

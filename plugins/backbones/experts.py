@@ -3,13 +3,14 @@
 A checkpoint saved one module per expert (LLaDA2.0's, SDAR-MoE's: `model.layers.N.mlp.experts.
 E.gate_proj.weight`, `up_proj`, `down_proj`) becomes, per layer, transformers' experts tensors:
 `gate_up_proj` [E, 2I, H] (each expert's gate rows, then its up rows) and `down_proj` [E, H, I].
-Each expert is copied once, into its place.
+Each expert is copied once, into its place, and let go of once its layer is stacked: the
+experts are most of a mixture's weights, and a 30B checkpoint is not held twice while it loads.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 
 import torch
 
@@ -24,12 +25,13 @@ def has_experts(state: Mapping[str, torch.Tensor]) -> bool:
 
 
 def stack_experts(
-    state: Mapping[str, torch.Tensor], count: int, where: str
+    state: MutableMapping[str, torch.Tensor], count: int, where: str
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """(the state dict without its experts, each layer's experts stacked under
-    `model.layers.N.mlp.experts.gate_up_proj` and `.down_proj`). A layer lacking one of its
-    `count` experts, or holding one of another shape than expert 0's, is an error naming it
-    (`where`: the checkpoint, for the message)."""
+    `model.layers.N.mlp.experts.gate_up_proj` and `.down_proj`). The experts' own tensors are
+    taken out of `state` as each layer is stacked. A layer lacking one of its `count` experts,
+    or holding one of another shape than expert 0's, is an error naming it (`where`: the
+    checkpoint, for the message)."""
     rest: dict[str, torch.Tensor] = {}
     found: dict[tuple[int, str], dict[int, str]] = {}  # (layer, name) → index → its key
     for key, value in state.items():
@@ -70,4 +72,7 @@ def stack_experts(
         prefix = f"model.layers.{layer}.mlp.experts."
         stacked[prefix + "gate_up_proj"] = gate_up
         stacked[prefix + "down_proj"] = downs
+        for own in keys.values():  # copied: let the checkpoint's tensors go
+            for key in own.values():
+                del state[key]
     return rest, stacked

@@ -23,7 +23,7 @@ eager loop would round each expert's share to bfloat16 before adding it).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 import torch
@@ -160,8 +160,9 @@ def prepared(config: Any) -> Any:
     return config
 
 
-def llada2_state(state: Mapping[str, torch.Tensor], config: Any) -> dict[str, torch.Tensor]:
-    """LLaDA2's state dict in Glm4Moe's names and layout (the experts stacked, experts.py). A
+def llada2_state(state: MutableMapping[str, torch.Tensor], config: Any) -> dict[str, torch.Tensor]:
+    """LLaDA2's state dict in Glm4Moe's names and layout (the experts stacked and taken out of
+    `state`, experts.py). A
     key no rule covers, or an expert missing from a layer or of another shape than expert
     0's, is an error naming it."""
     head_dim = config.head_dim

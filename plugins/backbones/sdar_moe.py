@@ -19,7 +19,7 @@ code does (a fused or grouped kernel that sums in float32 rounds differently). T
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 import torch
@@ -85,9 +85,12 @@ def prepared(config: Any) -> Any:
     return config
 
 
-def sdar_moe_state(state: Mapping[str, torch.Tensor], config: Any) -> dict[str, torch.Tensor]:
-    """SDAR-MoE's state dict in transformers' layout: the experts stacked, every other key as
-    it is (a key Qwen3-MoE does not have is `load_strict`'s to name)."""
+def sdar_moe_state(
+    state: MutableMapping[str, torch.Tensor], config: Any
+) -> dict[str, torch.Tensor]:
+    """SDAR-MoE's state dict in transformers' layout: the experts stacked (and taken out of
+    `state`), every other key as it is (a key Qwen3-MoE does not have is `load_strict`'s to
+    name)."""
     rest, stacked = stack_experts(state, config.num_experts, "SDAR-MoE checkpoint")
     return {**rest, **stacked}
 
