@@ -227,6 +227,19 @@ def test_numbers_of_other_commands_out_of_range(cli, tmp_path, argv, needle):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    "argv,help_of",
+    [
+        (["run", "--wat"], "dllmbench run"),
+        (["merge", "runs/x", "--out", "y"], "dllmbench merge"),  # merge takes RUN_DIR
+        (["plan", "--budget", "100", "extra"], "dllmbench plan"),
+        (["--wat"], "dllmbench"),
+    ],
+)
+def test_an_unknown_argument_points_to_its_commands_help(cli, argv, help_of):
+    assert_user_error(cli(*argv), "unrecognized arguments:", f"(see '{help_of} --help')")
+
+
 # -- 3. plugin options of the wrong type ---------------------------------------------------------
 
 

@@ -53,6 +53,8 @@ PROMPT_STYLES = ("chat", "fewshot")
 class Parser(argparse.ArgumentParser):
     """argparse whose errors are one line and exit status 2."""
 
+    commands: dict[str, argparse.ArgumentParser]  # the top-level parser's: each command's
+
     def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"dllmbench: error: {message} (see '{self.prog} --help')\n")
         raise SystemExit(2)
