@@ -17,7 +17,7 @@ from test_block import SHARPER, run_rows, stepped
 from dllmbench.core.errors import Notice, UserError
 from dllmbench.core.flops import Work, flops, shape_of
 from dllmbench.core.types import Prompt
-from dllmbench.plugins.backbones.block import BlockDiffusion, draw
+from dllmbench.plugins.backbones.block import RANDOM_SHAPE, BlockDiffusion, draw
 from dllmbench.plugins.backbones.llada2 import LLaDA2
 from dllmbench.plugins.backbones.llada2_moe import llada2_config, random_llada2
 from dllmbench.plugins.backbones.loading import char_tokenizer
@@ -99,7 +99,8 @@ def llada2_weights(raw: dict, vocab: int, seed: int = 0) -> dict[str, torch.Tens
     return state
 
 
-def save_llada2(path, raw: dict, state: dict[str, torch.Tensor]) -> None:
+def save_checkpoint(path, raw: dict, state: dict[str, torch.Tensor]) -> None:
+    """A checkpoint folder as the Hub holds it: config.json, the weights, the tokenizer."""
     tok = char_tokenizer()
     (path / "config.json").write_text(json.dumps({**raw, "vocab_size": len(tok)}))
     save_file({k: v.contiguous() for k, v in state.items()}, str(path / "model.safetensors"))
@@ -107,7 +108,8 @@ def save_llada2(path, raw: dict, state: dict[str, torch.Tensor]) -> None:
 
 
 def rms(x, weight, eps):
-    """LLaDA2MoeRMSNorm: in float32, back to the input's dtype, then the weight."""
+    """LLaDA2MoeRMSNorm (and Qwen3-MoE's): in float32, back to the input's dtype, then the
+    weight."""
     dtype = x.dtype
     x = x.float()
     return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)
@@ -203,7 +205,7 @@ def test_a_llada2_checkpoint_computes_llada2s_forward(tmp_path, dtype, tol, chan
     them: float32 on the CPU once crashed in oneDNN's linear)."""
     raw = {**SHAPE, **change}
     state = llada2_weights(raw, len(char_tokenizer()), seed=4)
-    save_llada2(tmp_path, raw, state)
+    save_checkpoint(tmp_path, raw, state)
     bb = LLaDA2(model=str(tmp_path), block_length=4, dtype=dtype)
     assert type(bb.transformer).__name__ == "Glm4MoeForCausalLM"
     ids = torch.randint(3, 60, (2, 11), generator=torch.Generator().manual_seed(1))
@@ -239,7 +241,7 @@ def test_a_llada2_checkpoint_computes_llada2s_forward(tmp_path, dtype, tol, chan
 )
 def test_a_llada2_config_it_cannot_compute_is_one_line(tmp_path, change, needle):
     raw = {k: v for k, v in {**SHAPE, **change}.items() if v is not None}
-    save_llada2(tmp_path, raw, llada2_weights(SHAPE, len(char_tokenizer())))
+    save_checkpoint(tmp_path, raw, llada2_weights(SHAPE, len(char_tokenizer())))
     with pytest.raises(UserError, match=needle) as caught:
         LLaDA2(model=str(tmp_path))
     assert "\n" not in str(caught.value)
@@ -248,7 +250,7 @@ def test_a_llada2_config_it_cannot_compute_is_one_line(tmp_path, change, needle)
 def test_a_llada2_checkpoint_missing_an_expert_names_it(tmp_path):
     state = llada2_weights(SHAPE, len(char_tokenizer()))
     del state["model.layers.2.mlp.experts.5.up_proj.weight"]
-    save_llada2(tmp_path, SHAPE, state)
+    save_checkpoint(tmp_path, SHAPE, state)
     with pytest.raises(UserError, match=r"layer 2 has 7 of 8 experts' up_proj \(lacks \[5\]\)"):
         LLaDA2(model=str(tmp_path))
 
@@ -279,7 +281,7 @@ def test_a_config_json_without_optional_keys_gets_llada2s_defaults():
 
 
 def _logits(tmp_path, raw, saved, dtype="float32"):
-    save_llada2(tmp_path, raw, saved)
+    save_checkpoint(tmp_path, raw, saved)
     bb = LLaDA2(model=str(tmp_path), block_length=4, dtype=dtype)
     ids = torch.randint(3, 60, (2, 11), generator=torch.Generator().manual_seed(1))
     return bb.logits(ids, torch.ones_like(ids)).float(), ids
@@ -319,7 +321,7 @@ def test_a_checkpoint_key_it_cannot_load_is_one_line(tmp_path, key, value, needl
     """A biased output projection (LLaDA2's `use_bias`, which defaults to true when
     config.json leaves it out), an expert of another shape."""
     state = {**llada2_weights(SHAPE, len(char_tokenizer())), key: value}
-    save_llada2(tmp_path, {k: v for k, v in SHAPE.items() if k != "use_bias"}, state)
+    save_checkpoint(tmp_path, {k: v for k, v in SHAPE.items() if k != "use_bias"}, state)
     with pytest.raises(UserError, match=needle) as caught:
         LLaDA2(model=str(tmp_path))
     assert "\n" not in str(caught.value)
@@ -330,7 +332,7 @@ def test_the_experts_sum_their_shares_in_float32_and_round_once(tmp_path):
     float32 weight, summed in float32 and rounded once; transformers' eager experts round
     each share to bfloat16 before adding it."""
     raw = {**SHAPE, "num_experts_per_tok": 4, "n_group": 2, "topk_group": 1}
-    save_llada2(tmp_path, raw, llada2_weights(raw, len(char_tokenizer()), seed=4))
+    save_checkpoint(tmp_path, raw, llada2_weights(raw, len(char_tokenizer()), seed=4))
     moe = LLaDA2(model=str(tmp_path), dtype="bfloat16").transformer.model.layers[1].mlp
     x = torch.randn(64, raw["hidden_size"], generator=torch.Generator().manual_seed(0))
     x = x.to(torch.bfloat16)
@@ -575,7 +577,7 @@ def test_a_mixture_of_experts_is_charged_the_experts_a_token_is_routed_to():
     of the experts, whichever a token is routed to."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    net = random_llada2(80, 512, seed=2, dtype=torch.float32)
+    net = random_llada2({**RANDOM_SHAPE, "vocab_size": 80}, seed=2, dtype=torch.float32)
     net.config._attn_implementation = "eager"
     net.config._experts_implementation = "eager"
     shape = shape_of(net)

@@ -13,11 +13,12 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 from test_block import stepped
+from test_llada2 import block_causal, rms, save_checkpoint
 
 from dllmbench.core.errors import UserError
 from dllmbench.core.flops import Work, flops, shape_of
 from dllmbench.core.types import Prompt
-from dllmbench.plugins.backbones.block import BlockDiffusion
+from dllmbench.plugins.backbones.block import RANDOM_SHAPE, BlockDiffusion
 from dllmbench.plugins.backbones.loading import char_tokenizer
 from dllmbench.plugins.backbones.sdar_moe import random_sdar_moe
 
@@ -86,20 +87,6 @@ def sdar_moe_weights(raw: dict, vocab: int, seed: int = 0) -> dict[str, torch.Te
     return state
 
 
-def save_sdar_moe(path, raw: dict, state: dict[str, torch.Tensor]) -> None:
-    tok = char_tokenizer()
-    (path / "config.json").write_text(json.dumps({**raw, "vocab_size": len(tok)}))
-    save_file({k: v.contiguous() for k, v in state.items()}, str(path / "model.safetensors"))
-    tok.save_pretrained(str(path))
-
-
-def rms(x, weight, eps):
-    """Qwen3-MoE's RMSNorm: in float32, back to the input's dtype, then the weight."""
-    dtype = x.dtype
-    x = x.float()
-    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)
-
-
 def sdar_moe_forward(state, raw, ids, allowed, dtype):
     """SDARMoeForCausalLM's forward, written out from its definition (Qwen3-MoE's): logits
     [B, L, V] (float32) of `ids` [B, L] at positions 0..L-1, query i seeing key j where
@@ -160,11 +147,6 @@ def sdar_moe_forward(state, raw, ids, allowed, dtype):
     return F.linear(x, s["lm_head.weight"]).float()
 
 
-def block_causal(n: int, block: int) -> torch.Tensor:
-    blocks = torch.arange(n) // block
-    return blocks[None, :] <= blocks[:, None]
-
-
 IDS = torch.randint(3, 60, (2, 11), generator=torch.Generator().manual_seed(1))
 
 
@@ -184,7 +166,7 @@ def test_an_sdar_moe_checkpoint_computes_sdar_moes_forward(tmp_path, dtype, tol,
     renormalised; every layer sparse (SDAR-30B-A3B's)."""
     raw = {**SHAPE, **change}
     state = sdar_moe_weights(raw, len(char_tokenizer()), seed=4)
-    save_sdar_moe(tmp_path, raw, state)
+    save_checkpoint(tmp_path, raw, state)
     bb = BlockDiffusion(model=str(tmp_path), block_length=4, dtype=dtype)
     assert type(bb.transformer).__name__ == "Qwen3MoeForCausalLM"
     ours = bb.logits(IDS, torch.ones_like(IDS)).float()
@@ -206,7 +188,7 @@ def test_transformers_own_conversion_of_the_files_gives_the_same_logits(tmp_path
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     state = sdar_moe_weights(SHAPE, len(char_tokenizer()), seed=6)
-    save_sdar_moe(tmp_path, SHAPE, state)
+    save_checkpoint(tmp_path, SHAPE, state)
     bb = BlockDiffusion(model=str(tmp_path), block_length=4, dtype="bfloat16")
     fields = {k: v for k, v in json.loads((tmp_path / "config.json").read_text()).items()}
     config = Qwen3MoeConfig(**{k: v for k, v in fields.items() if k not in ("model_type",)})
@@ -235,7 +217,7 @@ def test_transformers_own_conversion_of_the_files_gives_the_same_logits(tmp_path
     ],
 )
 def test_an_sdar_moe_config_it_cannot_compute_is_one_line(tmp_path, change, needle):
-    save_sdar_moe(tmp_path, {**SHAPE, **change}, sdar_moe_weights(SHAPE, len(char_tokenizer())))
+    save_checkpoint(tmp_path, {**SHAPE, **change}, sdar_moe_weights(SHAPE, len(char_tokenizer())))
     with pytest.raises(UserError, match=needle) as caught:
         BlockDiffusion(model=str(tmp_path))
     assert "\n" not in str(caught.value)
@@ -268,7 +250,7 @@ EXPERTS = "model.layers.0.mlp.experts."
 def test_an_sdar_moe_checkpoint_it_cannot_load_names_what(tmp_path, edit, needle):
     state = sdar_moe_weights(SHAPE, len(char_tokenizer()))
     edit(state)
-    save_sdar_moe(tmp_path, SHAPE, state)
+    save_checkpoint(tmp_path, SHAPE, state)
     with pytest.raises(UserError, match=needle) as caught:
         BlockDiffusion(model=str(tmp_path))
     assert "\n" not in str(caught.value)
@@ -294,7 +276,7 @@ def test_a_checkpoint_is_known_by_its_experts_without_a_model_type(tmp_path):
     SDAR-MoE when its weights are experts; a dense SDAR stays Qwen3."""
     raw = {k: v for k, v in SHAPE.items() if k not in ("model_type", "architectures")}
     state = sdar_moe_weights(raw, len(char_tokenizer()), seed=2)
-    save_sdar_moe(tmp_path, raw, state)
+    save_checkpoint(tmp_path, raw, state)
     bb = BlockDiffusion(model=str(tmp_path), block_length=4)
     assert type(bb.transformer).__name__ == "Qwen3MoeForCausalLM"
     ref = sdar_moe_forward(state, raw, IDS, block_causal(11, 4), torch.float32)
@@ -336,7 +318,7 @@ def test_a_token_is_charged_the_experts_it_is_routed_to():
     router whole and num_experts_per_tok of the experts, whichever a token is routed to."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    net = random_sdar_moe(80, 512, seed=2, dtype=torch.float32)
+    net = random_sdar_moe({**RANDOM_SHAPE, "vocab_size": 80}, seed=2, dtype=torch.float32)
     net.config._attn_implementation = "eager"
     shape = shape_of(net)
     c = net.config

@@ -218,14 +218,15 @@ def methods_arg(args: argparse.Namespace) -> list[str] | None:
 def scorers_arg(entries: list[str]) -> dict[str, tuple[str, dict[str, Any]]]:
     """`--scorer prm` or `--scorer orm=toy:partial=false` → {run name: (plugin, config)}."""
     out: dict[str, tuple[str, dict[str, Any]]] = {}
-    given: dict[str, str] = {}
+    given: dict[str, str] = {}  # run name → the entry that gave it
     for entry in entries:
         name, eq, plugin = entry.partition("=")
-        if (first := given.setdefault(name.strip(), entry)) is not entry:
+        if name.strip() in given:
             raise UserError(
-                f"--scorer {name.strip()} is given twice ({first!r} and {entry!r}); give each "
-                "scorer name once"
+                f"--scorer {name.strip()} is given twice ({given[name.strip()]!r} and "
+                f"{entry!r}); give each scorer name once"
             )
+        given[name.strip()] = entry
         out[name.strip()] = plugin_arg("scorer", plugin if eq else name)
     return out
 

@@ -150,6 +150,19 @@ class BlockConfig(BlockModelConfig):
             raise ValueError("cache_memory must be > 0 GiB")
 
 
+# every family's tiny random model (model="random"): the mixtures of experts add their experts
+RANDOM_SHAPE: dict[str, Any] = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": RANDOM_POSITIONS,
+    "tie_word_embeddings": False,
+}
+
+
 @dataclass(frozen=True)
 class Plan:
     """One row's forward at one step: the tokens [start, end) it runs against the cached
@@ -215,26 +228,18 @@ class BlockDiffusion(DiffusionBackbone):
     def random_transformer(self, tokenizer: Any) -> torch.nn.Module:
         from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-        if self.config.family == "llada2":
+        family, seed = self.config.family, self.config.seed
+        shape = {**RANDOM_SHAPE, "vocab_size": len(tokenizer)}
+        if family == "llada2":
             from dllmbench.plugins.backbones.llada2_moe import random_llada2
 
-            return random_llada2(len(tokenizer), RANDOM_POSITIONS, self.config.seed, self.dtype)
-        if self.config.family == "qwen3_moe":
+            return random_llada2(shape, seed, self.dtype)
+        if family == "qwen3_moe":
             from dllmbench.plugins.backbones.sdar_moe import random_sdar_moe
 
-            return random_sdar_moe(len(tokenizer), RANDOM_POSITIONS, self.config.seed, self.dtype)
-        qwen3 = self.config.family == "qwen3"
-        shape = dict(
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            vocab_size=len(tokenizer),
-            max_position_embeddings=RANDOM_POSITIONS,
-            tie_word_embeddings=False,
-        )
-        config = Qwen3Config(**shape, head_dim=16) if qwen3 else Qwen2Config(**shape)
+            return random_sdar_moe(shape, seed, self.dtype)
+        qwen3 = family == "qwen3"
+        config = Qwen3Config(**shape) if qwen3 else Qwen2Config(**shape)
         config._attn_implementation = "sdpa"
         with torch.random.fork_rng():
             torch.manual_seed(self.config.seed)

@@ -207,22 +207,15 @@ def llada2_state(state: MutableMapping[str, torch.Tensor], config: Any) -> dict[
     return out
 
 
-def random_llada2(vocab: int, positions: int, seed: int, dtype: torch.dtype) -> torch.nn.Module:
-    """A tiny random LLaDA2: two layers (one dense, one of 8 experts in 4 groups, 2 chosen from
-    2 groups, one shared), partial rotary, per-head norms; its routing bias random too, so that
-    choosing by biased scores and weighting by plain ones differ."""
+def random_llada2(shape: Mapping[str, Any], seed: int, dtype: torch.dtype) -> torch.nn.Module:
+    """A tiny random LLaDA2 of `shape` (block.py's `RANDOM_SHAPE` and a vocabulary): its first
+    layer dense, its second of 8 experts in 4 groups, 2 chosen from 2 groups, one shared;
+    partial rotary, per-head norms; its routing bias random too, so that choosing by biased
+    scores and weighting by plain ones differ."""
     from transformers import Glm4MoeConfig, Glm4MoeForCausalLM
 
     config = Glm4MoeConfig(
-        vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=positions,
-        tie_word_embeddings=False,
+        **shape,
         rope_parameters={"rope_type": "default", "rope_theta": 6e5, "partial_rotary_factor": 0.5},
         use_qk_norm=True,
         n_routed_experts=8,

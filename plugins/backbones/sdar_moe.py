@@ -95,21 +95,14 @@ def sdar_moe_state(
     return {**rest, **stacked}
 
 
-def random_sdar_moe(vocab: int, positions: int, seed: int, dtype: torch.dtype) -> torch.nn.Module:
-    """A tiny random SDAR-MoE: two sparse layers of 8 experts, 2 routed and renormalised, per-
-    head norms; its router spread, so that tokens choose different experts."""
+def random_sdar_moe(shape: Mapping[str, Any], seed: int, dtype: torch.dtype) -> torch.nn.Module:
+    """A tiny random SDAR-MoE of `shape` (block.py's `RANDOM_SHAPE` and a vocabulary): every
+    layer sparse, 8 experts, 2 routed and renormalised; its router spread, so that tokens
+    choose different experts."""
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     config = Qwen3MoeConfig(
-        vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=positions,
-        tie_word_embeddings=False,
+        **shape,
         num_experts=8,
         num_experts_per_tok=2,
         moe_intermediate_size=32,
