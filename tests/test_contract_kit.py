@@ -555,3 +555,21 @@ def test_kit_names_only_checks_sessions_that_run_the_kit(kit_doubles, pytester, 
     result = pytester.runpytest("-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.OK, result.errlines
     result.assert_outcomes(passed=1)
+
+
+def test_the_kit_builds_a_backbone_on_the_cpu_unless_its_configuration_names_a_device(
+    monkeypatch,
+):
+    """On a machine with a GPU a backbone's default device is the GPU, where a batch of other
+    rows rounds differently in its last bits than a row alone; the kit's exact comparisons
+    run on the CPU. (Here the GPU is pretended: building on it would fail.)"""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    backbone = contracts.built("backbone", "dream", model="random")
+    assert backbone.device == torch.device("cpu") and backbone.dtype == torch.float32
+    named = contracts.built("backbone", "dream", model="random", device="cpu", dtype="bfloat16")
+    assert named.dtype == torch.bfloat16
+    with pytest.raises(AssertionError, match=r"backbone 'dream' with .*'device': 'meta'"):
+        contracts.built("backbone", "dream", model="random", device="meta")
+    assert contracts.built("strategy", "independent", n=2).config.n == 2  # other kinds as given

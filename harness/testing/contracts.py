@@ -49,7 +49,7 @@ from dllmbench.core.keys import row_key
 from dllmbench.core.types import Candidate, Pool, Problem, Prompt
 from dllmbench.execution.method import Method, MethodSpec
 from dllmbench.loading.provenance import config_data
-from dllmbench.loading.registry import registry
+from dllmbench.loading.registry import options, registry
 from dllmbench.testing.doubles import ToyBackbone, ToySum
 from dllmbench.testing.elsewhere import as_data, pair_key, records_elsewhere
 from dllmbench.testing.helpers import (
@@ -159,9 +159,17 @@ def built(kind: str, name: str, *, shared: dict[str, Any] | None = None, **confi
     """The plugin built from its configuration as a run builds it (`shared`: the run objects
     a scorer's factory may ask for); a failure (an option its Config refuses, a member its
     kind's Protocol lacks, an exception in its factory) is an AssertionError naming it, in one
-    line."""
+    line.
+
+    A backbone with a `device` option that its configuration leaves out is built on the CPU:
+    the checks compare a row alone with the row in a batch exactly, and a GPU's kernels, picked
+    by the batch's shape, round a batch of other rows differently in their last bits (which a
+    run allows: docs/scaling.md). A configuration that names a device is built there."""
     __tracebackhide__ = True
     try:
+        factory = registry().info(kind, name).factory if kind == "backbone" else None
+        if factory is not None and "device" not in config and "device" in options(factory):
+            config = {**config, "device": "cpu"}
         return registry().build(kind, name, shared=shared, **config)
     except Exception as exc:
         raise AssertionError(f"{kind} {name!r} with {config}: {explain(exc)}") from None
