@@ -47,10 +47,11 @@ at the steady state, `peak_bytes`) and the CUDA allocator's peak are reported pe
 
 `--models block-engines` runs the block models end to end instead: `block` (SDAR's sampler,
 blocks of 4, Qwen3-8B's shape), `llada2` (the same sampler, blocks of 32, LLaDA2.0-mini's
-mixture of experts: 8 of 256 experts routed per token, charged as such) and `fast-dllm-v2`
-(its own sampler, blocks of 32 and sub-blocks of 8, Qwen2.5-7B's shape) through the engine,
-Majority@8 on 8 GSM8K problems with 256 generated tokens at T = 256, every row written to its
-end (`stop=false`). Each reports
+mixture of experts: 8 of 256 experts routed per token, charged as such), `sdar-moe` (the
+same sampler, blocks of 4, SDAR-30B-A3B's mixture of experts: 8 of 128 experts, run as its own
+code runs them, one expert at a time) and `fast-dllm-v2` (its own sampler, blocks of 32 and
+sub-blocks of 8, Qwen2.5-7B's shape) through the engine, Majority@8 on 8 GSM8K problems with
+256 generated tokens at T = 256, every row written to its end (`stop=false`). Each reports
 seconds, the ledger's FLOPs as TFLOP/s and MFU, row-passes and generated tokens per second.
 
     python benchmarks/bench_gpu.py [--models dream,llada] [--json]
@@ -159,6 +160,26 @@ SHAPES: dict[str, dict[str, Any]] = {
         "first_k_dense_replace": 1,
         "tie_word_embeddings": False,
     },
+    # SDAR-30B-A3B's config.json (Qwen3-30B-A3B's shape): 8 of 128 experts in every layer
+    "sdar_moe": {
+        "model_type": "sdar_moe",
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "num_hidden_layers": 48,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "vocab_size": 151936,
+        "rope_theta": 1e6,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 32768,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "moe_intermediate_size": 768,
+        "norm_topk_prob": True,
+        "decoder_sparse_step": 1,
+        "tie_word_embeddings": False,
+    },
 }
 # --tiny: the same architectures at a few layers and a small width
 TINY = {
@@ -195,6 +216,13 @@ TINY["llada2"] = {
     "num_experts_per_tok": 2,
     "n_group": 4,
     "topk_group": 2,
+    "moe_intermediate_size": 32,
+}
+# SDAR-MoE's: block's, and 8 experts, 2 routed
+TINY["sdar_moe"] = {
+    **TINY["block"],
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
     "moe_intermediate_size": 32,
 }
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0}  # bf16 dense
@@ -677,7 +705,7 @@ def block_engines(device, dtype, peak, tiny: bool) -> dict[str, Any]:
     """`block`, `llada2` and `fast-dllm-v2` end to end: the engine's Majority@copies on GSM8K
     problems, rows written to the end (`stop=false`: a random model's end tokens do not end
     them), each charged the steps it took."""
-    from transformers import Glm4MoeForCausalLM
+    from transformers import Glm4MoeForCausalLM, Qwen3MoeForCausalLM
 
     from dllmbench.plugins.backbones.fast_dllm_v2 import FastDLLMv2
     from dllmbench.plugins.backbones.llada2 import LLaDA2
@@ -688,12 +716,16 @@ def block_engines(device, dtype, peak, tiny: bool) -> dict[str, Any]:
     for name, cls, shape in (
         ("block", BlockDiffusion, "block"),
         ("llada2", LLaDA2, "llada2"),
+        ("sdar-moe", BlockDiffusion, "sdar_moe"),
         ("fast-dllm-v2", FastDLLMv2, "dream"),
     ):
         free(device)
         raw = {**SHAPES[shape], **(TINY[shape] if tiny else {})}
         if cls is LLaDA2:
             net = random_net(Glm4MoeForCausalLM, llada2_config(raw), device, dtype)
+        elif shape == "sdar_moe":
+            config = block_config(raw, qwen3=True, experts=True)
+            net = random_net(Qwen3MoeForCausalLM, config, device, dtype)
         else:
             qwen3 = cls is BlockDiffusion
             net_cls = Qwen3ForCausalLM if qwen3 else Qwen2ForCausalLM

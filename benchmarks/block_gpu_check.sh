@@ -2,8 +2,9 @@
 # The block-diffusion model's cached step beside Dream's full-canvas step, on one GPU in bf16:
 # random weights at Qwen3-8B's shape (SDAR-8B, TraDo-8B) and Dream-7B's, 64 rows of a 128-token
 # prompt and 512 generated tokens, block lengths 4 and 32; then `block`, `llada2` (LLaDA2.0-
-# mini's mixture of experts) and `fast-dllm-v2` end to end through the engine (Majority@8 on 8
-# GSM8K problems, 256 tokens; about 4 minutes in all on an H100 or H200, unmeasured).
+# mini's mixture of experts), `sdar-moe` (SDAR-30B-A3B's, its experts one at a time as its own
+# code runs them: 61 GB of weights) and `fast-dllm-v2` end to end through the engine (Majority@8
+# on 8 GSM8K problems, 256 tokens; some 4 to 8 minutes in all on an H100 or H200, unmeasured).
 #
 #   benchmarks/block_gpu_check.sh [more bench_gpu.py options, e.g. --rows 32]
 #

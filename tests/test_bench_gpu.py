@@ -117,7 +117,7 @@ def block_report(block_models):
 
 def test_block_models_through_the_engine_write_every_row_to_its_end(block_models):
     engines = block_models["block-engines"]
-    assert set(engines) == {"block", "llada2", "fast-dllm-v2"}
+    assert set(engines) == {"block", "llada2", "sdar-moe", "fast-dllm-v2"}
     for r in engines.values():
         for key in ("seconds", "tflops", "tokens_per_s", "row_passes_per_s"):
             assert positive(r[key]), (key, r)
@@ -125,7 +125,7 @@ def test_block_models_through_the_engine_write_every_row_to_its_end(block_models
         tokens = r["problems"] * r["copies"] * r["gen_length"]
         assert r["tokens_per_s"] == pytest.approx(tokens / r["seconds"], rel=1e-3)
     assert engines["block"]["block_length"] == 4 and engines["fast-dllm-v2"]["block_length"] == 32
-    assert engines["llada2"]["block_length"] == 32
+    assert engines["llada2"]["block_length"] == 32 and engines["sdar-moe"]["block_length"] == 4
 
 
 def test_block_steps_are_positive_and_finite(block_report):
