@@ -18,7 +18,6 @@ from dllmbench.plugins.backbones.block import REMASKINGS, BlockDiffusion
 from dllmbench.plugins.backbones.dream import Dream
 from dllmbench.plugins.backbones.fast_dllm_v2 import FastDLLMv2
 from dllmbench.plugins.backbones.llada import LLaDA
-from dllmbench.plugins.backbones.tiny import Tiny
 from dllmbench.plugins.strategies.ensemble import Ensemble
 from dllmbench.plugins.strategies.hex import paper_blocks
 from dllmbench.plugins.strategies.prism import Prism, PrismConfig, shares, widths
@@ -70,15 +69,6 @@ def test_a_row_cannot_set_what_its_backbone_does_not_vary():
         bb.check_row_settings({"cfg_scale": 1.0}, 6, 6)
     with pytest.raises(UserError, match="alg must be one of"):
         bb.check_row_settings({"alg": "banana"}, 6, 6)
-
-
-def test_a_refused_row_setting_names_the_backbone_the_user_chose():
-    """`tiny` is Dream's architecture; its refusals name `tiny`, not `dream`."""
-    bb = Tiny(model="random", alg="origin")
-    with pytest.raises(UserError, match=r"^tiny: a row's sampler settings .*alg=origin"):
-        bb.check_row_settings({"entropy_bound": 0.1}, 6, 6)
-    with pytest.raises(UserError, match=r"^tiny: a row cannot set 'cfg_scale'"):
-        bb.check_row_settings({"cfg_scale": 1.0}, 6, 6)
 
 
 def test_block_step_is_the_references_schedule_when_blocks_divide():

@@ -296,7 +296,6 @@ class DiffusionBackbone(abc.ABC):
     scorers share."""
 
     arch: ClassVar[str]
-    name: ClassVar[str | None] = None  # the name its messages give, when not its architecture's
     shift: ClassVar[bool]  # read the logit of position i from position i-1 (Dream)
     mask_names: ClassVar[tuple[str, ...]]
     Config: ClassVar[type]
@@ -387,7 +386,7 @@ class DiffusionBackbone(abc.ABC):
             unknown = sorted(set(settings) - self.row_settings)
             if unknown:
                 raise UserError(
-                    f"{self.name or self.arch}: a row cannot set {unknown[0]!r} "
+                    f"{self.arch}: a row cannot set {unknown[0]!r} "
                     f"(per-row settings: {', '.join(sorted(self.row_settings))})"
                 )
             values = dict(settings)
@@ -398,7 +397,7 @@ class DiffusionBackbone(abc.ABC):
             try:
                 cache[key] = dataclasses.replace(self.config, **values)
             except (TypeError, ValueError) as exc:
-                what = f"{self.name or self.arch}: a row's sampler settings {dict(settings)}: {exc}"
+                what = f"{self.arch}: a row's sampler settings {dict(settings)}: {exc}"
                 raise UserError(what) from None
         return cache[key]
 

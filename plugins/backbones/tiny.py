@@ -56,7 +56,6 @@ class Tiny(Dream):
     """The shipped demo model: 0.7M parameters of Dream's architecture, trained on arith."""
 
     Config = TinyConfig
-    name = "tiny"
     contract_configs: ClassVar[list[dict]] = [{"model": "random"}, {}]
 
     @property
