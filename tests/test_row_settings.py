@@ -71,6 +71,18 @@ def test_a_row_cannot_set_what_its_backbone_does_not_vary():
         bb.check_row_settings({"alg": "banana"}, 6, 6)
 
 
+@pytest.mark.parametrize("name", ["tiny", "tiny-block"])
+def test_a_row_setting_refused_names_the_backbone_the_run_was_given(name):
+    # tiny is a dream and tiny-block a block model: the user typed --backbone tiny
+    from dllmbench.loading.registry import registry
+
+    bb = registry().build("backbone", name, model="random")
+    with pytest.raises(UserError, match=rf"^{name}: a row's sampler settings"):
+        bb.check_row_settings({"temperature": -1.0}, 6, 6)
+    with pytest.raises(UserError, match=rf"^{name}: a row cannot set 'cfg_scale'"):
+        bb.check_row_settings({"cfg_scale": 1.0}, 6, 6)
+
+
 def test_block_step_is_the_references_schedule_when_blocks_divide():
     # gen 8, blocks of 4, T 4: two blocks of two steps
     assert [(s.end, s.j, s.per, s.even) for s in (block_step(8, 4, 4, t) for t in range(4))] == [
