@@ -151,6 +151,14 @@ def test_rows_carry_their_own_settings_and_t_and_are_charged_their_own_steps():
         ops.start(PROBLEM, 1, settings={"block_length": 2})
 
 
+def test_a_setting_no_backbone_varies_is_refused_without_naming_one_that_would():
+    # 'foo' is no backbone's setting: the line points at sets_per_row, not at dream or llada
+    with pytest.raises(UserError) as refused:
+        _ops().start(PROBLEM, 1, settings={"foo": 1})
+    line = str(refused.value)
+    assert "'foo'" in line and "sets_per_row()" in line and "dream" not in line
+
+
 def test_remask_is_a_free_recorded_edit_by_each_policy():
     ops = _ops()
     rows = ops.start(PROBLEM, 2, confidence=True)

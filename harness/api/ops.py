@@ -184,7 +184,8 @@ class Ops:
                 raise UserError(
                     f"a strategy set sampler setting {unknown[0]!r} per row, which this run's "
                     f"backbone cannot vary (it can: {', '.join(sorted(self.row_settings))}); "
-                    "choose a backbone that can, e.g. dream or llada"
+                    "run it on a backbone that can, and have the strategy name the settings "
+                    "its rows set in sets_per_row(), so that a run leaves it out before it starts"
                 )
             total = s.get(STEPS, self.T)
             if isinstance(total, bool) or not isinstance(total, int) or total < 1:
