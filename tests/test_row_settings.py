@@ -191,6 +191,14 @@ def test_remask_is_a_free_recorded_edit_by_each_policy():
     finished = ops._issue(rows.advanced(decoded, (4, 1), confidence))
     with pytest.raises(ValueError, match="at its T"):
         ops.remask(finished, positions=[0])
+    with pytest.raises(ValueError, match="row 0 is at its T"):
+        ops.remask(finished, positions=[[0], [2]])
+    # positions per row: a final row given none is left alone, the others are edited
+    mixed = ops.remask(finished, positions=[[], [2]])
+    assert mixed.edits == ((), ((1, (2,)),))
+    assert torch.equal(mixed.tokens[0], finished.tokens[0])
+    with pytest.raises(ValueError, match="3 lists for 2 rows"):
+        ops.remask(rows, positions=[[0], [1], [2]])
     kept = ops.remask(finished, sigma=1.0)
     assert kept.edits == ((), ((1, (0, 1, 2, 3, 4, 5)),))
     assert torch.equal(kept.tokens[0], finished.tokens[0])

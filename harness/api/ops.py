@@ -289,8 +289,21 @@ class Ops:
         if sum(chosen) != 1:
             raise ValueError("ops.remask takes one of positions=, sigma= or least_confident=")
         finished = rows.finished
-        if positions is not None and any(finished):
-            raise ValueError("ops.remask: a row at its T cannot be re-masked (nothing decodes it)")
+        if positions is not None:
+            per_row = len(positions) > 0 and not np.isscalar(positions[0])
+            if per_row and len(positions) != len(rows):
+                raise ValueError(
+                    f"ops.remask: positions has {len(positions)} lists for {len(rows)} rows; "
+                    "give one list for every row, or one per row"
+                )
+            named = [len(positions[i] if per_row else positions) > 0 for i in range(len(rows))]
+            done = [i for i, (f, n) in enumerate(zip(finished, named, strict=True)) if f and n]
+            if done:
+                raise ValueError(
+                    f"ops.remask: row {done[0]} is at its T and cannot be re-masked (nothing "
+                    "decodes it); give it no positions (an empty list), or re-mask rows that "
+                    "are not final"
+                )
         mask_id = self.mask_id
         gen = rows.tokens[:, rows.prompt_len :]
         committed = gen != mask_id
