@@ -151,6 +151,20 @@ def test_rows_carry_their_own_settings_and_t_and_are_charged_their_own_steps():
         ops.start(PROBLEM, 1, settings={"block_length": 2})
 
 
+def test_denoising_rows_to_their_t_when_all_stand_there_posts_nothing():
+    # rows a sampler ended early all stand at their T: `denoise(rows)` (each to its own T)
+    # takes no step and charges nothing, as `denoise(rows, steps)` does for such rows
+    ops = _ops()
+    rows = ops.start(PROBLEM, 2)
+    decoded = rows.tokens.clone()
+    decoded[:, rows.prompt_len :] = 1
+    final = ops._issue(rows.advanced(decoded, (4, 4)))
+    finishing = ops.denoise(final)
+    with pytest.raises(StopIteration) as done:
+        finishing.send(None)
+    assert done.value.value is final
+
+
 def test_a_setting_no_backbone_varies_is_refused_without_naming_one_that_would():
     # 'foo' is no backbone's setting: the line points at sets_per_row, not at dream or llada
     with pytest.raises(UserError) as refused:

@@ -203,12 +203,13 @@ class Ops:
         """Advance every row by `steps` denoising steps, or each row to its own T when `steps`
         is None (one pass per row per step, charged as the engine computes it). A row whose
         sampler ended it early (nothing left masked) stands at its T and takes no more steps:
-        asking it for `steps` more advances only the others."""
+        asking it for `steps` more advances only the others. Rows all at their T (as rows
+        that end early may be, on some problems) come back as they are, uncharged."""
         self._own(rows, "ops.denoise")
         if steps is None:
             asked = tuple(t - s for s, t in zip(rows.steps, rows.totals, strict=True))
             if not any(asked):
-                raise ValueError("ops.denoise: every row is already at its T")
+                return rows
         else:
             if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
                 raise ValueError(f"ops.denoise needs steps >= 1, got {steps!r}")
