@@ -134,6 +134,10 @@ def test_run_prints_a_leaderboard_and_writes_the_run_directory(capsys, tmp_path)
             ["run", "--task", "toy_sum", "--backbone", "toy", "--methods", "best"],
             "unknown method 'best'",
         ),
+        (  # a strategy's name mistyped: the line lists strategies and names the nearest
+            ["run", "--task", "toy_sum", "--backbone", "toy", "--method", "independnt"],
+            "did you mean 'independent'? families: vanilla",
+        ),
         (
             [
                 "run",

@@ -169,8 +169,24 @@ class OverItsCap(Prune):
         return {**super().cost(total_steps), "denoise": (self.config.k - 1) * total_steps}
 
 
+class RemasksEnded(Prune):
+    """Re-masks the first position of every row between segments, as if no row could end
+    before its T: one that has ended cannot be re-masked."""
+
+    async def search(self, problem: Problem, ops) -> Pool:
+        rows = ops.start(problem, copies=self.config.k)
+        segments = ops.segments(self.config.every)
+        for i, steps in enumerate(segments):
+            rows = await ops.denoise(rows, steps)
+            await ops.score(rows, "prm")
+            if i < len(segments) - 1:
+                rows = ops.remask(rows, positions=[0])
+        return ops.pool(rows)
+
+
 STRATEGIES = {
     "kit_honest": Prune,
+    "kit_remasks_ended": RemasksEnded,
     "kit_global_rng": GlobalRandom,
     "kit_data_cost": DataCost,
     "kit_false_nest": FalseNest,
@@ -312,6 +328,12 @@ FAILS = [
         r"at T=3: OverCap: method 'kit_over_its_cap\+first' \(strategy 'kit_over_its_cap'\) "
         r"spent \{'denoise': 7\} passes on problem 'test-\d', over its cap \{'denoise': 6, "
         r"'score:prm': 3\}.*a capped strategy may spend less than cost\(T\), never more",
+    ),
+    (
+        "test_strategy_works_when_rows_end_early",
+        "kit_remasks_ended",
+        r"kit_remasks_ended\+first at T=40: PluginCrashed: strategy 'kit_remasks_ended' .*raised "
+        r"ValueError: ops.remask: row 0 is at its T and cannot be re-masked",
     ),
     (
         "test_backbone_row_alone_equals_row_in_batch",

@@ -338,3 +338,23 @@ def test_a_dry_run_of_the_shipped_model_names_the_scorers_run_would_use(cli):
     assert {m["id"] for m in out["methods"]} >= {"ORM Rerank@8", "PRM Guided K=8 b=12"}
     shown = cli("plan", "--task", "arith", "--backbone", "tiny", "--budget", "208")
     assert shown.code == 0 and "assumed" not in shown.out
+
+
+def test_a_dry_run_assumes_a_scorer_name_that_no_plugin_bears(cli):
+    """A method may read a scorer under any run name (`argmax:scorer=fmt`); without --scorer a
+    dry run lists it as one the user binds, and on the demo model, whose shipped scorers lack
+    it, leaves the method out with that reason, instead of refusing 'fmt' as an unknown plugin."""
+    method = "independent:n=*+argmax:scorer=fmt"
+    out = plan_json(
+        cli, "--task", "arith", "--backbone", "dream", "--budget", "1040", "--method", method
+    )
+    assert out["scorers"]["fmt"] == {"plugin": None, "config": {}, "assumed": True}
+    shown = cli(
+        "plan", "--task", "arith", "--backbone", "dream", "--budget", "1040", "--method", method
+    )
+    assert shown.code == 0 and "give --scorer fmt=PLUGIN" in shown.out
+    demo = plan_json(
+        cli, "--task", "arith", "--backbone", "tiny", "--budget", "208", "--method", method
+    )
+    assert "fmt" not in demo["scorers"] and not demo["methods"]
+    assert "needs scorer fmt" in json.dumps(demo)

@@ -71,6 +71,18 @@ def test_a_row_cannot_set_what_its_backbone_does_not_vary():
         bb.check_row_settings({"alg": "banana"}, 6, 6)
 
 
+@pytest.mark.parametrize("name", ["tiny", "tiny-block"])
+def test_a_row_setting_refused_names_the_backbone_the_run_was_given(name):
+    # tiny is a dream and tiny-block a block model: the user typed --backbone tiny
+    from dllmbench.loading.registry import registry
+
+    bb = registry().build("backbone", name, model="random")
+    with pytest.raises(UserError, match=rf"^{name}: a row's sampler settings"):
+        bb.check_row_settings({"temperature": -1.0}, 6, 6)
+    with pytest.raises(UserError, match=rf"^{name}: a row cannot set 'cfg_scale'"):
+        bb.check_row_settings({"cfg_scale": 1.0}, 6, 6)
+
+
 def test_block_step_is_the_references_schedule_when_blocks_divide():
     # gen 8, blocks of 4, T 4: two blocks of two steps
     assert [(s.end, s.j, s.per, s.even) for s in (block_step(8, 4, 4, t) for t in range(4))] == [
@@ -139,6 +151,28 @@ def test_rows_carry_their_own_settings_and_t_and_are_charged_their_own_steps():
         ops.start(PROBLEM, 1, settings={"block_length": 2})
 
 
+def test_denoising_rows_to_their_t_when_all_stand_there_posts_nothing():
+    # rows a sampler ended early all stand at their T: `denoise(rows)` (each to its own T)
+    # takes no step and charges nothing, as `denoise(rows, steps)` does for such rows
+    ops = _ops()
+    rows = ops.start(PROBLEM, 2)
+    decoded = rows.tokens.clone()
+    decoded[:, rows.prompt_len :] = 1
+    final = ops._issue(rows.advanced(decoded, (4, 4)))
+    finishing = ops.denoise(final)
+    with pytest.raises(StopIteration) as done:
+        finishing.send(None)
+    assert done.value.value is final
+
+
+def test_a_setting_no_backbone_varies_is_refused_without_naming_one_that_would():
+    # 'foo' is no backbone's setting: the line points at sets_per_row, not at dream or llada
+    with pytest.raises(UserError) as refused:
+        _ops().start(PROBLEM, 1, settings={"foo": 1})
+    line = str(refused.value)
+    assert "'foo'" in line and "sets_per_row()" in line and "dream" not in line
+
+
 def test_remask_is_a_free_recorded_edit_by_each_policy():
     ops = _ops()
     rows = ops.start(PROBLEM, 2, confidence=True)
@@ -171,6 +205,14 @@ def test_remask_is_a_free_recorded_edit_by_each_policy():
     finished = ops._issue(rows.advanced(decoded, (4, 1), confidence))
     with pytest.raises(ValueError, match="at its T"):
         ops.remask(finished, positions=[0])
+    with pytest.raises(ValueError, match="row 0 is at its T"):
+        ops.remask(finished, positions=[[0], [2]])
+    # positions per row: a final row given none is left alone, the others are edited
+    mixed = ops.remask(finished, positions=[[], [2]])
+    assert mixed.edits == ((), ((1, (2,)),))
+    assert torch.equal(mixed.tokens[0], finished.tokens[0])
+    with pytest.raises(ValueError, match="3 lists for 2 rows"):
+        ops.remask(rows, positions=[[0], [1], [2]])
     kept = ops.remask(finished, sigma=1.0)
     assert kept.edits == ((), ((1, (0, 1, 2, 3, 4, 5)),))
     assert torch.equal(kept.tokens[0], finished.tokens[0])

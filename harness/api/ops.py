@@ -184,7 +184,8 @@ class Ops:
                 raise UserError(
                     f"a strategy set sampler setting {unknown[0]!r} per row, which this run's "
                     f"backbone cannot vary (it can: {', '.join(sorted(self.row_settings))}); "
-                    "choose a backbone that can, e.g. dream or llada"
+                    "run it on a backbone that can, and have the strategy name the settings "
+                    "its rows set in sets_per_row(), so that a run leaves it out before it starts"
                 )
             total = s.get(STEPS, self.T)
             if isinstance(total, bool) or not isinstance(total, int) or total < 1:
@@ -202,12 +203,13 @@ class Ops:
         """Advance every row by `steps` denoising steps, or each row to its own T when `steps`
         is None (one pass per row per step, charged as the engine computes it). A row whose
         sampler ended it early (nothing left masked) stands at its T and takes no more steps:
-        asking it for `steps` more advances only the others."""
+        asking it for `steps` more advances only the others. Rows all at their T (as rows
+        that end early may be, on some problems) come back as they are, uncharged."""
         self._own(rows, "ops.denoise")
         if steps is None:
             asked = tuple(t - s for s, t in zip(rows.steps, rows.totals, strict=True))
             if not any(asked):
-                raise ValueError("ops.denoise: every row is already at its T")
+                return rows
         else:
             if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
                 raise ValueError(f"ops.denoise needs steps >= 1, got {steps!r}")
@@ -288,8 +290,21 @@ class Ops:
         if sum(chosen) != 1:
             raise ValueError("ops.remask takes one of positions=, sigma= or least_confident=")
         finished = rows.finished
-        if positions is not None and any(finished):
-            raise ValueError("ops.remask: a row at its T cannot be re-masked (nothing decodes it)")
+        if positions is not None:
+            per_row = len(positions) > 0 and not np.isscalar(positions[0])
+            if per_row and len(positions) != len(rows):
+                raise ValueError(
+                    f"ops.remask: positions has {len(positions)} lists for {len(rows)} rows; "
+                    "give one list for every row, or one per row"
+                )
+            named = [len(positions[i] if per_row else positions) > 0 for i in range(len(rows))]
+            done = [i for i, (f, n) in enumerate(zip(finished, named, strict=True)) if f and n]
+            if done:
+                raise ValueError(
+                    f"ops.remask: row {done[0]} is at its T and cannot be re-masked (nothing "
+                    "decodes it); give it no positions (an empty list), or re-mask rows that "
+                    "are not final"
+                )
         mask_id = self.mask_id
         gen = rows.tokens[:, rows.prompt_len :]
         committed = gen != mask_id

@@ -76,8 +76,12 @@ def execute(args: argparse.Namespace) -> Reply:
         fill_unset(args, DEMO_PROTOCOLS[model])
     # a dry run without --scorer shows the scorers the methods use, as `run` would need them
     args.scorer_assumed = dry and args.scorer is None
+    args.scorer_unbound = []  # assumed run names that are no scorer plugin's name
     if args.scorer_assumed:
-        args.scorer = sorted(scorer_users(reg, methods_arg(args), args.steps or GENERAL["steps"]))
+        needed = sorted(scorer_users(reg, methods_arg(args), args.steps or GENERAL["steps"]))
+        plugins = set(reg.names("scorer"))
+        args.scorer = [name for name in needed if name in plugins]
+        args.scorer_unbound = [name for name in needed if name not in plugins]
     s = settings(args, GENERAL)
     if args.budget is None:
         raise UserError(
@@ -90,6 +94,7 @@ def execute(args: argparse.Namespace) -> Reply:
     if shipped:  # as `run` does: a backbone that ships scorers (the demo's) runs with them
         s = replace(s, scorers=shipped)
         args.scorer_assumed = False
+        args.scorer_unbound = []  # the plan leaves out the methods that need them
     passes = passes_per_step(backbone_config)
     scorers = None if s.scorers is None or args.scorer_assumed else set(s.scorers)
     rates = None
@@ -188,6 +193,9 @@ def dry_run(
         }
         for name, (plugin, config) in sorted((s.scorers or {}).items())
     }
+    for name in args.scorer_unbound:  # a run name no plugin bears: the user binds it
+        out["scorers"][name] = {"plugin": None, "config": {}, "assumed": True}
+    out["scorers"] = dict(sorted(out["scorers"].items()))
     return out
 
 
@@ -216,6 +224,11 @@ def _print_dry_run(console: Console, dry: dict[str, Any]) -> None:
         if kind in dry:
             console.print(f"{kind} {dry[kind]['name']}: {_options_text(dry[kind]['config'])}")
     for name, entry in dry["scorers"].items():
+        if entry["plugin"] is None:
+            console.print(
+                f"scorer {name}: no plugin of that name (assumed: give --scorer {name}=PLUGIN)"
+            )
+            continue
         how = " (assumed: give --scorer NAME=PLUGIN:checkpoint=DIR)" if entry["assumed"] else ""
         console.print(f"scorer {name}={entry['plugin']}: {_options_text(entry['config'])}{how}")
 

@@ -8,6 +8,7 @@ planned identically at two budgets is one method carrying both (`Method.budgets`
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -303,10 +304,14 @@ def _spec(
     if family is not None:
         return family_spec(family, total_steps), family
     if not (":" in entry or "+" in entry or entry in registry.names("strategy")):
-        known = ", ".join(f.name for f in registry.families())
+        families = [f.name for f in registry.families()]
+        strategies = registry.names("strategy")
+        close = difflib.get_close_matches(entry, [*families, *strategies], n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
         raise UserError(
-            f"unknown method {entry!r}; families: {known}, or all; or a spec such as "
-            "independent:n=8+majority"
+            f"unknown method {entry!r}, no family's or strategy's name; {hint}families: "
+            f"{', '.join(families)}, or all; strategies: {', '.join(strategies)}; or a spec "
+            "such as independent:n=8+majority"
         )
     spec = MethodSpec.parse(entry)
     free = spec.free_field()

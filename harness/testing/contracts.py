@@ -64,6 +64,9 @@ from dllmbench.testing.helpers import (
 BASE_STEPS = (3, STEPS)  # fewer steps than generated tokens, and the usual 12
 LONG_STEPS = (40, 130, 260)  # tried in turn until the strategy denoises in several calls
 Key = tuple[int, str, str]  # (T, problem id, method id)
+# the toy backbone with a confidence threshold: rows fill their canvas and end before their T
+# (as a block model's, Fast-dLLM's or EB-Sampler's may), on some problems all of them
+EARLY = {"threshold": 0.5}
 
 
 def comparable(record: Mapping[str, Any]) -> dict[str, Any]:
@@ -220,15 +223,22 @@ def run_kit(
     batch_rows: int = 64,
     seed: int = 0,
     problems: int = PROBLEMS,
+    backbone: Mapping[str, Any] | None = None,
 ) -> dict[Key, dict[str, Any]]:
     """Run methods on the toy task at each T; records (without timings) by (T, problem,
-    method). Anything the run raises becomes an AssertionError naming it, in one line."""
+    method). Anything the run raises becomes an AssertionError naming it, in one line.
+    `backbone`: options of the toy backbone (`EARLY`: its rows may end before their T)."""
     __tracebackhide__ = True  # pytest shows the check's line and this message
     out: dict[Key, dict[str, Any]] = {}
     for total in steps:
         try:
             records = run_methods(
-                methods, steps=total, problems=problems, seed=seed, batch_rows=batch_rows
+                methods,
+                steps=total,
+                problems=problems,
+                seed=seed,
+                batch_rows=batch_rows,
+                backbone=backbone,
             )
         except Exception as exc:
             ids = ", ".join(m.id for m in methods)
@@ -571,6 +581,24 @@ def test_strategy_evidence_reads_as_the_report_reads_it(dllmbench_strategy):
                 f"its records ({exc}); dllmbench report would leave it out of the pooled curves "
                 "and diagnostics (docs/plugin-authors.md, 'What the report reads')"
             ) from None
+
+
+def test_strategy_works_when_rows_end_early(dllmbench_strategy):
+    """On a backbone whose rows may end before their T (the toy with a confidence threshold,
+    as block models and threshold samplers do), the strategy still runs every problem to its
+    pool, spending no more than `cost(T)`: a row its sampler ended stands at its T, so a
+    strategy re-masks or extends only the rows that are not final (`rows.finished`)."""
+    name, config = dllmbench_strategy
+    method = kit_method(name, config)
+    records = run_kit([method], steps_for(name, config), backbone=EARLY)
+    for (total, problem, _), record in records.items():
+        declared = method.cost(total)
+        over = {k: v for k, v in record["passes"].items() if v > declared.get(k, 0)}
+        if over:
+            raise AssertionError(
+                f"strategy {name!r} at T={total} on a backbone whose rows end early spent "
+                f"{record['passes']} on problem {problem!r}, over its cost {declared}"
+            )
 
 
 # -- selectors -------------------------------------------------------------------------------

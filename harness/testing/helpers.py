@@ -138,13 +138,15 @@ def run_methods(
     problems: int = PROBLEMS,
     seed: int = 0,
     batch_rows: int = 64,
+    backbone: Mapping[str, Any] | None = None,
 ) -> list[Record]:
     """Run built methods on the toy task through the real engine; one record per problem
-    and method. Every scorer they name is a toy scorer (an outcome scorer for `orm`)."""
+    and method. Every scorer they name is a toy scorer (an outcome scorer for `orm`).
+    `backbone`: options of the toy backbone (`{"threshold": 0.5}`: rows may end early)."""
     names = sorted({s for m in methods for s in m.scorers() if s != "weight"})
     task = ToySum(size=problems)
     engine = Engine(
-        backbone=ToyBackbone(spread=True),
+        backbone=ToyBackbone(spread=True, **dict(backbone or {})),
         scorers={name: ToyScorer(partial=name != "orm") for name in names},
         task=task,
         methods=list(methods),

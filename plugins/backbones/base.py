@@ -296,6 +296,8 @@ class DiffusionBackbone(abc.ABC):
     scorers share."""
 
     arch: ClassVar[str]
+    # the plugin name its messages give, when it is not the architecture's (tiny is a dream)
+    shown_as: ClassVar[str | None] = None
     shift: ClassVar[bool]  # read the logit of position i from position i-1 (Dream)
     mask_names: ClassVar[tuple[str, ...]]
     Config: ClassVar[type]
@@ -386,7 +388,7 @@ class DiffusionBackbone(abc.ABC):
             unknown = sorted(set(settings) - self.row_settings)
             if unknown:
                 raise UserError(
-                    f"{self.arch}: a row cannot set {unknown[0]!r} "
+                    f"{self.shown_as or self.arch}: a row cannot set {unknown[0]!r} "
                     f"(per-row settings: {', '.join(sorted(self.row_settings))})"
                 )
             values = dict(settings)
@@ -397,7 +399,8 @@ class DiffusionBackbone(abc.ABC):
             try:
                 cache[key] = dataclasses.replace(self.config, **values)
             except (TypeError, ValueError) as exc:
-                what = f"{self.arch}: a row's sampler settings {dict(settings)}: {exc}"
+                who = self.shown_as or self.arch
+                what = f"{who}: a row's sampler settings {dict(settings)}: {exc}"
                 raise UserError(what) from None
         return cache[key]
 

@@ -56,6 +56,7 @@ class Tiny(Dream):
     """The shipped demo model: 0.7M parameters of Dream's architecture, trained on arith."""
 
     Config = TinyConfig
+    shown_as = "tiny"
     contract_configs: ClassVar[list[dict]] = [{"model": "random"}, {}]
 
     @property

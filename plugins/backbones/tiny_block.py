@@ -40,6 +40,7 @@ class TinyBlock(BlockDiffusion):
     """The shipped block-diffusion demo model: 0.7M parameters of Qwen3, trained on arith."""
 
     Config = TinyBlockConfig
+    shown_as = "tiny-block"
     contract_configs: ClassVar[list[dict]] = [{}]  # `block` checks model="random" already
 
     @property
