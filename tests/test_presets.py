@@ -342,8 +342,8 @@ def test_a_dry_run_of_the_shipped_model_names_the_scorers_run_would_use(cli):
 
 def test_a_dry_run_assumes_a_scorer_name_that_no_plugin_bears(cli):
     """A method may read a scorer under any run name (`argmax:scorer=fmt`); without --scorer a
-    dry run lists it as one the user binds, and on the demo model, whose shipped scorers lack
-    it, leaves the method out with that reason, instead of refusing 'fmt' as an unknown plugin."""
+    dry run lists it as one the user binds, instead of refusing 'fmt' as an unknown plugin. On
+    the demo model, whose shipped scorers lack it, the method is refused as `run` refuses it."""
     method = "independent:n=*+argmax:scorer=fmt"
     out = plan_json(
         cli, "--task", "arith", "--backbone", "dream", "--budget", "1040", "--method", method
@@ -353,8 +353,8 @@ def test_a_dry_run_assumes_a_scorer_name_that_no_plugin_bears(cli):
         "plan", "--task", "arith", "--backbone", "dream", "--budget", "1040", "--method", method
     )
     assert shown.code == 0 and "give --scorer fmt=PLUGIN" in shown.out
-    demo = plan_json(
-        cli, "--task", "arith", "--backbone", "tiny", "--budget", "208", "--method", method
-    )
-    assert "fmt" not in demo["scorers"] and not demo["methods"]
-    assert "needs scorer fmt" in json.dumps(demo)
+    argv = ["--task", "arith", "--backbone", "tiny", "--budget", "208", "--method", method]
+    for command in ("plan", "run"):
+        demo = cli(command, *argv)
+        assert demo.code == 2 and demo.err.count("\n") == 1, demo
+        assert "needs scorer fmt, which the run does not have" in demo.err

@@ -66,7 +66,13 @@ def add_parser(sub: Any) -> None:
 
 def execute(args: argparse.Namespace) -> Reply:
     from dllmbench.api.interfaces import ends_early, passes_per_step, shipped_scorers
-    from dllmbench.execution.planner import backbone_varies, default_budget, plan, scorer_users
+    from dllmbench.execution.planner import (
+        backbone_varies,
+        default_budget,
+        plan,
+        refuse_missing_scorers,
+        scorer_users,
+    )
     from dllmbench.loading.registry import registry
 
     reg = registry()
@@ -107,6 +113,8 @@ def execute(args: argparse.Namespace) -> Reply:
     result = plan(
         reg, args.budget, args.steps, entries, scorers, passes, rates, selectors, early, varies
     )
+    if entries and scorers is not None:  # the run's scorers are known: refused as `run` does
+        refuse_missing_scorers(result)
     resolved = dry_run(reg, args, s, backbone_config) if dry else None
 
     def show(console: Console) -> None:

@@ -354,6 +354,17 @@ def scorer_users(
     return users
 
 
+def refuse_missing_scorers(chosen: Plan) -> None:
+    """A requested method the plan left out for a scorer the run lacks is an error: `run`
+    refuses it before loading a model, and `plan` as `run` would."""
+    for x in chosen.left_out:
+        if x.missing:
+            raise UserError(
+                f"method {x.family!r} needs scorer {', '.join(x.missing)}, which the run does "
+                f"not have; give --scorer {x.missing[0]}=PLUGIN[:checkpoint=DIR] or drop it"
+            )
+
+
 def check_scorers(users: dict[str, list[Use]], scorers: set[str], requested: bool) -> None:
     """With `users` from `scorer_users`: a requested method whose scorer the run lacks, or a
     scorer no method uses, is an error (with no methods requested, families lacking a scorer

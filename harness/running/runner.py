@@ -41,6 +41,7 @@ from dllmbench.execution.planner import (
     check_budgets,
     default_budget,
     plan,
+    refuse_missing_scorers,
 )
 from dllmbench.execution.rates import Reference, reference
 from dllmbench.loading.provenance import Origins, config_data
@@ -384,12 +385,8 @@ def _choose(
         selectors=presets.selector_options(cfg.preset),
         varies=backbone_varies(reg, cfg.backbone),
     )
-    for x in chosen.left_out if cfg.methods else ():
-        if x.missing:
-            raise UserError(
-                f"method {x.family!r} needs scorer {', '.join(x.missing)}, which the run does "
-                f"not have; give --scorer {x.missing[0]}=PLUGIN[:checkpoint=DIR] or drop it"
-            )
+    if cfg.methods:
+        refuse_missing_scorers(chosen)
     for budget in chosen.budgets:
         if not chosen.at(budget):
             fit = [x for x in chosen.left_out if x.budget in (None, budget)]
