@@ -413,7 +413,9 @@ class Scheduler:
                 yield run, stop.value
                 continue
             self.watch.check("search", run.strategy, run.distribution)
-            wait = self._wait(run, request)
+            with self.watch.plugin():  # reading the request runs code of the plugin's values
+                wait = self._wait(run, request)
+            self.watch.check("search", run.strategy, run.distribution)
             if isinstance(wait, DenoiseWait):
                 self.kept_rows.fill(wait, self._charge_reused)
                 if not wait.computed():  # every row kept from an earlier run: answered now
