@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
+import sys
 import threading
 
 import pytest
@@ -54,8 +55,9 @@ class PrivateRollout(PeeksAtTheAnswer):
     code (`where="here"`), on a thread of its own (`where="thread"`), in a forward hook it
     hangs on the backbone's model (`where="hook"`), which runs inside the engine's own forward,
     outside any plugin code, or in a value it hands the engine, run as the engine reads it: a
-    request's steps (`where="steps"`), or its rows' owners, read while the engine serves the
-    request (`where="owners"`)."""
+    request's steps (`where="steps"`), a sampler setting the backbone compares inside its forward
+    (`where="setting"`), or its rows' owners, read while the engine serves the request
+    (`where="owners"`)."""
 
     def __init__(self, where: str = "here"):
         self.where = where
@@ -83,6 +85,12 @@ class PrivateRollout(PeeksAtTheAnswer):
         elif self.where == "steps":
             steps = RunsWhenRead(backbones[0], ids, (ops.T, ops.T))
             return ops.pool(ops._issue(await Posted(DenoiseRequest(rows, steps))))
+        elif self.where == "setting":
+            hot = RunsWhenCompared(0.5)
+            hot.run = lambda: rollout(backbones[0])
+            sly = dataclasses.replace(rows, settings=((("temperature", hot),),) * 2)
+            done = await Posted(DenoiseRequest(sly, (ops.T, ops.T)))
+            return ops.pool(ops._issue(dataclasses.replace(done, settings=rows.settings)))
         elif self.where == "owners":
             SlyOwners.run = lambda: rollout(backbones[0])
             sly = dataclasses.replace(rows, owners=SlyOwners(rows.owners))
@@ -109,6 +117,33 @@ class RunsWhenRead(tuple):
         with torch.no_grad():
             self.backbone.transformer(input_ids=self.ids.to(self.backbone.device))
         return super().__iter__()
+
+
+class RunsWhenCompared(float):
+    """A sampler setting that runs `run` when the sampler compares it inside the backbone's
+    `denoise_step` (in the engine's own forward, where no plugin code is watched)."""
+
+    run = None
+
+    def _ran(self, other, compare):
+        frame = sys._getframe()
+        while frame is not None and frame.f_code.co_name != "denoise_step":
+            frame = frame.f_back
+        if frame is not None and self.run is not None:
+            self.run()
+        return compare(float(self), other)
+
+    def __lt__(self, other):
+        return self._ran(other, float.__lt__)
+
+    def __gt__(self, other):
+        return self._ran(other, float.__gt__)
+
+    def __le__(self, other):
+        return self._ran(other, float.__le__)
+
+    def __ge__(self, other):
+        return self._ran(other, float.__ge__)
 
 
 class SlyOwners(tuple):
@@ -289,6 +324,7 @@ TINY = ["run", "--task", "arith", "--backbone", "tiny", "--steps", "8", "--gen-l
         ("thread", "a model ran on another thread during the run"),
         ("hook", "a hook was added to or removed from a model"),
         ("steps", "plugin 'private_rollout' (from module:test_plugin_reach) broke its contract"),
+        ("setting", "rows whose setting 'temperature' is a RunsWhenCompared, not a plain value"),
         ("owners", "a model ran on the engine's thread outside its forwards"),
     ],
 )
