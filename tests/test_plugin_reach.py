@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
+import sys
 import threading
 
 import pytest
@@ -51,9 +52,12 @@ HOOKS: list = []  # the hooks PrivateRollout hung, removed when its test ends
 
 class PrivateRollout(PeeksAtTheAnswer):
     """Majority@2 that also finds the backbone through `gc` and runs it itself, in its own
-    code (`where="here"`), on a thread of its own (`where="thread"`), or in a forward hook it
+    code (`where="here"`), on a thread of its own (`where="thread"`), in a forward hook it
     hangs on the backbone's model (`where="hook"`), which runs inside the engine's own forward,
-    outside any plugin code."""
+    outside any plugin code, or in a value it hands the engine, run as the engine reads it: a
+    request's steps (`where="steps"`), a sampler setting the backbone compares inside its forward
+    (`where="setting"`), or its rows' owners, read while the engine serves the request
+    (`where="owners"`)."""
 
     def __init__(self, where: str = "here"):
         self.where = where
@@ -78,6 +82,20 @@ class PrivateRollout(PeeksAtTheAnswer):
                         busy.clear()
 
                 HOOKS.append(backbone.transformer.register_forward_hook(hook))
+        elif self.where == "steps":
+            steps = RunsWhenRead(backbones[0], ids, (ops.T, ops.T))
+            return ops.pool(ops._issue(await Posted(DenoiseRequest(rows, steps))))
+        elif self.where == "setting":
+            hot = RunsWhenCompared(0.5)
+            hot.run = lambda: rollout(backbones[0])
+            sly = dataclasses.replace(rows, settings=((("temperature", hot),),) * 2)
+            done = await Posted(DenoiseRequest(sly, (ops.T, ops.T)))
+            return ops.pool(ops._issue(dataclasses.replace(done, settings=rows.settings)))
+        elif self.where == "owners":
+            SlyOwners.run = lambda: rollout(backbones[0])
+            sly = dataclasses.replace(rows, owners=SlyOwners(rows.owners))
+            done = await Posted(DenoiseRequest(sly, (ops.T, ops.T)))
+            return ops.pool(ops._issue(dataclasses.replace(done, owners=rows.owners)))
         elif self.where == "thread":
             worker = threading.Thread(target=rollout, args=(backbones[0],))
             worker.start()
@@ -85,6 +103,57 @@ class PrivateRollout(PeeksAtTheAnswer):
         else:
             rollout(backbones[0])
         return ops.pool(await ops.denoise(rows))
+
+
+class RunsWhenRead(tuple):
+    """A request's steps that run the backbone whenever they are iterated."""
+
+    def __new__(cls, backbone, ids, steps):
+        obj = super().__new__(cls, steps)
+        obj.backbone, obj.ids = backbone, ids
+        return obj
+
+    def __iter__(self):
+        with torch.no_grad():
+            self.backbone.transformer(input_ids=self.ids.to(self.backbone.device))
+        return super().__iter__()
+
+
+class RunsWhenCompared(float):
+    """A sampler setting that runs `run` when the sampler compares it inside the backbone's
+    `denoise_step` (in the engine's own forward, where no plugin code is watched)."""
+
+    run = None
+
+    def _ran(self, other, compare):
+        frame = sys._getframe()
+        while frame is not None and frame.f_code.co_name != "denoise_step":
+            frame = frame.f_back
+        if frame is not None and self.run is not None:
+            self.run()
+        return compare(float(self), other)
+
+    def __lt__(self, other):
+        return self._ran(other, float.__lt__)
+
+    def __gt__(self, other):
+        return self._ran(other, float.__gt__)
+
+    def __le__(self, other):
+        return self._ran(other, float.__le__)
+
+    def __ge__(self, other):
+        return self._ran(other, float.__ge__)
+
+
+class SlyOwners(tuple):
+    """A request's owners, as given, that run `run` when one row's owners are read by index."""
+
+    run = None
+
+    def __getitem__(self, i):
+        type(self).run()
+        return super().__getitem__(i)
 
 
 class ReOwns(PeeksAtTheAnswer):
@@ -254,6 +323,9 @@ TINY = ["run", "--task", "arith", "--backbone", "tiny", "--steps", "8", "--gen-l
         ),
         ("thread", "a model ran on another thread during the run"),
         ("hook", "a hook was added to or removed from a model"),
+        ("steps", "plugin 'private_rollout' (from module:test_plugin_reach) broke its contract"),
+        ("setting", "rows whose setting 'temperature' is a RunsWhenCompared, not a plain value"),
+        ("owners", "a model ran on the engine's thread outside its forwards"),
     ],
 )
 def test_a_strategy_that_runs_the_backbone_itself_stops_the_run(

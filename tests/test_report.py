@@ -208,9 +208,11 @@ def test_runs_of_other_plugins_name_the_plugin_not_its_first_option():
 def test_runs_with_budgets_in_different_units_are_not_combined(two_budgets, tmp_path, cli):
     flops = tmp_path / "flops"
     shutil.copytree(two_budgets, flops)
-    results = json.loads((flops / "results.json").read_text())
-    results["budget_unit"] = "flops"
-    (flops / "results.json").write_text(json.dumps(results))
+    manifest = json.loads((flops / "manifest.json").read_text())
+    manifest["budget_unit"] = "flops"
+    (flops / "manifest.json").write_text(json.dumps(manifest))
+    assert cli("merge", flops).code == 0  # results.json as its records give it in FLOPs
+    assert json.loads((flops / "results.json").read_text())["budget_unit"] == "flops"
     before = snapshot(tmp_path)
     result = cli("report", two_budgets, flops, "--out", tmp_path / "refused")
     assert_user_error(result, "cannot combine", "budgets in passes → in flops")
@@ -249,6 +251,24 @@ def test_unfinished_or_foreign_directories_are_one_line(two_budgets, tmp_path, c
     planned = len(records)
     assert_user_error(cli("report", stray), "not a finished run", f"{planned - 1} of {planned}")
     assert_user_error(cli("merge", stray), "is not complete: missing 1 of")
+
+
+def test_a_results_json_that_is_not_what_its_records_give_is_refused(two_budgets, tmp_path, cli):
+    """results.json rewritten to claim more (an accuracy, a spend): the report recomputes it
+    from the records and refuses it in one line; merge writes it again, and the report reads."""
+    edited = tmp_path / "edited"
+    shutil.copytree(two_budgets, edited)
+    shutil.rmtree(edited / "report", ignore_errors=True)
+    results = json.loads((edited / "results.json").read_text())
+    results["methods"][0]["accuracy"]["value"] = 0.99
+    (edited / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    assert_user_error(
+        cli("report", edited),
+        f"{edited / 'results.json'} is not what its records give (methods differ)",
+        f"dllmbench merge {edited}",
+    )
+    assert cli("merge", edited).code == 0
+    assert cli("report", edited).code == 0
 
 
 def test_pooled_selector_names_majority_by_its_treatment_of_invalid_answers():

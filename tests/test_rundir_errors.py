@@ -215,6 +215,49 @@ def test_a_record_that_is_not_of_the_run_is_refused_alike_by_run_merge_and_repor
     assert snapshot(finished_run) == before
 
 
+def _flip(record: dict) -> dict:
+    return {**record, "correct": not record["correct"]}
+
+
+def _cheaper(record: dict) -> dict:
+    ledger = record["ledger"]
+    passes = {k: 1 for k in ledger["passes"]}
+    return {**record, "ledger": {**ledger, "passes": passes, "total_passes": len(passes)}}
+
+
+def _total(record: dict) -> dict:
+    return {**record, "ledger": {**record["ledger"], "total_passes": 1}}
+
+
+@pytest.mark.parametrize(
+    "edit,why",
+    [
+        (_flip, "unlike its selected candidate's"),
+        (_cheaper, "are not its method's cost"),
+        (_total, "ledger.total_passes is not the sum of ledger.passes"),
+    ],
+)
+def test_a_record_edited_to_say_more_is_refused_alike_by_run_merge_and_report(
+    cli, finished_run, no_model, edit, why
+):
+    """A record edited by hand, its grade flipped or its passes lowered: it disagrees with
+    its own candidates, or with its method's cost in the manifest. A resume, merge and report
+    refuse it in one line naming it, rather than summarise a better result."""
+    samples = finished_run / "samples.jsonl"
+    lines = samples.read_text().splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if json.loads(line)["selected"] is not None)
+    lines[at] = json.dumps(edit(json.loads(lines[at]))) + "\n"
+    samples.write_text("".join(lines))
+    before = snapshot(finished_run)
+    for argv in (
+        [*TOY_RUN, "--out", finished_run],
+        ["merge", finished_run],
+        ["report", finished_run],
+    ):
+        assert_user_error(cli(*argv), f"{samples} line {at + 1} does not hold together", why)
+    assert snapshot(finished_run) == before
+
+
 def test_a_torn_last_line_is_still_repaired(cli, partial_run):
     samples = partial_run / "samples.jsonl"
     samples.write_text(samples.read_text() + '{"problem": "test-0", "met')

@@ -47,6 +47,7 @@ from dllmbench.core.schema import (
     SkippedMethod,
 )
 from dllmbench.core.shape import require_manifest
+from dllmbench.running.summary import summarize_records
 from dllmbench.storage.rundir import RunDir, manifest_differences
 
 # the manifest keys that must match for run directories to combine
@@ -94,6 +95,29 @@ def _check_complete(run: evidence.RunData) -> None:
         )
 
 
+def _check_results(run: evidence.RunData) -> None:
+    """results.json is what `merge` writes from the records (at its own reference and
+    resamples): one line when it is not, a file edited to say more than the records do."""
+    ids = run.manifest["task"].get("problem_ids")
+    if ids is None or run.results is None:
+        return
+    results = run.results
+    fresh = summarize_records(
+        RunDir(run.path),
+        run.manifest,
+        [str(p) for p in ids],
+        reference=results.get("reference"),
+        resamples=results["resamples"],
+    )
+    fresh = json.loads(json.dumps(fresh))
+    differ = sorted(k for k in {*fresh, *results} if fresh.get(k) != results.get(k))
+    if differ:
+        raise UserError(
+            f"{run.path / 'results.json'} is not what its records give ({', '.join(differ)} "
+            f"differ); rewrite it from the records with: dllmbench merge {run.path}"
+        )
+
+
 def protocol_mismatch(a: dict[str, Any], b: dict[str, Any]) -> str | None:
     """The first protocol key on which two manifests differ (`key: old → new`), or None: a
     plugin's name before its options (another backbone, not its first option that differs)."""
@@ -112,6 +136,7 @@ def load_runs(paths: Sequence[str | Path]) -> list[evidence.RunData]:
         run = evidence.load_run(path)
         require_manifest(run.manifest, path / "manifest.json")
         _check_complete(run)
+        _check_results(run)
         if runs:
             diff = protocol_mismatch(runs[0].manifest, run.manifest)
             if diff is None and budget_unit(run) != budget_unit(runs[0]):

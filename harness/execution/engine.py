@@ -617,7 +617,7 @@ class Engine:
         output per row."""
         size = len(batch.tokens)
         if isinstance(batch, StepBatch):
-            with self.origins.blame("backbone", self.origins.backbone):
+            with self.origins.blame("backbone", self.origins.backbone), self._watch.computing():
                 if confident and isinstance(self.backbone, ReportsConfidence):
                     out: Sequence[Any] = self.backbone.denoise_step_with_confidence(batch)
                 else:
@@ -653,6 +653,7 @@ class Engine:
         with (
             self.origins.blame("scorer", self.origins.scorer(batch.scorer)),
             self._model_rows.counting() as model,
+            self._watch.computing(),
         ):
             values = np.asarray(self.scorers[batch.scorer].score(batch.batch), dtype=np.float64)
         if model.rows > size:

@@ -413,7 +413,9 @@ class Scheduler:
                 yield run, stop.value
                 continue
             self.watch.check("search", run.strategy, run.distribution)
-            wait = self._wait(run, request)
+            with self.watch.plugin():  # reading the request runs code of the plugin's values
+                wait = self._wait(run, request)
+            self.watch.check("search", run.strategy, run.distribution)
             if isinstance(wait, DenoiseWait):
                 self.kept_rows.fill(wait, self._charge_reused)
                 if not wait.computed():  # every row kept from an earlier run: answered now
@@ -540,6 +542,14 @@ class Scheduler:
                 )
                 raise PluginViolation(run.strategy, run.distribution, what)
             self._check_owners(run, request.rows, self.trusted.take(request))
+            steps = request.steps if type(request) is DenoiseRequest else ()
+            odd = _not_plain(request.rows, steps)
+            if odd is not None:
+                what = (
+                    f"search() asked for a forward of rows whose {odd}: what the backbone or a "
+                    "scorer reads in its forward is plain tensors, ints, floats, strings and bools"
+                )
+                raise PluginViolation(run.strategy, run.distribution, what)
         if type(request) is DenoiseRequest:
             return DenoiseWait(run, request.rows, tuple(request.steps))
         if type(request) is ScoreRequest:
@@ -549,3 +559,32 @@ class Scheduler:
             run.distribution,
             f"search() awaited a {type(request).__name__}; await only ops.denoise or ops.score",
         )
+
+
+PLAIN = (bool, int, float, str, type(None))
+
+
+def _not_plain(rows: Rows, steps: Any) -> str | None:
+    """What of a request's rows, read inside the engine's forward (tokens, prompt length,
+    steps, each row's T and sampler settings), is not a plain value, whose own code would run
+    there, unwatched; None when all are."""
+    if type(rows.tokens) is not torch.Tensor:
+        return f"tokens are a {type(rows.tokens).__name__}, not a torch.Tensor"
+    if rows.confidence is not None and type(rows.confidence) is not torch.Tensor:
+        return f"confidences are a {type(rows.confidence).__name__}, not a torch.Tensor"
+    if type(rows.prompt_len) is not int:
+        return f"prompt length is a {type(rows.prompt_len).__name__}, not an int"
+    for name, values in (("steps", steps), ("steps", rows.steps), ("totals", rows.totals)):
+        if type(values) is not tuple or any(type(v) is not int for v in values):
+            return f"{name} are not a tuple of ints"
+    if type(rows.settings) is not tuple:
+        return "settings are not a tuple"
+    for row in rows.settings:
+        if type(row) is not tuple:
+            return "settings are not pairs of a name and a value"
+        for pair in row:
+            if type(pair) is not tuple or len(pair) != 2 or type(pair[0]) is not str:
+                return "settings are not pairs of a name and a value"
+            if type(pair[1]) not in PLAIN:
+                return f"setting {pair[0]!r} is a {type(pair[1]).__name__}, not a plain value"
+    return None

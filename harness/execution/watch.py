@@ -3,7 +3,9 @@
 The engine computes every forward a run is charged for, between the moments strategies and
 selectors run. While an engine runs, a process-wide forward hook counts every torch module
 call made while plugin code runs (a strategy's `search` between two requests, a selector's
-`select`) and every call made on another thread (a rollout started in the background): a
+`select`), every call made on another thread (a rollout started in the background) and every
+call made on the engine's thread outside the engine's own forwards (code of a value a plugin
+handed the engine, run as the engine reads it: a request's steps, a pool's info): a
 strategy that found the backbone object (through `gc`, say) and ran it itself, or a copy of
 its weights, is caught at the next check and the run refuses, naming it.
 
@@ -35,6 +37,8 @@ class ComputeWatch:
         self._plugin = False
         self.calls = 0  # module calls by plugin code, since the last `take`
         self.elsewhere = 0  # module calls on other threads
+        self._computing = False  # the engine's own forward runs
+        self.unowned = 0  # calls on this thread outside plugin code and the engine's forwards
         self._modules: list[torch.nn.Module] = []  # the run's models, whose hooks stay as they were
         self._hooks: tuple = ()
 
@@ -43,6 +47,8 @@ class ComputeWatch:
             self.elsewhere += 1
         elif self._plugin:
             self.calls += 1
+        elif not self._computing:
+            self.unowned += 1
 
     @contextmanager
     def watching(self, models: tuple[Any, ...] = ()) -> Iterator[ComputeWatch]:
@@ -65,6 +71,16 @@ class ComputeWatch:
             yield
         finally:
             self._plugin = False
+
+    @contextmanager
+    def computing(self) -> Iterator[None]:
+        """The engine's own forward runs (the backbone's step, a scorer's scores): the module
+        calls now are the ones the ledger charges."""
+        self._computing = True
+        try:
+            yield
+        finally:
+            self._computing = False
 
     def check(self, kind: str, name: str, distribution: str | None) -> None:
         """Refuse the run if the plugin just run (`kind` `name`) ran a model itself."""
@@ -104,6 +120,14 @@ class ComputeWatch:
                 "a hook was added to or removed from a model (or torch's global module hooks) "
                 "during the run: code run inside the engine's forwards, charged to no one; "
                 "every forward must go through ops",
+            )
+        if self.unowned:
+            raise PluginViolation(
+                "unknown",
+                None,
+                f"a model ran on the engine's thread outside its forwards ({self.unowned} module "
+                "forwards, charged to no one: code of a value a plugin handed the engine, run "
+                "as the engine read it); every forward must go through ops",
             )
         if self.elsewhere:
             raise PluginViolation(

@@ -88,6 +88,41 @@ def record_problem(value: Any) -> str | None:
     return None
 
 
+def record_mismatch(record: dict[str, Any], method: Mapping[str, Any]) -> str | None:
+    """What in a record (`record_problem` found none) disagrees with itself or with its
+    method's manifest entry, as the engine never writes it; None when nothing does: its
+    `correct` is its selected candidate's (false when none was selected), its `total_passes`
+    the sum of its `passes`, and those are its method's `cost` (at most it, kind by kind, for
+    a capped method)."""
+    selected, candidates = record.get("selected"), record["candidates"]
+    if selected is None:
+        if record["correct"]:
+            return "correct is true, but no candidate was selected"
+    elif isinstance(selected, bool) or not isinstance(selected, int):
+        return f"selected is {selected!r}, not a candidate's index"
+    elif not 0 <= selected < len(candidates):
+        return f"selected is {selected}, but it has {len(candidates)} candidates"
+    elif record["correct"] != candidates[selected]["correct"]:
+        return f"correct is {str(record['correct']).lower()}, unlike its selected candidate's"
+    passes = record["ledger"].get("passes")
+    if not isinstance(passes, dict) or not all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in passes.values()
+    ):
+        return "ledger.passes is not passes by kind"
+    if sum(passes.values()) != record["ledger"]["total_passes"]:
+        return "ledger.total_passes is not the sum of ledger.passes"
+    cost = method.get("cost")
+    if isinstance(cost, dict):
+        spent = {k: v for k, v in passes.items() if v}
+        want = {k: v for k, v in cost.items() if v}
+        if method.get("capped"):
+            if any(v > want.get(k, 0) for k, v in spent.items()):
+                return f"ledger.passes {spent} exceed its method's cap {want}"
+        elif spent != want:
+            return f"ledger.passes {spent} are not its method's cost {want}"
+    return None
+
+
 def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     """Dotted keys to leaf values; a list of objects with an `id` (the methods) is keyed by
     their ids, so an added method is one key, not a changed list."""
@@ -617,7 +652,7 @@ class RunDir:
         """One line naming the first record whose method, or problem, the run's `manifest`
         does not have (`methods`, `task.problem_ids` where it lists them): a line edited or
         copied from another run. The summary would leave it out and the report read it."""
-        methods = {m["id"] for m in manifest["methods"]}
+        methods = {m["id"]: m for m in manifest["methods"]}
         ids = manifest["task"].get("problem_ids")
         problems = None if ids is None else set(map(str, ids))
         for record in records:
@@ -627,7 +662,14 @@ class RunDir:
             elif problems is not None and problem not in problems:
                 why = f"its problem {problem!r} is not one of the run's {len(problems)} problems"
             else:
-                continue
+                why = record_mismatch(record, methods[method])
+                if why is None:
+                    continue
+                path, number = self._line_of(problem, method)
+                raise UserError(
+                    f"{path} line {number} does not hold together ({why}): a line edited; "
+                    "delete that line (its problem and method run again)"
+                )
             path, number = self._line_of(problem, method)
             raise UserError(
                 f"{path} line {number} is not a record of this run ({why}); delete that line"
