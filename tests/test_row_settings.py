@@ -151,6 +151,18 @@ def test_rows_carry_their_own_settings_and_t_and_are_charged_their_own_steps():
         ops.start(PROBLEM, 1, settings={"block_length": 2})
 
 
+def test_a_setting_held_in_a_numpy_scalar_is_stored_as_the_python_number():
+    """A strategy may compute its settings with numpy; the rows hold plain Python numbers,
+    which the engine reads without running code of the value's own."""
+    rows = _ops().start(PROBLEM, 2, settings=[{"temperature": t} for t in np.linspace(0.5, 1, 2)])
+    assert [rows.setting(i) for i in range(2)] == [{"temperature": 0.5}, {"temperature": 1.0}]
+    assert all(type(value) is float for row in rows.settings for _, value in row)
+    assert (
+        type(_ops().start(PROBLEM, 1, settings={"temperature": np.int64(1)}).settings[0][0][1])
+        is int
+    )
+
+
 def test_denoising_rows_to_their_t_when_all_stand_there_posts_nothing():
     # rows a sampler ended early all stand at their T: `denoise(rows)` (each to its own T)
     # takes no step and charges nothing, as `denoise(rows, steps)` does for such rows

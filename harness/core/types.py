@@ -42,8 +42,17 @@ Edit = tuple[int, tuple[int, ...]]  # a canvas edit: (the row's step, generated 
 
 
 def settings_of(mapping: Mapping[str, Any] | None) -> Settings:
-    """A row's sampler settings in their stored form: sorted, hashable (name, value) pairs."""
-    return tuple(sorted((str(k), v) for k, v in (mapping or {}).items()))
+    """A row's sampler settings in their stored form: sorted, hashable (name, value) pairs,
+    numpy's own scalars (a temperature from `np.linspace`) as the Python numbers they hold."""
+    return tuple(sorted((str(k), _python(v)) for k, v in (mapping or {}).items()))
+
+
+def _python(value: Any) -> Any:
+    """A numpy scalar of numpy's own type as its Python value; anything else as it is (the
+    engine refuses a value of any other type with code of its own)."""
+    if type(value).__module__ == "numpy" and getattr(value, "shape", None) == ():
+        return value.item()
+    return value
 
 
 @dataclass(frozen=True, eq=False)
