@@ -39,6 +39,7 @@ from dllmbench.analysis.report_sections import (
     methods_table,
     pooled_section,
 )
+from dllmbench.analysis.results import summarize_records
 from dllmbench.core.errors import UserError
 from dllmbench.core.schema import (
     REPORT_SCHEMA_VERSION,
@@ -47,7 +48,6 @@ from dllmbench.core.schema import (
     SkippedMethod,
 )
 from dllmbench.core.shape import require_manifest
-from dllmbench.running.summary import summarize_records
 from dllmbench.storage.rundir import RunDir, manifest_differences
 
 # the manifest keys that must match for run directories to combine

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,6 +30,9 @@ from dllmbench.core.schema import (
     Results,
     SpendEntry,
 )
+
+if TYPE_CHECKING:
+    from dllmbench.storage.rundir import RunDir
 
 __all__ = ["SCHEMA_VERSION", "summarize"]
 
@@ -207,3 +210,29 @@ def _delta(
     a = [float(r["correct"]) for r in common]
     b = [float(ref_records[r["problem"]]["correct"]) for r in common]
     return DeltaEntry(**boot.difference(a, b), problems=len(common))
+
+
+def summarize_records(
+    rundir: RunDir,
+    manifest: dict[str, Any],
+    problem_ids: list[str],
+    *,
+    reference: str | None,
+    resamples: int,
+) -> Results:
+    """The results of every record in `rundir` so far (nothing written)."""
+    task, budgets = manifest["task"], manifest["budgets"]
+    results = summarize(
+        rundir.read_records(),
+        manifest["methods"],
+        problem_ids,
+        budget=manifest["budget"],
+        budgets=budgets,
+        reference=reference,
+        resamples=resamples,
+        seed=manifest["sampling"]["seed"],
+        unit=manifest.get("budget_unit", "passes"),
+    )
+    results["task"] = {"name": task["name"], "split": task["split"], "problems": len(problem_ids)}
+    results["steps"] = manifest["sampling"]["total_steps"]
+    return results

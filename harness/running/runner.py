@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dllmbench import __version__
+from dllmbench.analysis.results import summarize_records
 from dllmbench.analysis.stats import CONFIDENCE, RESAMPLES
 from dllmbench.api.interfaces import (
     is_approximate,
@@ -50,7 +51,7 @@ from dllmbench.running import presets
 from dllmbench.running.allocator import keep_freed_memory
 from dllmbench.running.invocation import Invocation
 from dllmbench.running.launched import POLL_SECONDS, SAY_EVERY, ClaimedWork, Watch, say
-from dllmbench.running.summary import summarize_records, summarize_run
+from dllmbench.running.summary import summarize_run
 from dllmbench.storage.claims import Claims, chunk_size
 from dllmbench.storage.heartbeat import Heartbeat, heartbeat_name
 from dllmbench.storage.rundir import RunDir, manifest_differences

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from dllmbench.analysis.leaderboard import markdown
-from dllmbench.analysis.results import summarize
+from dllmbench.analysis.results import summarize_records
 from dllmbench.core.flops import format_flops
 from dllmbench.core.schema import Results
 from dllmbench.storage.rundir import RunDir
@@ -35,29 +35,3 @@ def title(manifest: dict[str, Any], problems: int) -> str:
     at = f"budgets {', '.join(map(str, budgets))}" if len(budgets) > 1 else f"budget {budgets[0]}"
     backbone = manifest["backbone"]["name"]
     return f"{task['name']} ({task['split']}, {problems} problems) · {backbone} · {at}"
-
-
-def summarize_records(
-    rundir: RunDir,
-    manifest: dict[str, Any],
-    problem_ids: list[str],
-    *,
-    reference: str | None,
-    resamples: int,
-) -> Results:
-    """The results of every record in `rundir` so far (nothing written)."""
-    task, budgets = manifest["task"], manifest["budgets"]
-    results = summarize(
-        rundir.read_records(),
-        manifest["methods"],
-        problem_ids,
-        budget=manifest["budget"],
-        budgets=budgets,
-        reference=reference,
-        resamples=resamples,
-        seed=manifest["sampling"]["seed"],
-        unit=manifest.get("budget_unit", "passes"),
-    )
-    results["task"] = {"name": task["name"], "split": task["split"], "problems": len(problem_ids)}
-    results["steps"] = manifest["sampling"]["total_steps"]
-    return results
