@@ -331,6 +331,29 @@ def test_settings_it_cannot_run_are_refused_in_one_line(config, needle):
         bb.check_row_settings({"sub_block": 0}, 64, 64)
 
 
+def test_a_tied_head_loads_as_one_tensor_and_samples_as_the_embedding(tmp_path):
+    """A checkpoint whose head is its embedding (`tie_word_embeddings`, no lm_head.weight, as
+    SDAR-4B's) loads with one tensor for both, in the dtype asked for (converted key by key it
+    was two: the embedding's memory twice on the device), and samples as a model whose head
+    holds the embedding's weights."""
+    src = BlockDiffusion(model="random", seed=6, block_length=4)
+    net = src.transformer
+    net.lm_head.weight.data.copy_(net.model.embed_tokens.weight.data)
+    _save_block_checkpoint(src, tmp_path, "SDAR", {"head_dim": 16, "tie_word_embeddings": True})
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(tmp_path / "model.safetensors"))
+    del state["lm_head.weight"]
+    save_file(state, str(tmp_path / "model.safetensors"))
+    loaded = BlockDiffusion(model=str(tmp_path), block_length=4, dtype="bfloat16")
+    head, embedding = loaded.transformer.lm_head.weight, loaded.transformer.model.embed_tokens
+    assert head is embedding.weight and head.dtype == torch.bfloat16
+    again = BlockDiffusion(model=str(tmp_path), block_length=4)
+    prompt = src.encode(Prompt(text="Question: 12+7?"))
+    same = [run_rows(bb, prompt, 16, 16, [9])[0] for bb in (src, again)]
+    assert torch.equal(same[0], same[1])
+
+
 def _save_block_checkpoint(bb, path, model_type, extra):
     """A checkpoint directory as the Hub holds it: config.json in the model's own naming (its
     remote-code class, which is not run), safetensors, the tokenizer."""

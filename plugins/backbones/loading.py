@@ -444,10 +444,13 @@ def load_checkpoint(arch: str, model: str, device: torch.device, dtype: torch.dt
         state = llada2_state(state, config)
     elif sdar_moe:
         state = sdar_moe_state(state, config)
-    if getattr(config, "tie_word_embeddings", False) and "lm_head.weight" not in state:
-        state["lm_head.weight"] = state["model.embed_tokens.weight"]  # a tied head (Qwen3-4B)
+    tied = getattr(config, "tie_word_embeddings", False) and "lm_head.weight" not in state
+    if tied:  # a tied head (Qwen3-4B): the embedding's weights
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
     state = {k: v.to(dtype) for k, v in state.items()}
     load_strict(net, state, str(path))
+    if tied:  # one tensor, as the checkpoint holds it (converted key by key, it was two)
+        net.get_output_embeddings().weight = net.get_input_embeddings().weight
     net.to(device).eval().requires_grad_(False)
     return net, load_tokenizer(path), raw
 
