@@ -333,7 +333,7 @@ def test_settings_it_cannot_run_are_refused_in_one_line(config, needle):
 
 def test_a_tied_head_loads_as_one_tensor_and_samples_as_the_embedding(tmp_path):
     """A checkpoint whose head is its embedding (`tie_word_embeddings`, no lm_head.weight, as
-    SDAR-4B's) loads with one tensor for both, in the dtype asked for (converted key by key it
+    Qwen3-4B's) loads with one tensor for both, in the dtype asked for (converted key by key it
     was two: the embedding's memory twice on the device), and samples as a model whose head
     holds the embedding's weights."""
     src = BlockDiffusion(model="random", seed=6, block_length=4)
