@@ -290,6 +290,7 @@ class Ops:
         if sum(chosen) != 1:
             raise ValueError("ops.remask takes one of positions=, sigma= or least_confident=")
         finished = rows.finished
+        wanted: list[Sequence[int]] | None = None  # positions, as one list per row
         if positions is not None:
             per_row = len(positions) > 0 and not np.isscalar(positions[0])
             if per_row and len(positions) != len(rows):
@@ -297,8 +298,10 @@ class Ops:
                     f"ops.remask: positions has {len(positions)} lists for {len(rows)} rows; "
                     "give one list for every row, or one per row"
                 )
-            named = [len(positions[i] if per_row else positions) > 0 for i in range(len(rows))]
-            done = [i for i, (f, n) in enumerate(zip(finished, named, strict=True)) if f and n]
+            wanted = list(positions) if per_row else [positions] * len(rows)
+            done = [
+                i for i, (f, p) in enumerate(zip(finished, wanted, strict=True)) if f and len(p)
+            ]
             if done:
                 raise ValueError(
                     f"ops.remask: row {done[0]} is at its T and cannot be re-masked (nothing "
@@ -315,7 +318,8 @@ class Ops:
                 open_ &= self._reopenable(rows.tokens[i], rows.prompt_len, rows.setting(i))
             free = open_.nonzero().flatten().tolist()
             rng = numpy_rng(self.seed, self.problem.id, "remask", label, key, rows.steps[i])
-            picks.append(self._pick(rows, i, free, rng, positions, sigma, least_confident, among))
+            mine = None if wanted is None else wanted[i]
+            picks.append(self._pick(rows, i, free, rng, mine, sigma, least_confident, among))
         tokens = rows.tokens.clone()
         edits: list[Edit | None] = []
         for i, pick in enumerate(picks):
@@ -330,15 +334,15 @@ class Ops:
         i: int,
         free: list[int],
         rng: np.random.Generator,
-        positions: Sequence[int] | Sequence[Sequence[int]] | None,
+        positions: Sequence[int] | None,
         sigma: float | None,
         least_confident: int | None,
         among: int | None,
     ) -> list[int]:
-        """The generated positions of row i that one remask policy re-masks, ascending."""
+        """The generated positions of row i that one remask policy re-masks (`positions`:
+        this row's), ascending."""
         if positions is not None:
-            mine = positions[i] if positions and not np.isscalar(positions[0]) else positions
-            mine = sorted({int(p) for p in mine})  # type: ignore[union-attr]
+            mine = sorted({int(p) for p in positions})
             width = rows.tokens.shape[1] - rows.prompt_len
             if any(not 0 <= p < width for p in mine):
                 raise ValueError(f"ops.remask: positions must lie in 0..{width - 1}")

@@ -100,7 +100,7 @@ def execute(args: argparse.Namespace) -> Reply:
     if shipped:  # as `run` does: a backbone that ships scorers (the demo's) runs with them
         s = replace(s, scorers=shipped)
         args.scorer_assumed = False
-        args.scorer_unbound = []  # the plan leaves out the methods that need them
+        args.scorer_unbound = []  # refused below when named, left out as families
     passes = passes_per_step(backbone_config)
     scorers = None if s.scorers is None or args.scorer_assumed else set(s.scorers)
     rates = None

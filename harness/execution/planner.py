@@ -354,15 +354,20 @@ def scorer_users(
     return users
 
 
+def missing_scorer(method: str, missing: list[str]) -> UserError:
+    """The one line for a requested method whose scorers the run lacks."""
+    return UserError(
+        f"method {method!r} needs scorer {', '.join(missing)}, which the run does not have; "
+        f"give --scorer {missing[0]}=PLUGIN[:checkpoint=DIR] or drop the method"
+    )
+
+
 def refuse_missing_scorers(chosen: Plan) -> None:
     """A requested method the plan left out for a scorer the run lacks is an error: `run`
     refuses it before loading a model, and `plan` as `run` would."""
     for x in chosen.left_out:
         if x.missing:
-            raise UserError(
-                f"method {x.family!r} needs scorer {', '.join(x.missing)}, which the run does "
-                f"not have; give --scorer {x.missing[0]}=PLUGIN[:checkpoint=DIR] or drop it"
-            )
+            raise missing_scorer(x.family, list(x.missing))
 
 
 def check_scorers(users: dict[str, list[Use]], scorers: set[str], requested: bool) -> None:
@@ -372,10 +377,7 @@ def check_scorers(users: dict[str, list[Use]], scorers: set[str], requested: boo
     for scorer, uses in sorted(users.items()) if requested else ():
         named = [u.entry for u in uses if u.named]
         if scorer not in scorers and named:
-            raise UserError(
-                f"method {named[0]!r} needs scorer {scorer}, which the run does not have; "
-                f"give --scorer {scorer}=PLUGIN[:checkpoint=DIR] or drop the method"
-            )
+            raise missing_scorer(named[0], [scorer])
     for name in sorted(scorers):
         if name not in users:
             used = "; ".join(f"{s} by {', '.join(map(str, u))}" for s, u in sorted(users.items()))
