@@ -227,6 +227,20 @@ def test_numbers_of_other_commands_out_of_range(cli, tmp_path, argv, needle):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_value_that_begins_with_a_dash_is_shown_how_to_write_it(cli):
+    """argparse reads `-1e9flops` (no plain number) as an option, so `--budget` lacks its
+    value; the line says how to give it one, and that spelling reaches the budget's check."""
+    assert_user_error(
+        cli("plan", "--budget", "-1e9flops"),
+        "argument --budget: expected one argument; a value that begins with '-' is written "
+        "--budget=-1e9flops",
+    )
+    assert_user_error(cli("plan", "--budget=-1e9flops"), "a FLOP budget is a number >= 1")
+    # a missing value, or an option where the value goes, is not given the hint
+    for argv in (["plan", "--budget"], ["plan", "--budget", "--json"]):
+        assert_user_error(cli(*argv), "argument --budget: expected one argument (see")
+
+
 @pytest.mark.parametrize(
     "argv,help_of",
     [

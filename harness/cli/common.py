@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,14 +51,38 @@ GENERAL: dict[str, Any] = {
 PROMPT_STYLES = ("chat", "fewshot")
 
 
+# argparse's line for an option whose value is missing: also what it says when the value
+# begins with "-" and is no plain number (`--budget -1e9flops` reads as an option)
+_NO_VALUE = re.compile(r"argument (?P<names>[^:]+): expected one argument")
+
+
 class Parser(argparse.ArgumentParser):
     """argparse whose errors are one line and exit status 2."""
 
     commands: dict[str, argparse.ArgumentParser]  # the top-level parser's: each command's
+    _words: tuple[str, ...] = ()  # what this parser was last given to read
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        self._words = tuple(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> NoReturn:
-        sys.stderr.write(f"dllmbench: error: {message} (see '{self.prog} --help')\n")
+        sys.stderr.write(
+            f"dllmbench: error: {message}{self._dash_hint(message)} (see '{self.prog} --help')\n"
+        )
         raise SystemExit(2)
+
+    def _dash_hint(self, message: str) -> str:
+        """How to give an option a value that begins with "-" when argparse took the value
+        for an option of its own (`--budget -1e9flops`): `--budget=-1e9flops`."""
+        found = _NO_VALUE.fullmatch(message)
+        if found is None:
+            return ""
+        names = found["names"].split("/")
+        for word, value in zip(self._words, self._words[1:], strict=False):
+            if word in names and value.startswith("-") and value not in self._option_string_actions:
+                return f"; a value that begins with '-' is written {word}={value}"
+        return ""
 
 
 @dataclass(frozen=True)
