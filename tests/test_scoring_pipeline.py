@@ -147,7 +147,19 @@ def test_training_resumes_exactly(tmp_path, capsys):
             scorer, snapshots, cfg, tmp_path / "cut", backbone.mask_id, log=str, advance=interrupt
         )
     backbone, scorer = fresh()
-    resumed = train(scorer, snapshots, cfg, tmp_path / "cut", backbone.mask_id, log=str)
+    begun, steps = [], []
+    resumed = train(
+        scorer,
+        snapshots,
+        cfg,
+        tmp_path / "cut",
+        backbone.mask_id,
+        log=str,
+        advance=steps.append,
+        started=begun.append,
+    )
+    # the progress starts at the step-2 checkpoint and counts the 4 steps left: 6 of 6 at the end
+    assert begun == [2] and steps == [1] * 4
     assert resumed["history"] == whole["history"]
     assert resumed["best"] == whole["best"]
     # a training directory is never resumed on other trajectories

@@ -111,9 +111,15 @@ def execute(args: argparse.Namespace) -> Reply:
         )
     cfg = _config(args)
     with Progress() as bar:
-        bar.start(f"train {args.kind}", cfg.steps)
         record = train(
-            scorer, snapshots, cfg, out, backbone.mask_id, log=bar.log, advance=bar.advance
+            scorer,
+            snapshots,
+            cfg,
+            out,
+            backbone.mask_id,
+            log=bar.log,
+            advance=bar.advance,
+            started=lambda step: bar.start(f"train {args.kind}", cfg.steps, step),
         )
     return Reply(json.loads(json.dumps(record)), lambda console: _show(console, record, out))
 

@@ -381,8 +381,10 @@ def train(
     mask_id: int,
     log: Callable[[str], None] = print,
     advance: Callable[[int], None] | None = None,
+    started: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
-    """Train `scorer` and write best/, latest/ and train.json into `out`."""
+    """Train `scorer` and write best/, latest/ and train.json into `out`. `started(step)` is
+    told the step training begins at (past 0 when it resumes), `advance(1)` each step after."""
     data = select_data(snapshots, cfg, mask_id)
     out.mkdir(parents=True, exist_ok=True)
     params = scorer.trainable()
@@ -393,6 +395,8 @@ def train(
     torch.manual_seed(cfg.seed)  # LoRA dropout draws from the global generator
     if resume(scorer, state, cfg, out, data.digest):
         log(f"resuming at step {state.step}")
+    if started:
+        started(state.step)
     while state.step < cfg.steps:
         total = train_step(scorer, params, state, data, cfg)
         if advance:
