@@ -188,6 +188,23 @@ def test_a_checkpoint_is_readable_as_the_umask_allows(saved):
         assert stat.S_IMODE(os.stat(path / name).st_mode) == expected, name
 
 
+def test_the_umask_is_read_without_setting_it(monkeypatch):
+    """Reading the umask by setting it and setting it back would give a file another thread
+    creates in between the mode 022 allows; on Linux it is read from /proc instead."""
+    import os
+
+    from dllmbench.core.tensorfile import umask
+
+    before = os.umask(0o027)
+    try:
+        if os.path.exists("/proc/self/status"):
+            monkeypatch.setattr(os, "umask", lambda mask: pytest.fail("umask was set"))
+        assert umask() == 0o027
+    finally:
+        monkeypatch.undo()
+        os.umask(before)
+
+
 def test_checkpoint_round_trips(saved):
     bb, prm, path = saved
     loaded = PRM(backbone=bb, checkpoint=str(path))

@@ -13,7 +13,15 @@ import torch
 
 
 def umask() -> int:
-    """The process's file-mode creation mask (read by setting it and setting it back)."""
+    """The process's file-mode creation mask: Linux's /proc/self/status says it; elsewhere it
+    is read by setting it and setting it back (a file another thread creates in between
+    would get 022)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
