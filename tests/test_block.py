@@ -592,3 +592,24 @@ def test_an_edited_block_ends_within_its_share_of_t():
     assert BlockDiffusion.quota(4, 0, 16, 16, 1, 0, 3, edited=True) == 1  # 3 left over 3 steps
     assert BlockDiffusion.quota(4, 0, 16, 16, 2, 0, 3, edited=True) == 2  # 3 left over 2 steps
     assert BlockDiffusion.quota(4, 0, 16, 16, 3, 0, 2, edited=True) == 2  # the block's last step
+
+
+def test_steps_that_do_not_divide_the_block_follow_sdars_shares_only_when_each_commits_its_share():
+    """docs/backbones.md: with S = 3 steps per block of 8 SDAR commits 3, 3, 2 at a block's steps
+    whatever they committed before. The quota is the same on a prompt ending on a boundary
+    when each step commits its share; after a threshold step that committed 6, or with a prompt
+    off a boundary (T spread over one block more), it is not."""
+    block, gen, total = 8, 32, 12  # 4 blocks, 3 steps each
+    sdar = [3, 3, 2]
+    plen = 16  # on a boundary: the first decoded block is block 2
+    masked, shares = 8, []
+    for step in range(3):
+        k = BlockDiffusion.quota(block, plen, plen + gen, total, step, 2, masked)
+        shares.append(k)
+        masked -= k
+    assert shares == sdar
+    # a threshold step committed 6 of the 8: SDAR's next share is still 3, the quota is 1
+    assert BlockDiffusion.quota(block, plen, plen + gen, total, 1, 2, 2) == 1 != sdar[1]
+    # off a boundary (15 prompt tokens: block 1 holds one mask and takes step 0), block 2's
+    # first step commits 2 where SDAR commits 3
+    assert BlockDiffusion.quota(block, 15, 15 + gen, total, 1, 2, 8) == 2 != sdar[0]
