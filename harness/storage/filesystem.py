@@ -140,7 +140,10 @@ def append_whole(path: Path, data: bytes) -> None:
             try:
                 view = memoryview(data)
                 while view:
-                    view = view[os.write(fd, view) :]
+                    written = os.write(fd, view)
+                    if written == 0:  # no progress: as a full disk
+                        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                    view = view[written:]
                 os.fsync(fd)
             except BaseException:
                 with contextlib.suppress(OSError):
