@@ -316,6 +316,46 @@ def test_shared_runs_count_once_and_cuts_without_continuations_are_left_out(tmp_
     assert len(evidence.scored_states(run, method="Hybrid")) == 6
 
 
+def test_a_state_scored_again_in_another_batch_counts_once(tmp_path):
+    """PRM Guided K=2 and K=4 at the same `every` share their first-segment rows (lineages
+    (0,) and (1,)). Scored in other batches (a resumed run, another share) one score differs in
+    its last digit; the state still counts once, as in a run scored in one batch, so the
+    report of a resumed run is the uninterrupted run's."""
+    small = {**GUIDED, "k": 2}
+    methods = [
+        _method_entry("Majority@4", "independent", {"n": 4}),
+        _method_entry("Guided", "prm_guided", GUIDED),
+        _method_entry("Guided2", "prm_guided", small),
+    ]
+    independent = [_candidate(i == 1, [i]) for i in range(4)]
+    finals = [_candidate(False, [0, j], prm=float(j + 1)) for j in range(4)]
+    pair = [_candidate(False, [0, j], prm=float(j + 1)) for j in range(2)]
+    info = _guided_info([0.1, 0.2, 0.3, 0.4], 0)
+
+    def run_with(second: float, name: str) -> evidence.RunData:
+        info2 = {
+            "step": [4, 8],
+            "mask": [[0.5, 0.5], [0.0, 0.0]],
+            "scores": [[0.1, second], [1.0, 2.0]],
+            "parent": [[-1, -1], [0, 0]],
+            "kept": [[0], [0, 1]],
+        }
+        records = [
+            _record("p-0", "Majority@4", independent),
+            _record("p-0", "Guided", finals, info),
+            _record("p-0", "Guided2", pair, info2),
+        ]
+        return _write_run(tmp_path / name, methods, records)
+
+    def first_segment(run: evidence.RunData) -> list[float]:
+        return [s.score for s in evidence.scored_states(run) if s.mask_ratio == 0.5]
+
+    assert first_segment(run_with(0.2, "one_batch")) == [0.1, 0.2, 0.3, 0.4]
+    assert first_segment(run_with(0.200001, "resumed")) == [0.1, 0.2, 0.3, 0.4]
+    # a score that is not the same row's is another state
+    assert first_segment(run_with(0.25, "other")) == [0.1, 0.2, 0.3, 0.4, 0.25]
+
+
 def test_smc_checkpoints_from_info(tmp_path):
     config = {"k": 3, "every": 2, "scorer": "prm"}
     methods = [_method_entry("SMC", "smc", config)]

@@ -4,10 +4,12 @@ the records written before a full disk are kept and resume."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
 import os
+import resource
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,7 @@ from conftest import TOY_RUN, Result, assert_user_error, snapshot
 from test_rundir import assert_same_records
 
 from dllmbench.storage.claims import Claims
-from dllmbench.storage.filesystem import LocksUnsupported, describe, mount_of
+from dllmbench.storage.filesystem import DiskFull, LocksUnsupported, describe, mount_of
 from dllmbench.storage.rundir import RunDir
 
 NO_LOCKS = [errno.ENOLCK, errno.ENOSYS]
@@ -167,3 +169,39 @@ def test_a_write_cut_short_by_a_full_disk_is_cut_off(tmp_path, monkeypatch):
         rundir.save_invocation({"passes": {}})
     assert rundir.samples_path.read_text() == '{"problem": "p0", "method": "m"}\n'
     assert leftovers(tmp_path) == []
+
+
+@contextlib.contextmanager
+def file_size_limit(size: int):
+    """This process may write no file past `size` bytes (`ulimit -f`): a write that crosses it
+    writes what fits, then fails with EFBIG (Python ignores SIGXFSZ)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+def test_a_record_written_half_way_is_cut_off(tmp_path):
+    """The file size limit lets a record's write through half-way, then refuses the rest: one
+    line, and the samples file ends with the last whole record, not with the half written."""
+    rundir = RunDir(tmp_path)
+    rundir.append({"problem": "p0", "method": "m"})
+    before = rundir.samples_path.read_bytes()
+    with file_size_limit(len(before) + 40), pytest.raises(DiskFull) as refused:
+        rundir.append({"problem": "p1", "method": "m", "text": "x" * 4000})
+    assert "ulimit -f" in str(refused.value) and "\n" not in str(refused.value)
+    assert "run the same command again to resume" in str(refused.value)
+    assert rundir.samples_path.read_bytes() == before
+
+
+def test_a_claim_written_half_way_is_cut_off(tmp_path):
+    """The claim file is shared by the processes of a launch: a claim torn half-way would
+    swallow the next process's line."""
+    claims = Claims(tmp_path, [f"p{i}" for i in range(8)], "1/2", "a", size=1, processes=2)
+    claims.claim()
+    before = claims.file.read_bytes()
+    with file_size_limit(len(before) + 10), pytest.raises(DiskFull):
+        claims.claim()
+    assert claims.file.read_bytes() == before

@@ -352,6 +352,25 @@ def test_status_of_a_merged_run_whose_samples_were_cut_is_not_merged(cli, finish
     assert (found["merged"], found["stale"], found["complete"]) == (False, True, False)
 
 
+@pytest.mark.parametrize("name", ["results.json", "compute.json"])
+def test_status_of_a_run_whose_merged_file_was_cut_is_not_merged(cli, finished_run, name):
+    """results.json or compute.json cut half-way (a copy cut short, an edit): `report` and
+    `merge` refuse it, so `status` does not call the run merged; it says what to run."""
+    file = finished_run / name
+    file.write_bytes(file.read_bytes()[:100])
+    shown = cli("status", finished_run)
+    assert shown.code == 0 and "), merged" not in shown.out
+    assert f"complete, but {name} is damaged (not a JSON object);" in shown.out
+    assert f"run dllmbench merge {finished_run}" in shown.out
+    found = json.loads(cli("status", finished_run, "--json").out)
+    assert (found["merged"], found["complete"], found["damaged"]) == (False, True, [name])
+    if name == "compute.json":
+        file.rename(finished_run.parent / name)  # moved away, as the line says
+    assert cli("merge", finished_run).code == 0
+    found = json.loads(cli("status", finished_run, "--json").out)
+    assert (found["merged"], found["damaged"]) == (True, [])
+
+
 def test_status_is_not_merged_when_a_share_went_on_after_the_merge(tmp_path, cli, monkeypatch):
     """A process that was stuck when the run was merged and moves again changes its compute
     entry (and, before it checked its claims under the lock, wrote records twice): `status`

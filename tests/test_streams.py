@@ -87,6 +87,25 @@ def test_ctrl_c_while_a_command_loads_its_modules_is_one_line(monkeypatch):
     assert err.getvalue() == "dllmbench: interrupted\n"
 
 
+def test_ctrl_c_before_a_run_begins_says_nothing_was_written(monkeypatch, tmp_path):
+    """Ctrl-C while a run loads its models, before its manifest: the run directory it made is
+    removed again, so the line does not say records are kept there."""
+    from dllmbench.running import runner
+
+    def interrupted(cfg, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "run", interrupted)
+    err = _stderr(monkeypatch)
+    out = tmp_path / "run"
+    assert main([*TOY_RUN, "--out", str(out)]) == 130
+    assert err.getvalue() == (
+        f"dllmbench: interrupted; the run had not begun and {out} holds none of it; "
+        "run the same command again\n"
+    )
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("status", [130, 143])
 def test_a_second_ctrl_c_after_an_interrupt_ends_the_process_with_its_status(monkeypatch, status):
     """A user pressing Ctrl-C twice: the second comes while the interpreter shuts down, in

@@ -75,8 +75,11 @@ content, and two states are one only when all three agree. Its history: the step
 before it, its step, its lineage and, when its strategy run had edited canvases by then (a
 candidate of the record carries an edit, `edits`, at or before that step), that strategy run
 (its pool key). Its content: its mask ratio and score and, for a recorded candidate, its text
-and edits. So the first segment of PRM Guided and Top-M at the same `every` (the same rows
-under common random numbers) is counted once, within a run and across runs, while the states
+and edits. Scores are compared within `SAME_SCORE` (relative, or absolute near zero), not bit
+for bit: the same row scored in another batch (a resumed run, another share, other batch
+caps) differs in the last bits, and would otherwise count twice. So the first segment of PRM
+Guided and Top-M at the same `every` (the same rows under common random numbers) is counted
+once, within a run and across runs, while the states
 of a strategy that edits (re-masks) canvases are never merged with another strategy's, even
 at the same step and lineage. `State.kind` says which states it is of: `first_segment` (the
 first segment's children, before the first cut), `later_segment`, and `final` (the last
@@ -153,10 +156,17 @@ class UnreadableEvidence(ValueError):
     reads (one line saying what; see the module docstring)."""
 
 
+# Two scores of one state (the same problem, history and content but the score) within this,
+# relative (absolute near zero), are one state: a row scored in another batch differs in the
+# last bits, and `info` rounds scores to 6 decimals
+SAME_SCORE = 1e-5
+
+
 @dataclass(frozen=True)
 class State:
     """A labelled scored state with what identifies it: `key` is (problem, history, content)
-    (see the module docstring), `kind` one of `STATE_KINDS`."""
+    (see the module docstring) without the score, which `merge_states` compares within
+    `SAME_SCORE`; `kind` one of `STATE_KINDS`."""
 
     scored: ScoredState
     kind: str
@@ -166,14 +176,20 @@ class State:
 def merge_states(lists: Sequence[Sequence[State]]) -> list[State]:
     """Every distinct state of the lists once (the first of each key), in order: a state two
     run directories, or two strategy runs, share counts once; different states never merge."""
-    seen: set[tuple[Any, ...]] = set()
+    seen: dict[tuple[Any, ...], list[float]] = {}
     out = []
     for states in lists:
         for state in states:
-            if state.key not in seen:
-                seen.add(state.key)
+            scores = seen.setdefault(state.key, [])
+            score = state.scored.score
+            if not any(_same_score(score, other) for other in scores):
+                scores.append(score)
                 out.append(state)
     return out
+
+
+def _same_score(a: float, b: float) -> bool:
+    return a == b or math.isclose(a, b, rel_tol=SAME_SCORE, abs_tol=SAME_SCORE)
 
 
 def _edits(candidate: dict[str, Any], until: int | None = None) -> Edits:
@@ -591,7 +607,7 @@ def _identity(guided: GuidedRun, segs: list[Segment], s: int, child: int) -> tup
     # a strategy run that had edited canvases by this step: its states are its own
     edited = any(_edits(c, seg.step) for c in candidates)
     history = (before, seg.step, seg.lineage[child], guided.key if edited else None)
-    content: tuple[Any, ...] = (seg.mask[child], seg.scores[child])
+    content: tuple[Any, ...] = (seg.mask[child],)  # and the score, compared within SAME_SCORE
     if s == len(segs) - 1 and child in seg.kept:  # a recorded candidate
         candidate = candidates[seg.kept.index(child)]
         content = (*content, candidate["text"], _edits(candidate))

@@ -253,16 +253,9 @@ def execute(args: argparse.Namespace) -> Reply:
                 on_budget=early_table,
             )
     except Terminated:
-        raise Interrupted(
-            f"terminated (SIGTERM); every finished record is kept in {cfg.run_dir()}; "
-            "run the same command again to resume",
-            status=143,
-        ) from None
+        raise Interrupted(f"terminated (SIGTERM); {_what_is_kept(cfg.run_dir())}", 143) from None
     except KeyboardInterrupt:
-        raise Interrupted(
-            f"interrupted; every finished record is kept in {cfg.run_dir()}; "
-            "run the same command again to resume"
-        ) from None
+        raise Interrupted(f"interrupted; {_what_is_kept(cfg.run_dir())}") from None
     if outcome.results is None:  # a share that does not merge
         return _share_reply(outcome)
 
@@ -304,6 +297,14 @@ def written_files(path: Path) -> list[str]:
     number, the compute, the manifest, and the records (`samples*.jsonl`)."""
     found = [name for name in RUN_FILES if (path / name).is_file()]
     return found + sorted(p.name for p in path.glob("samples*.jsonl"))
+
+
+def _what_is_kept(path: Path) -> str:
+    """What an interrupted run leaves: its records, or nothing when it had not begun (no
+    manifest: the run directory it made is gone again)."""
+    if (path / "manifest.json").exists():
+        return f"every finished record is kept in {path}; run the same command again to resume"
+    return f"the run had not begun and {path} holds none of it; run the same command again"
 
 
 def _manifest(path: Path) -> dict[str, Any]:

@@ -41,6 +41,13 @@ def execute(args: argparse.Namespace) -> Reply:
                 f"complete, but {', '.join(found.changed)} changed after results.json and "
                 f"compute.json were written; run dllmbench merge {found.path} again"
             )
+        if found.damaged:  # a file the merge writes was cut or edited
+            names = " and ".join(found.damaged)
+            away = "move compute.json away, then " if "compute.json" in found.damaged else ""
+            state = (
+                f"complete, but {names} {'are' if len(found.damaged) > 1 else 'is'} damaged "
+                f"(not a JSON object); {away}run dllmbench merge {found.path}"
+            )
         # never cut into lines: the path and the command it names are copied whole
         line = f"{found.path}: {found.done}/{found.planned} records ({pct}%), {state}{eta}"
         console.print(line, soft_wrap=True)

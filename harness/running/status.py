@@ -58,6 +58,9 @@ class RunStatus:
     # results.json written, but what these wrote since is not in compute.json: processes
     # ("share 2/3") whose compute entry changed, "records" when records were added
     changed: list[str] = field(default_factory=list)
+    # complete, but results.json or compute.json is there and not a JSON object (a file cut
+    # or edited): not merged; `merge` rewrites results.json (compute.json moved away first)
+    damaged: list[str] = field(default_factory=list)
     processes: list[ProcessStatus] = field(default_factory=list)
     chunks: ChunkStatus | None = None
     eta_seconds: float | None = None
@@ -178,20 +181,35 @@ def status(path: Path, now: float | None = None) -> RunStatus:
     rate = sum(p.rate or 0.0 for p in processes if p.state == "running")
     remaining = len(wanted) - done
     merged = remaining == 0 and (path / "results.json").exists()
-    changed = changed_since_merge(rundir) if merged else []
+    damaged = [name for name in MERGED if merged and not _an_object(path / name)]
+    changed = changed_since_merge(rundir) if merged and not damaged else []
     return RunStatus(
         path=str(path),
         planned=len(wanted),
         done=done,
         complete=remaining == 0,
-        merged=merged and not changed,
+        merged=merged and not changed and not damaged,
         stale=remaining > 0 and (path / "results.json").exists(),
         changed=changed,
+        damaged=damaged,
         processes=processes,
         chunks=chunks,
         eta_seconds=round(remaining / rate, 1) if rate and remaining else None,
         not_started=not_started if remaining else [],
     )
+
+
+MERGED = ("results.json", "compute.json")  # JSON objects a merge writes
+
+
+def _an_object(file: Path) -> bool:
+    """Whether `file` is missing or holds a JSON object (a missing compute.json is rebuilt)."""
+    try:
+        return isinstance(json.loads(file.read_text(encoding="utf-8")), dict)
+    except FileNotFoundError:
+        return True
+    except (OSError, ValueError):
+        return False
 
 
 def _held(path: Path, share: str | None) -> int | None:

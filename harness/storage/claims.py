@@ -22,7 +22,6 @@ completion: `{"chunk": 3, "event": "claim", "share": "2/4", "token": "…", "tim
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import fcntl
 import json
@@ -37,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from dllmbench.core.errors import UserError
-from dllmbench.storage.filesystem import flock, space_checked
+from dllmbench.storage.filesystem import append_whole, flock
 from dllmbench.storage.heartbeat import STUCK_SECONDS, Beat, Heartbeat, read_beats
 
 CHUNK = 4  # problems per chunk: small, so work follows speed; the engine claims as it admits
@@ -200,16 +199,7 @@ class Claims:
         lines = [json.dumps(e) + "\n" for e in events]
         if new:
             lines.insert(0, json.dumps({"chunk_size": self.size}) + "\n")
-        with space_checked(self.file), open(self.file, "ab") as fh:
-            size = fh.tell()
-            try:
-                fh.write("".join(lines).encode("utf-8"))
-                fh.flush()
-                os.fsync(fh.fileno())
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    fh.truncate(size)
-                raise
+        append_whole(self.file, "".join(lines).encode("utf-8"))
 
     def _event(self, chunk: int, kind: str) -> dict[str, Any]:
         time = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")

@@ -4,12 +4,15 @@ Run directories are locked with `flock` (`rundir.py`, `claims.py`, `shards.runni
 filesystem that refuses it (NFS without a lock daemon: ENOLCK; Lustre mounted `noflock`, some
 FUSE filesystems: ENOSYS or EOPNOTSUPP) is one line naming the filesystem, from
 /proc/self/mountinfo, and what would work (`LocksUnsupported`); the lock file the attempt made
-is removed. A full disk (ENOSPC, or a quota: EDQUOT) is one line too (`DiskFull`): the records
-written before it are kept, and the same command resumes once there is room.
+is removed. A full disk (ENOSPC, or a quota: EDQUOT) is one line too (`DiskFull`), and so is a
+file grown past the process's file size limit (`ulimit -f`: EFBIG): the records written before
+it are kept, and the same command resumes once there is room. `append_whole` appends to a file
+that must end with whole lines, so a write that fails half-way is cut off again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -20,7 +23,7 @@ from pathlib import Path
 from dllmbench.core.errors import UserError
 
 NO_LOCKS = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP}
-NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
+NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 MOUNTINFO = Path("/proc/self/mountinfo")
 
 
@@ -100,6 +103,13 @@ def flock(fd: int, mode: int, path: Path) -> None:
 def disk_full(path: Path, exc: OSError) -> DiskFull:
     """The line for a write to `path` (a file of a run directory) that found no space."""
     folder = path.parent
+    if exc.errno == errno.EFBIG:
+        return DiskFull(
+            f"cannot write {path}: it would pass the largest file this process may write "
+            f"({exc.strerror}: the file size limit, `ulimit -f`, or the filesystem's); the "
+            f"records written so far are kept in {folder}: raise the limit and run the same "
+            "command again to resume"
+        )
     return DiskFull(
         f"no space left on {describe(folder)} writing {path} ({exc.strerror}); the records "
         f"written so far are kept in {folder}: free space (or raise the quota) and run the "
@@ -116,3 +126,28 @@ def space_checked(path: Path) -> Iterator[None]:
         if exc.errno in NO_SPACE:
             raise disk_full(path, exc) from None
         raise
+
+
+def append_whole(path: Path, data: bytes) -> None:
+    """Append `data` to `path` (made if missing) and fsync it; a write that fails (a full
+    disk, the file size limit: `DiskFull`, one line) is cut off again, so the file ends as it
+    did. Unbuffered: a buffered file writes what its buffer holds once more when it is cut or
+    closed, and fails again there, leaving a torn line."""
+    with space_checked(path):
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            size = os.fstat(fd).st_size
+            try:
+                view = memoryview(data)
+                while view:
+                    written = os.write(fd, view)
+                    if written == 0:  # no progress: as a full disk
+                        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                    view = view[written:]
+                os.fsync(fd)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, size)  # truncating needs no space
+                raise
+        finally:
+            os.close(fd)

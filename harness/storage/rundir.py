@@ -29,7 +29,12 @@ from typing import Any, NoReturn
 from dllmbench.core import shape
 from dllmbench.core.errors import UserError
 from dllmbench.core.jsonfile import read_object
-from dllmbench.storage.filesystem import LocksUnsupported, flock, space_checked
+from dllmbench.storage.filesystem import (
+    LocksUnsupported,
+    append_whole,
+    flock,
+    space_checked,
+)
 from dllmbench.storage.heartbeat import HEARTBEAT
 from dllmbench.storage.shards import (
     Shard,
@@ -739,16 +744,7 @@ class RunDir:
         one line) is cut off again, so the file ends with the last whole record."""
         line = json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n"
         new = not self.samples_path.exists()
-        with space_checked(self.samples_path), open(self.samples_path, "ab") as fh:
-            size = fh.tell()
-            try:
-                fh.write(line.encode("utf-8"))
-                fh.flush()
-                os.fsync(fh.fileno())
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    fh.truncate(size)  # truncating needs no space
-                raise
+        append_whole(self.samples_path, line.encode("utf-8"))
         if new:
             _fsync_dir(self.path)
 
