@@ -205,3 +205,19 @@ def test_a_claim_written_half_way_is_cut_off(tmp_path):
     with file_size_limit(len(before) + 10), pytest.raises(DiskFull):
         claims.claim()
     assert claims.file.read_bytes() == before
+
+
+def test_records_and_claims_files_get_the_mode_the_umask_allows(tmp_path):
+    """Appends open their files as `open` would: a team's umask 002 gives 0664, not 0644."""
+    import stat
+
+    before = os.umask(0o002)
+    try:
+        rundir = RunDir(tmp_path)
+        rundir.append({"problem": "p0", "method": "m"})
+        claims = Claims(tmp_path, ["p0", "p1"], "1/2", "a", size=1, processes=2)
+        claims.claim()
+    finally:
+        os.umask(before)
+    for path in (rundir.samples_path, claims.file):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o664, path

@@ -134,7 +134,7 @@ def append_whole(path: Path, data: bytes) -> None:
     did. Unbuffered: a buffered file writes what its buffer holds once more when it is cut or
     closed, and fails again there, leaving a torn line."""
     with space_checked(path):
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)  # as open()
         try:
             size = os.fstat(fd).st_size
             try:
