@@ -201,7 +201,9 @@ class Task(Protocol):
 class TransformerBackbone(Backbone, Protocol):
     """A backbone on a transformers model whose weights a scorer may share (dream, llada)."""
 
-    transformer: torch.nn.Module  # `.model(...)` gives hidden states, `.config.hidden_size`
+    # a transformers model: its body, `base_model(...)`, gives the hidden states (`.model` of
+    # Qwen2 or Llama, `.bert` of a BertForMaskedLM); `.config.hidden_size`
+    transformer: torch.nn.Module
     device: torch.device | str
     stop_ids: set[int]  # tokens that end an answer: EOS and chat turn ends
     eos_id: int | None  # the tokenizer's end-of-sequence token
