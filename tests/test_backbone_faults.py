@@ -7,6 +7,8 @@ built-in strategy or task. This module registers the faulty backbones."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from dllmbench.api.hookspecs import hookimpl
@@ -97,6 +99,13 @@ class NoBlocks(Counted):
     row_settings = frozenset({"temperature", "threshold", "factor", "steps"})
 
 
+class UnlistedSteps(Counted):
+    """A backbone that lists what its sampler varies, without `steps`, which the engine gives
+    every backbone through `StepBatch.totals`."""
+
+    row_settings = frozenset({"temperature", "block_length", "threshold"})
+
+
 FAULTY = {
     "rewrites_prompt": RewritesPrompt,
     "rewrites_committed": RewritesCommitted,
@@ -111,6 +120,7 @@ FAULTY = {
     "flat_canvas": FlatCanvas,
     "no_blocks": NoBlocks,
     "negative_mask": NegativeMask,
+    "unlisted_steps": UnlistedSteps,
 }
 
 
@@ -173,3 +183,19 @@ def test_a_family_whose_rows_set_what_the_backbone_cannot_vary_is_left_out(
     ran = cli("run", *common, "--methods", "all", "--out", tmp_path / "all")
     assert ran.code == 0, ran.err
     assert "left out: hex" in ran.err + ran.out
+
+
+def test_a_row_sets_its_own_t_on_a_backbone_that_does_not_list_steps(tmp_path, cli, registry_with):
+    """`steps` (a row's own T) reaches every backbone through `StepBatch.totals`, and `ops`
+    always takes it; the planner refused ReMDM with `extra` steps on a backbone whose
+    `row_settings` did not name it ("its rows set steps, which the backbone cannot vary")."""
+    registry_with(__name__)
+    common = ["--task", "toy_sum:size=3", "--backbone", "unlisted_steps", "--steps", 8]
+    common += ["--gen-length", 5, "--budget", 24]
+    planned = cli("plan", *common, "--method", "remdm:n=2,extra=4+majority")
+    assert planned.code == 0, planned.err
+    ran = cli("run", *common, "--method", "remdm:n=2,extra=4+majority", "--out", tmp_path / "r")
+    assert ran.code == 0, ran.err
+    records = [json.loads(line) for line in (tmp_path / "r" / "samples.jsonl").open()]
+    assert len(records) == 3
+    assert all(r["ledger"]["passes"] == {"denoise": 2 * (8 + 4)} for r in records)

@@ -220,10 +220,49 @@ class IgnoresKey(ToyBackbone):
         return super().denoise_step_with_confidence(batch)
 
 
+class IgnoresRowT(ToyBackbone):
+    """The toy, but its schedule reads the run's T, not each row's own (`batch.total(i)`)."""
+
+    def denoise_step_with_confidence(self, batch):  # its denoise_step too
+        return super().denoise_step_with_confidence(dataclasses.replace(batch, totals=()))
+
+
+class IgnoresSettings(ToyBackbone):
+    """The toy, but it lists per-row settings and samples every row at its own config."""
+
+    def denoise_step_with_confidence(self, batch):  # its denoise_step too
+        return super().denoise_step_with_confidence(dataclasses.replace(batch, settings=()))
+
+
+class RewritesCommitted(ToyBackbone):
+    """The toy, but a step rewrites the first generated position once it is committed."""
+
+    def denoise_step_with_confidence(self, batch):  # its denoise_step too
+        out = super().denoise_step_with_confidence(batch)
+        for (row, _), given, plen in zip(out, batch.tokens, batch.prompt_lens, strict=True):
+            if given[plen] != self.mask_id:
+                row[plen] = (int(given[plen]) + 1) % 10
+        return out
+
+
+class WideBatchesDiffer(ToyBackbone):
+    """The toy, but in a forward of more than 16 rows (another kernel, say) every row draws
+    from another key: a row alone and in the kit's batch of 6 agree, a run's rows do not."""
+
+    def denoise_step_with_confidence(self, batch):  # its denoise_step too
+        if len(batch.tokens) > 16:
+            batch = dataclasses.replace(batch, keys=[k + 1 for k in batch.keys])
+        return super().denoise_step_with_confidence(batch)
+
+
 @hookimpl
 def dllmbench_register_backbones(register):
     register("kit_short_rows", ShortRows)
     register("kit_ignores_key", IgnoresKey)
+    register("kit_ignores_row_t", IgnoresRowT)
+    register("kit_ignores_settings", IgnoresSettings)
+    register("kit_rewrites_committed", RewritesCommitted)
+    register("kit_wide_batches_differ", WideBatchesDiffer)
 
 
 @hookimpl
@@ -347,6 +386,31 @@ FAILS = [
         r"backbone 'kit_ignores_key': 16 copies of a row with different keys came out the same",
     ),
     (
+        "test_backbone_honours_a_rows_own_t",
+        "kit_ignores_row_t",
+        r"backbone 'kit_ignores_row_t': a row whose own T is 4 still has \d masked position\(s\) "
+        r"after its 4 steps, though at the run's T=12 the canvas fills: read each row's T as "
+        r"batch.total\(i\)",
+    ),
+    (
+        "test_backbone_honours_a_rows_own_settings",
+        "kit_ignores_settings",
+        r"backbone 'kit_ignores_settings': rows setting \{'temperature': 0.3\} and "
+        r"\{'temperature': 0.8\} came out the same for 8 keys",
+    ),
+    (
+        "test_backbone_runs_in_the_engine",
+        "kit_rewrites_committed",
+        r"backbone 'kit_rewrites_committed' in a run: PluginViolation: .*denoise_step\(\) "
+        r"changed row \d+'s token at position \d+",
+    ),
+    (
+        "test_backbone_runs_in_the_engine",
+        "kit_wide_batches_differ",
+        r"backbone 'kit_wide_batches_differ': records at 64 and 7 rows per forward differ; "
+        r"first differences \(first run != second run\):\n  T=12 problem 'test-\d' method",
+    ),
+    (
         "test_selector_returns_an_index_in_range",
         "kit_minus_one",
         r"selector 'kit_minus_one' chose -1 of 5 candidates .*return an index in 0\.\.4, or None",
@@ -422,6 +486,15 @@ def test_kit_passes_the_honest_strategy(kit_doubles, check):
     except pytest.skip.Exception as skipped:
         assert check in ("test_strategy_prefix_pools_nest", "test_strategy_pool_scores_are_true")
         assert "claims no" in str(skipped)
+
+
+BACKBONE_CHECKS = [n for n in dir(contracts) if n.startswith("test_backbone_")]
+
+
+@pytest.mark.parametrize("check", BACKBONE_CHECKS)
+def test_kit_passes_the_honest_backbone(kit_doubles, check):
+    """The toy backbone, of which the backbone doubles above differ in one place each."""
+    getattr(contracts, check)(("toy", {}))
 
 
 def test_kit_runs_the_multi_segment_path(kit_doubles):

@@ -17,6 +17,7 @@ from dllmbench.api.hookspecs import hookimpl
 from dllmbench.api.interfaces import StepBatch
 from dllmbench.api.ops import DenoiseRequest, Posted
 from dllmbench.plugins.backbones.tiny import Tiny
+from dllmbench.testing.doubles import ALPHABET, ToyBackbone
 
 SEEN: list[object] = []
 
@@ -267,6 +268,46 @@ def dllmbench_register_scorers(register):
     register("lookahead", LookaheadScorer)
 
 
+class BertBodied(ToyBackbone):
+    """The toy sampler behind a forward of a tiny random BertForMaskedLM: a transformers
+    model whose body is `transformer.bert` (no `.model`), run without its wrapper, its head
+    applied by the backbone, as a masked LM's backbone does."""
+
+    def __init__(self, **config):
+        from transformers import BertConfig, BertForMaskedLM
+
+        super().__init__(**config)
+        torch.manual_seed(0)
+        shape = {"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2}
+        bert = BertConfig(vocab_size=len(ALPHABET) + 2, intermediate_size=32, **shape)
+        self.transformer = BertForMaskedLM(bert).eval()
+        self.device = torch.device("cpu")
+        self.stop_ids, self.eos_id = {len(ALPHABET)}, len(ALPHABET)
+
+    def pad(self, rows):
+        width = max(len(r) for r in rows)
+        ids = torch.zeros(len(rows), width, dtype=torch.long)
+        attn = torch.zeros(len(rows), width, dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, width - len(r) :], attn[i, width - len(r) :] = r, 1
+        return ids, attn, [width - len(r) for r in rows]
+
+    def logits(self, ids, attn):
+        hidden = self.transformer.bert(input_ids=ids, attention_mask=attn).last_hidden_state
+        return self.transformer.cls(hidden)
+
+    def denoise_step(self, batch):
+        ids, attn, _ = self.pad(batch.tokens)
+        with torch.no_grad():
+            self.logits(ids, attn)  # the forward a step runs; the toy sampler then commits
+        return super().denoise_step(batch)
+
+
+@hookimpl
+def dllmbench_register_backbones(register):
+    register("bert_bodied", BertBodied)
+
+
 def test_a_strategy_never_sees_the_answer_and_its_answers_are_still_graded(
     tmp_path, cli, registry_with
 ):
@@ -343,15 +384,20 @@ def test_a_strategy_that_runs_the_backbone_itself_stops_the_run(
     assert len(lines) == 1 and needle in lines[0], result.err
 
 
+@pytest.mark.parametrize("backbone", ["tiny", "bert_bodied"])
 @pytest.mark.parametrize("rollout", [False, True])
 def test_a_scorer_that_rolls_rows_out_with_the_backbone_stops_the_run(
-    tmp_path, cli, registry_with, rollout
+    tmp_path, cli, registry_with, rollout, backbone
 ):
     """A scorer is given the backbone to share its weights: reading each row once is one pass
     of score per row; running the model over more rows (a rollout) is denoising nobody is
-    charged for, and the run stops with one line naming the scorer."""
+    charged for, and the run stops with one line naming the scorer. Also on a backbone whose
+    transformer has no `.model` and whose forward runs the body (`base_model`, here
+    `transformer.bert`) without the wrapper: the rows it ran were not counted there."""
     registry_with(__name__)
-    argv = [*TINY, "--limit", 2, "--scorer", f"prm=lookahead:rollout={rollout}"]
+    task = ["arith", "--limit", 2] if backbone == "tiny" else ["toy_sum:size=2"]
+    argv = ["run", "--task", *task, "--backbone", backbone, "--steps", 8, "--gen-length", 32]
+    argv += ["--scorer", f"prm=lookahead:rollout={rollout}"]
     argv += ["--method", "prm_guided:k=2,every=4+first", "--budget", 20]
     result = cli(*argv, "--out", tmp_path / "r")
     if not rollout:

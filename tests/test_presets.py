@@ -358,3 +358,14 @@ def test_a_dry_run_assumes_a_scorer_name_that_no_plugin_bears(cli):
         demo = cli(command, *argv)
         assert demo.code == 2 and demo.err.count("\n") == 1, demo
         assert "needs scorer fmt, which the run does not have" in demo.err
+
+
+def test_a_dry_run_says_how_to_bind_each_assumed_scorer(cli):
+    """`self` has no checkpoint (it asks the backbone itself): its hint is `--scorer
+    self=self`, where every assumed scorer was told to give `NAME=PLUGIN:checkpoint=DIR`."""
+    shown = cli("plan", "--task", "arith", "--backbone", "dream", "--budget", "1040")
+    assert shown.code == 0, shown.err
+    text = " ".join(shown.out.split())
+    assert "(assumed: give --scorer self=self)" in text
+    assert "(assumed: give --scorer prm=prm:checkpoint=DIR)" in text
+    assert "NAME=PLUGIN" not in text

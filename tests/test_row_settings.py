@@ -3,6 +3,8 @@ on them (HEX, ReMDM, Prism-style search, sampler ensembles): hand-worked cases."
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -15,7 +17,7 @@ from dllmbench.core.keys import row_key
 from dllmbench.core.types import Problem, Prompt, Rows
 from dllmbench.plugins.backbones.base import block_step
 from dllmbench.plugins.backbones.block import REMASKINGS, BlockDiffusion
-from dllmbench.plugins.backbones.dream import Dream
+from dllmbench.plugins.backbones.dream import RANKED_ALGS, Dream
 from dllmbench.plugins.backbones.fast_dllm_v2 import FastDLLMv2
 from dllmbench.plugins.backbones.llada import LLaDA
 from dllmbench.plugins.strategies.ensemble import Ensemble
@@ -311,20 +313,20 @@ def test_prism_widths_and_cost_by_hand():
 
 
 def test_ensemble_mixes_the_settings_the_backbone_varies():
-    dream = Ensemble(n=4, temperatures="0.3/0.8").combinations(Dream.commit_orders)
+    dream = Ensemble(n=4, temperatures="0.3/0.8").combinations(Dream.offered_orders)
     assert dream[:3] == [
         {"temperature": 0.3, "alg": "maskgit_plus"},
         {"temperature": 0.3, "alg": "topk_margin"},
         {"temperature": 0.3, "alg": "entropy"},
     ]
     assert len(dream) == 6
-    llada = Ensemble(n=4, temperatures="0.5").combinations(LLaDA.commit_orders)
+    llada = Ensemble(n=4, temperatures="0.5").combinations(LLaDA.offered_orders)
     assert llada == [
         {"temperature": 0.5, "remasking": "low_confidence"},
         {"temperature": 0.5, "remasking": "random"},
     ]
-    assert Ensemble(orders="none", temperatures="").combinations(Dream.commit_orders) == [{}]
-    block = Ensemble(temperatures="").combinations(BlockDiffusion.commit_orders)
+    assert Ensemble(orders="none", temperatures="").combinations(Dream.offered_orders) == [{}]
+    block = Ensemble(temperatures="").combinations(BlockDiffusion.offered_orders)
     assert block == [{"remasking": order} for order in REMASKINGS]
     for kind in (Dream, LLaDA, BlockDiffusion):  # every order mixed is one the backbone takes
         backbone = kind(model="random")
@@ -333,6 +335,38 @@ def test_ensemble_mixes_the_settings_the_backbone_varies():
     assert Ensemble(temperatures="1").combinations({}) == [{"temperature": 1.0}]
     with pytest.raises(UserError, match="no commit order to vary per row; use orders=none"):
         Ensemble(orders="a/b").combinations({})
+
+
+@pytest.mark.parametrize(
+    ("kind", "config", "left"),
+    [
+        (Dream, {}, {"alg": RANKED_ALGS}),
+        (Dream, {"threshold": 0.9}, {}),
+        (Dream, {"entropy_bound": 0.5}, {"alg": RANKED_ALGS}),  # EB ranks by each order
+        (LLaDA, {"factor": 1.0}, {}),
+        (LLaDA, {"entropy_bound": 0.5}, {}),
+    ],
+)
+def test_the_orders_offered_to_mix_are_those_a_row_may_set_beside_the_run_wide_rule(
+    kind, config, left
+):
+    """Under a run-wide threshold, factor or entropy bound, only the order that rule ranks by
+    is left, so an ensemble's `orders=auto` mixes temperatures alone: every order it mixed
+    before was one the backbone then refused, and the run stopped at its first problem."""
+    backbone = kind(model="random", **config)
+    assert commit_orders(backbone) == left
+    for settings in Ensemble().combinations(commit_orders(backbone)):
+        backbone.check_row_settings(settings, 8, 8)
+
+
+def test_a_sampler_ensemble_runs_on_the_demo_model_with_a_threshold(tmp_path, cli):
+    argv = ["run", "--task", "arith", "--backbone", "tiny:threshold=0.9", "--limit", 1]
+    argv += ["--method", "ensemble:n=4+majority", "--budget", 96, "--out", tmp_path / "r"]
+    result = cli(*argv)
+    assert result.code == 0, result.err
+    record = json.loads((tmp_path / "r" / "samples.jsonl").read_text().splitlines()[0])
+    assert len(record["candidates"]) == 4
+    assert record["ledger"]["passes"]["denoise"] <= 96
 
 
 def test_hex_and_ensemble_pools_nest_and_differ_from_the_independent_pool():

@@ -402,3 +402,20 @@ def test_a_checkpoint_saved_before_pool_stop_loads_with_turn(tmp_path):
         shipped = TINY_DIR / kind
         assert json.loads((shipped / "config.json").read_text())["pool_stop"] == "turn"
         assert read_checkpoint(shipped, kind)["pool_stop"] == "turn"
+
+
+def test_a_reward_scorer_on_a_backbone_without_its_target_modules_is_one_line_then_runs():
+    """A masked LM's backbone (a BertForMaskedLM: `query`, `value`, no `q_proj`, no `.model`):
+    the default target_modules was peft's own error, blamed on the scorer as its bug (exit
+    status 3); named as the model names them, the scorer reads hidden states through the
+    transformer's body, `base_model`, where it called `.model` (an AttributeError)."""
+    from test_plugin_reach import BertBodied
+
+    backbone = BertBodied()
+    with pytest.raises(UserError, match=r"target_modules \['q_proj', 'v_proj'\]; its linear "):
+        ORM(backbone=backbone)
+    orm = ORM(backbone=backbone, target_modules="query+value")
+    rows = [torch.tensor([1, 2, 3, 4, 5]), torch.tensor([3, 2, 1])]
+    values = orm.logits(rows, [2, 1])
+    assert values.shape == (2,) and torch.isfinite(values).all()
+    assert adapter_names(backbone.transformer) == {orm.adapter}

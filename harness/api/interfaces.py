@@ -201,7 +201,9 @@ class Task(Protocol):
 class TransformerBackbone(Backbone, Protocol):
     """A backbone on a transformers model whose weights a scorer may share (dream, llada)."""
 
-    transformer: torch.nn.Module  # `.model(...)` gives hidden states, `.config.hidden_size`
+    # a transformers model: its body, `base_model(...)`, gives the hidden states (`.model` of
+    # Qwen2 or Llama, `.bert` of a BertForMaskedLM); `.config.hidden_size`
+    transformer: torch.nn.Module
     device: torch.device | str
     stop_ids: set[int]  # tokens that end an answer: EOS and chat turn ends
     eos_id: int | None  # the tokenizer's end-of-sequence token
@@ -594,9 +596,15 @@ def sets_per_row(strategy: object) -> frozenset[str]:
     return frozenset(strategy.sets_per_row()) if isinstance(strategy, SetsPerRow) else frozenset()
 
 
+STEPS = "steps"  # the setting that gives a row its own T: every backbone honours it
+
+
 def row_settings(backbone: object) -> frozenset[str]:
-    """The sampler settings a backbone lets rows vary (none unless it is `VariesPerRow`)."""
-    return frozenset(backbone.row_settings) if isinstance(backbone, VariesPerRow) else frozenset()
+    """The sampler settings a backbone lets rows vary: `steps` (a row's own T, which the
+    engine gives every backbone through `StepBatch.totals`), and those it lists if it is
+    `VariesPerRow`. A backbone need not list `steps` for a strategy to set it."""
+    own = frozenset(backbone.row_settings) if isinstance(backbone, VariesPerRow) else frozenset()
+    return own | {STEPS}
 
 
 def reopenable(

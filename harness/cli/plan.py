@@ -217,6 +217,15 @@ def _value_text(value: Any) -> str:
     return repr(value) if isinstance(value, str) and "\n" in value else str(value)
 
 
+def _binding(name: str, plugin: str) -> str:
+    """The `--scorer` a run needs for an assumed scorer: with `checkpoint=DIR` when its plugin
+    reads one (prm, orm), bare when it has no such option (self: the backbone itself)."""
+    from dllmbench.loading.registry import options, registry
+
+    takes = "checkpoint" in options(registry().info("scorer", plugin).factory)
+    return f"--scorer {name}={plugin}" + (":checkpoint=DIR" if takes else "")
+
+
 def _print_dry_run(console: Console, dry: dict[str, Any]) -> None:
     if dry["preset"]:
         p = dry["preset"]
@@ -237,7 +246,7 @@ def _print_dry_run(console: Console, dry: dict[str, Any]) -> None:
                 f"scorer {name}: no plugin of that name (assumed: give --scorer {name}=PLUGIN)"
             )
             continue
-        how = " (assumed: give --scorer NAME=PLUGIN:checkpoint=DIR)" if entry["assumed"] else ""
+        how = f" (assumed: give {_binding(name, entry['plugin'])})" if entry["assumed"] else ""
         console.print(f"scorer {name}={entry['plugin']}: {_options_text(entry['config'])}{how}")
 
 

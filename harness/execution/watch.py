@@ -151,13 +151,18 @@ def _modules_of(obj: Any) -> Iterator[torch.nn.Module]:
 
 def model_body(backbone: Any) -> Any:
     """The module a forward of the backbone's transformer runs once per row: the body under
-    the LM head (`transformer.model`) when it has one, else the transformer; None for a
-    backbone that is not a transformer."""
+    the LM head when it has one, else the transformer; None for a backbone that is not a
+    transformer. The body is a transformers model's `base_model` (`transformer.model` of
+    Qwen2, Llama, Qwen3; `transformer.bert` of a BertForMaskedLM), else `transformer.model`:
+    a backbone that runs the body without its head (its own head at the masked positions)
+    runs it all the same."""
     transformer = getattr(backbone, "transformer", None)
     if not isinstance(transformer, torch.nn.Module):
         return None
-    body = getattr(transformer, "model", None)
-    return body if isinstance(body, torch.nn.Module) else transformer
+    for body in (getattr(transformer, "base_model", None), getattr(transformer, "model", None)):
+        if isinstance(body, torch.nn.Module) and body is not transformer:
+            return body
+    return transformer
 
 
 def _rows_of(args: Any, kwargs: dict[str, Any]) -> int:

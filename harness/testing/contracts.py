@@ -38,17 +38,22 @@ from dllmbench.api.interfaces import (
     ScoreBatch,
     SearchStrategy,
     StepBatch,
+    commit_orders,
     contract_backbone,
     contract_configs,
     evidence_of,
+    finishes_early,
     is_capped,
     is_deterministic,
+    row_settings,
+    sets_per_row,
 )
 from dllmbench.core.errors import CostMismatch, OverCap, PluginViolation
 from dllmbench.core.keys import row_key
 from dllmbench.core.types import Candidate, Pool, Problem, Prompt
+from dllmbench.execution.engine import Capacity, Engine, Sampling
 from dllmbench.execution.method import Method, MethodSpec
-from dllmbench.loading.provenance import config_data
+from dllmbench.loading.provenance import Origins, config_data
 from dllmbench.loading.registry import options, registry
 from dllmbench.testing.doubles import ToyBackbone, ToySum
 from dllmbench.testing.elsewhere import as_data, pair_key, records_elsewhere
@@ -898,6 +903,183 @@ def test_backbone_trajectory_ends_decodable(dllmbench_backbone):
     for t in range(STEPS):
         canvas = _step(backbone, [(canvas, plen, t, key)])[0]
     assert isinstance(backbone.decode(canvas, plen), str), f"backbone {name!r}: decode is not a str"
+
+
+def _trajectories(
+    backbone: Any,
+    rows: Sequence[tuple[torch.Tensor, int, int]],
+    totals: Sequence[int],
+    settings: Sequence[Mapping[str, Any]],
+) -> list[torch.Tensor]:
+    """Rows (canvas, prompt length, key) denoised together to each one's own T, as the engine
+    steps them: a row at its T, or one its sampler ended (no mask left, `finishes_early`),
+    takes no more steps."""
+    tokens = [r[0] for r in rows]
+    for t in range(max(totals)):
+        live = [
+            i
+            for i, r in enumerate(rows)
+            if t < totals[i]
+            and not (
+                finishes_early(backbone, settings[i])
+                and not bool((tokens[i][r[1] :] == backbone.mask_id).any())
+            )
+        ]
+        if not live:
+            break
+        out = backbone.denoise_step(
+            StepBatch(
+                tokens=[tokens[i] for i in live],
+                prompt_lens=[rows[i][1] for i in live],
+                steps=[t] * len(live),
+                keys=[rows[i][2] for i in live],
+                total_steps=STEPS,
+                totals=[totals[i] for i in live],
+                settings=[dict(settings[i]) for i in live],
+                edited=[False] * len(live),
+            )
+        )
+        for i, row in zip(live, out, strict=True):
+            tokens[i] = row
+    return tokens
+
+
+def _masked(backbone: Any, row: torch.Tensor, plen: int) -> int:
+    return int((row[plen:] == backbone.mask_id).sum())
+
+
+def test_backbone_honours_a_rows_own_t(dllmbench_backbone):
+    """Every backbone honours `steps`, a row's own T (`batch.total(i)`: ReMDM's extra steps,
+    a strategy's shorter rows): a sampler that fills its canvas by the run's T fills it by a
+    row's own T too, and rows of different T in one batch each come out as they do alone."""
+    name, config = dllmbench_backbone
+    backbone = built("backbone", name, **config)
+    canvas, plen = _canvases(backbone, 1)[0]
+    key = row_key(0, "p", "sample", (0,))
+    if _masked(backbone, _trajectories(backbone, [(canvas, plen, key)], [STEPS], [{}])[0], plen):
+        pytest.skip(f"backbone {name!r} leaves masks at T={STEPS}: no schedule to hold it to")
+    totals = (GEN_LENGTH - 1, STEPS, STEPS + 8)
+    rows = [(canvas, plen, row_key(0, "p", "sample", (i,))) for i in range(len(totals))]
+    alone = [
+        _trajectories(backbone, [row], [total], [{}])[0]
+        for row, total in zip(rows, totals, strict=True)
+    ]
+    for total, row in zip(totals, alone, strict=True):
+        left = _masked(backbone, row, plen)
+        assert not left, (
+            f"backbone {name!r}: a row whose own T is {total} still has {left} masked "
+            f"position(s) after its {total} steps, though at the run's T={STEPS} the canvas "
+            "fills: read each row's T as batch.total(i), not batch.total_steps"
+        )
+    together = _trajectories(backbone, rows, totals, [{}] * len(rows))
+    for total, one, both in zip(totals, alone, together, strict=True):
+        assert torch.equal(one, both), (
+            f"backbone {name!r}: a row of T={total} alone differs from that row in a batch "
+            f"with rows of T={', '.join(str(t) for t in totals if t != total)}"
+        )
+
+
+def _alternatives(backbone: Any) -> list[tuple[list[dict[str, Any]], bool]]:
+    """Groups of per-row settings a strategy sets on this backbone (sampler ensembles' commit
+    orders and temperatures), each with whether its values must sample apart: a low and a
+    high temperature must; commit orders may agree on a short canvas (a confident model
+    ranks its positions alike by any confidence)."""
+    groups = [
+        ([{setting: value} for value in values], False)
+        for setting, values in commit_orders(backbone).items()
+        if len(values) > 1
+    ]
+    varies = row_settings(backbone)
+    if "temperature" in varies and not is_deterministic(getattr(backbone, "config", None)):
+        groups.append(([{"temperature": 0.3}, {"temperature": 0.8}], True))
+    return groups
+
+
+def test_backbone_honours_a_rows_own_settings(dllmbench_backbone):
+    """A backbone that lists a setting in `row_settings` reads it per row
+    (`batch.setting(i)`): each commit order it offers (`commit_orders`) and a low and a high
+    temperature, when it varies `temperature`, are taken by `check_row_settings`, and give
+    each row in a batch of mixed settings what it gives alone; the two temperatures sample
+    apart on some of 8 keys. A sampler that ignored them would collapse sampler ensembles to
+    plain samples."""
+    name, config = dllmbench_backbone
+    backbone = built("backbone", name, **config)
+    groups = _alternatives(backbone)
+    if not groups:
+        pytest.skip(f"backbone {name!r} offers no commit orders and no temperature per row")
+    canvas, plen = _canvases(backbone, 1)[0]
+    for group, apart in groups:
+        for setting in group:
+            try:
+                backbone.check_row_settings(setting, GEN_LENGTH, STEPS)
+            except Exception as exc:
+                raise AssertionError(
+                    f"backbone {name!r}: check_row_settings refused {setting}, which it "
+                    f"offers per row: {type(exc).__name__}: {exc}"
+                ) from None
+        keys = [row_key(0, "p", "sample", (i,)) for i in range(8)]
+        finals = {  # the 8 keys' rows of one setting in one batch
+            tuple(sorted(setting.items())): [
+                tuple(row.tolist())
+                for row in _trajectories(
+                    backbone, [(canvas, plen, k) for k in keys], [STEPS] * 8, [setting] * 8
+                )
+            ]
+            for setting in group
+        }
+        assert not apart or len({tuple(v) for v in finals.values()}) > 1, (
+            f"backbone {name!r}: rows setting {' and '.join(str(s) for s in group)} came out "
+            "the same for 8 keys; a sampler reads each row's settings as batch.setting(i)"
+        )
+        mixed = [(canvas, plen, keys[i]) for i in range(len(group))]
+        together = _trajectories(backbone, mixed, [STEPS] * len(group), group)
+        for i, (setting, row) in enumerate(zip(group, together, strict=True)):
+            alone = finals[tuple(sorted(setting.items()))][i]
+            assert tuple(row.tolist()) == alone, (
+                f"backbone {name!r}: a row with {setting} beside rows with "
+                f"{[s for s in group if s != setting]} differs from the row beside rows of its "
+                "own settings; read row i's settings as batch.setting(i), not another row's"
+            )
+
+
+def test_backbone_runs_in_the_engine(dllmbench_backbone):
+    """The backbone through the real engine on the toy task, with every built-in family its
+    rows' settings allow: what a run checks of each step (the prompt and committed tokens
+    kept, ids in the vocabulary, one `Work` per row, a `str` from `decode`) is checked here,
+    and the records are the same at 64 and at 7 rows per forward."""
+    name, config = dllmbench_backbone
+    backbone = built("backbone", name, **config)
+    varies = row_settings(backbone)
+    specs = [
+        "independent:n=3+first",
+        "remdm:n=3,extra=3,t_on=0.9,t_off=0.1,eta=0.5+first",
+        "hex:n=3+first",
+        "ensemble:n=3+first",
+    ]
+    methods = [Method.build(registry(), MethodSpec.parse(spec)) for spec in specs]
+    methods = [m for m in methods if sets_per_row(m.strategy) <= varies]
+    distribution = registry().info("backbone", name).distribution
+    origins = Origins(backbone=name, distributions={("backbone", name): distribution})
+
+    def run(batch_rows: int) -> dict[Key, dict[str, Any]]:
+        __tracebackhide__ = True
+        task = ToySum(size=2)
+        engine = Engine(
+            backbone=backbone,
+            scorers={},
+            task=task,
+            methods=methods,
+            sampling=Sampling(STEPS, GEN_LENGTH, "fewshot", 0),
+            capacity=Capacity(batch_rows=batch_rows, problems=2),
+            origins=origins,
+        )
+        try:
+            records = engine.run(task.problems("test"))
+        except Exception as exc:
+            raise AssertionError(f"backbone {name!r} in a run: {explain(exc)}") from None
+        return {(STEPS, r["problem"], r["method"]): comparable(r) for r in records}
+
+    assert_same(run(64), run(7), f"backbone {name!r}: records at 64 and 7 rows per forward differ")
 
 
 # -- scorers ---------------------------------------------------------------------------------

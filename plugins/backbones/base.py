@@ -303,6 +303,9 @@ class DiffusionBackbone(abc.ABC):
     Config: ClassVar[type]
     # sampler settings a row may override (`StepBatch.settings`); `steps` is each row's own T
     row_settings: ClassVar[frozenset[str]]
+    # the commit orders the sampler has, by the setting that picks one (`commit_orders`: those
+    # a row may set under this backbone's configuration)
+    offered_orders: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     def __init__(self, *, transformer: Any = None, tokenizer: Any = None, **config: Any):
         self.config = self.Config(**config)
@@ -403,6 +406,26 @@ class DiffusionBackbone(abc.ABC):
                 what = f"{who}: a row's sampler settings {dict(settings)}: {exc}"
                 raise UserError(what) from None
         return cache[key]
+
+    @property
+    def commit_orders(self) -> dict[str, tuple[str, ...]]:
+        """The commit orders worth mixing (`MixesOrders`): of the sampler's, those a row may
+        set beside this backbone's own settings. A run-wide threshold or factor compares the
+        drawn token's probability, which only one order ranks by, so under one no order is
+        left to mix (sampler ensembles then mix temperatures), where every row of
+        `orders=auto` was refused at the first problem."""
+        mixed: dict[str, tuple[str, ...]] = {}
+        for setting, values in self.offered_orders.items():
+            taken = []
+            for value in values:
+                try:
+                    self.row_config({setting: value})
+                except UserError:
+                    continue
+                taken.append(value)
+            if len(taken) > 1:
+                mixed[setting] = tuple(taken)
+        return mixed
 
     def check_row_settings(
         self, settings: Mapping[str, Any], gen_length: int, total_steps: int

@@ -203,7 +203,7 @@ class BlockDiffusion(DiffusionBackbone):
             "steps",
         }
     )
-    commit_orders: ClassVar[dict[str, tuple[str, ...]]] = {"remasking": REMASKINGS}
+    offered_orders: ClassVar[dict[str, tuple[str, ...]]] = {"remasking": REMASKINGS}
     contract_configs: ClassVar[list[dict]] = [
         {"model": "random"},
         {

@@ -216,7 +216,7 @@ class Dream(DiffusionBackbone):
         }
     )
     # the confidence rules (`origin` is a random order, not a rule to mix)
-    commit_orders: ClassVar[dict[str, tuple[str, ...]]] = {"alg": RANKED_ALGS}
+    offered_orders: ClassVar[dict[str, tuple[str, ...]]] = {"alg": RANKED_ALGS}
     contract_configs: ClassVar[list[dict]] = [
         {"model": "random"},
         {"model": "random", "alg": "entropy", "alg_temp": 0.0, "temperature": 0.0},

@@ -166,7 +166,7 @@ class FastDLLMv2(BlockDiffusion):
     row_settings = frozenset(
         {"block_length", "sub_block", "temperature", "top_p", "threshold", "steps"}
     )
-    commit_orders: ClassVar[dict[str, tuple[str, ...]]] = {}
+    offered_orders: ClassVar[dict[str, tuple[str, ...]]] = {}
     contract_configs: ClassVar[list[dict]] = [
         {"model": "random", "block_length": 8, "sub_block": 4},
         {"model": "random", "block_length": 4, "sub_block": 2, "cache": False},

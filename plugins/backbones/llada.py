@@ -165,7 +165,7 @@ class LLaDA(DiffusionBackbone):
             "steps",
         }
     )
-    commit_orders: ClassVar[dict[str, tuple[str, ...]]] = {
+    offered_orders: ClassVar[dict[str, tuple[str, ...]]] = {
         "remasking": ("low_confidence", "random")
     }
     contract_configs: ClassVar[list[dict]] = [

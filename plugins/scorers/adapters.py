@@ -55,6 +55,14 @@ def inject(
     """Add adapter `name` (initialised from `seed`) and leave every adapter switched off."""
     from peft import LoraConfig, inject_adapter_in_model
 
+    named = {n.rsplit(".", 1)[-1]: m for n, m in net.named_modules()}
+    if not any(t in named for t in targets):  # peft's own error blamed the scorer (exit 3)
+        linear = sorted(n for n, m in named.items() if isinstance(m, torch.nn.Linear))
+        raise UserError(
+            f"no module of the backbone matches target_modules {list(targets)}; its linear "
+            f"layers are named {', '.join(linear)} (give target_modules=a+b)"
+        )
+
     config = LoraConfig(
         r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(targets), bias="none"
     )

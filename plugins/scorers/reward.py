@@ -363,7 +363,7 @@ class RewardScorer:
         positions = (attn.cumsum(-1) - 1).clamp(min=0)
         causal = self.settings["attention"] == "causal"
         with active(self.net, self.adapter):
-            hidden = self.net.model(
+            hidden = self.net.base_model(
                 input_ids=ids,
                 attention_mask=attn,
                 position_ids=positions,
