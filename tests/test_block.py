@@ -225,6 +225,37 @@ CASES = [
 def test_the_sampler_is_sdar_token_for_token(
     family, block, per, remasking, threshold, temperature, text, bound
 ):
+    steps, gen, written = same_as_sdar(
+        family, block, per, remasking, threshold, temperature, text, bound
+    )
+    if remasking == "low_confidence_dynamic":  # the threshold committed several at a step
+        assert steps < gen  # k = 1: fewer steps than tokens
+    if bound is not None:  # so did EB-Sampler's run
+        assert steps < written
+
+
+@pytest.mark.parametrize(
+    ("remasking", "temperature", "top_k", "top_p"),
+    [
+        ("low_confidence_dynamic", 1.0, 5, 1.0),
+        ("low_confidence_static", 0.7, None, 0.9),
+        ("low_confidence_dynamic", 0.5, 8, 0.95),
+        ("sequential", 1.0, 3, 0.8),
+    ],
+)
+def test_the_sampler_filters_as_sdar_does(remasking, temperature, top_k, top_p):
+    """SDAR's filters in its order: temperature, then top-k, then top-p over what is left,
+    the confidence the drawn token's probability after both."""
+    args = ("qwen3", 4, 4, remasking, 0.5, temperature, "Question: 12+7?", None)
+    same_as_sdar(*args, top_k=top_k, top_p=top_p)
+
+
+def same_as_sdar(
+    family, block, per, remasking, threshold, temperature, text, bound, top_k=None, top_p=1.0
+) -> tuple[int, int, int]:
+    """The backbone's row and SDAR's `block_diffusion_generate` (transcribed above) on the
+    same noise: the same tokens. Returns the steps the row took, its gen_length and the
+    tokens the reference wrote."""
     bb = BlockDiffusion(
         model="random",
         family=family,
@@ -232,6 +263,8 @@ def test_the_sampler_is_sdar_token_for_token(
         temperature=temperature,
         remasking=remasking,
         threshold=threshold,
+        top_k=top_k,
+        top_p=top_p,
         seed=3,
     )
     if bound is not None:  # a sharper head: entropies from 0 to 2 nats, not 4.6 everywhere
@@ -251,8 +284,8 @@ def test_the_sampler_is_sdar_token_for_token(
         block,
         per,
         temperature,
-        0,
-        1.0,
+        top_k or 0,
+        top_p,
         remasking,
         threshold,
         lambda step: torch.cat([bb.noise_at(key, step, "token", width), torch.rand(block)]),
@@ -269,10 +302,7 @@ def test_the_sampler_is_sdar_token_for_token(
     # after the reference stopped at an end token, the row's rest holds that token
     assert bool((ours[~written] == bb.eos_id).all())
     assert int(written.sum()) > len(prompt) + block  # it wrote more than one block
-    if remasking == "low_confidence_dynamic":  # the threshold committed several at a step
-        assert bb.steps_taken < gen  # k = 1: fewer steps than tokens
-    if bound is not None:  # so did EB-Sampler's run
-        assert bb.steps_taken < int(written.sum()) - len(prompt)
+    return bb.steps_taken, gen, int(written.sum()) - len(prompt)
 
 
 def test_entropy_bound_adds_the_run_of_the_most_confident_to_remasking():
