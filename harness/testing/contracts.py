@@ -813,7 +813,14 @@ def _canvases(backbone: Any, n: int) -> list[tuple[torch.Tensor, int]]:
     return out
 
 
-def _step(backbone: Any, rows: list[tuple[torch.Tensor, int, int, int]]) -> list[torch.Tensor]:
+def _step(
+    backbone: Any,
+    rows: list[tuple[torch.Tensor, int, int, int]],
+    totals: Sequence[int] = (),
+    settings: Sequence[Mapping[str, Any]] = (),
+) -> list[torch.Tensor]:
+    """One step of rows (canvas, prompt length, step, key), each at its own T and sampler
+    settings when given (empty: the run's T, the backbone's settings)."""
     return backbone.denoise_step(
         StepBatch(
             tokens=[r[0] for r in rows],
@@ -821,6 +828,8 @@ def _step(backbone: Any, rows: list[tuple[torch.Tensor, int, int, int]]) -> list
             steps=[r[2] for r in rows],
             keys=[r[3] for r in rows],
             total_steps=STEPS,
+            totals=list(totals),
+            settings=[dict(s) for s in settings],
         )
     )
 
@@ -927,17 +936,11 @@ def _trajectories(
         ]
         if not live:
             break
-        out = backbone.denoise_step(
-            StepBatch(
-                tokens=[tokens[i] for i in live],
-                prompt_lens=[rows[i][1] for i in live],
-                steps=[t] * len(live),
-                keys=[rows[i][2] for i in live],
-                total_steps=STEPS,
-                totals=[totals[i] for i in live],
-                settings=[dict(settings[i]) for i in live],
-                edited=[False] * len(live),
-            )
+        out = _step(
+            backbone,
+            [(tokens[i], rows[i][1], t, rows[i][2]) for i in live],
+            totals=[totals[i] for i in live],
+            settings=[settings[i] for i in live],
         )
         for i, row in zip(live, out, strict=True):
             tokens[i] = row
