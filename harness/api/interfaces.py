@@ -39,8 +39,10 @@ class StepBatch:
     Rows may differ in their sampler settings and their T: `settings[i]` holds the settings
     row i overrides (only names its backbone lists in `row_settings`; empty: the backbone's
     own), `totals[i]` its T. `edited[i]` says row i carries canvas edits: re-masked
-    positions a quota computed for an unedited canvas would not fill. Empty sequences mean
-    every row at the backbone's settings, at `total_steps`, unedited.
+    positions a quota computed for an unedited canvas would not fill. `predict[i]` says row i
+    asks for its prediction (`ReportsPredictions`): the step computes the head at every masked
+    position its forward covers, and `step_work` charges it. Empty sequences mean every row
+    at the backbone's settings, at `total_steps`, unedited, asking for no prediction.
     """
 
     tokens: Sequence[torch.Tensor]  # one 1-D long tensor per row
@@ -51,6 +53,7 @@ class StepBatch:
     totals: Sequence[int] = ()
     settings: Sequence[Mapping[str, Any]] = ()
     edited: Sequence[bool] = ()
+    predict: Sequence[bool] = ()
 
     def total(self, i: int) -> int:
         """Row i's T."""
@@ -62,6 +65,10 @@ class StepBatch:
 
     def was_edited(self, i: int) -> bool:
         return bool(self.edited[i]) if self.edited else False
+
+    def predicts(self, i: int) -> bool:
+        """Whether row i asks for its prediction (`ReportsPredictions`)."""
+        return bool(self.predict[i]) if self.predict else False
 
 
 @dataclass(frozen=True)
@@ -289,6 +296,46 @@ class ReportsConfidence(Protocol):
     def denoise_step_with_confidence(
         self, batch: StepBatch
     ) -> list[tuple[torch.Tensor, torch.Tensor]]: ...
+
+
+@runtime_checkable
+class ReportsPredictions(Protocol):
+    """A backbone that says, with each denoising step, each asking row's prediction of the
+    whole canvas (Temporal Self-Consistency Voting reads them; `ops.predictions`): the row's
+    committed and prompt tokens, and the token the step drew (x0, before it chose which to
+    commit) at every masked position whose logits its forward computed; the mask elsewhere.
+    A row asks through `StepBatch.predict`; the head it computes beyond the positions the step
+    may commit is charged in `step_work`, and a row that does not ask steps, and is charged,
+    exactly as through `denoise_step`. `predicts` says whether this backbone, as configured,
+    reports them (a class says so before it loads: the planner reads it)."""
+
+    predicts: bool
+
+    def denoise_step_with_predictions(
+        self, batch: StepBatch
+    ) -> list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]]:
+        """Each row after one step, the confidence of every token it committed (as
+        `ReportsConfidence`; None from a backbone that does not report them) and, for a row
+        that asks, its prediction (None for a row that does not)."""
+
+
+@runtime_checkable
+class ReadsPredictions(Protocol):
+    """A strategy that starts rows with `ops.start(..., predictions=True)`: the planner leaves
+    it out of a run whose backbone does not report them (`ReportsPredictions`), with the
+    reason, instead of the run stopping when it starts."""
+
+    reads_predictions: bool
+
+
+@runtime_checkable
+class SizedBySteps(Protocol):
+    """A strategy whose pool size depends on T (a candidate per step: Temporal Self-Consistency
+    Voting's predictions): `pool_size_at(T)` is its size at the run's T, which the engine, the
+    ledger's declared costs and the contract kit read (`pool_size_of`); `pool_size()` is then
+    the rows it denoises at once."""
+
+    def pool_size_at(self, total_steps: int) -> int: ...
 
 
 @runtime_checkable
@@ -583,6 +630,24 @@ def model_shape(obj: object) -> ModelShape | None:
 def is_capped(strategy: object) -> bool:
     """Whether a strategy's cost is a cap (`Capped`)."""
     return bool(strategy.capped) if isinstance(strategy, Capped) else False
+
+
+def reports_predictions(backbone: object) -> bool:
+    """Whether a backbone (or its class) reports each step's predictions
+    (`ReportsPredictions` and its `predicts`)."""
+    return bool(backbone.predicts) if isinstance(backbone, ReportsPredictions) else False
+
+
+def reads_predictions(strategy: object) -> bool:
+    """Whether a strategy's rows ask for their predictions (`ReadsPredictions`)."""
+    return bool(strategy.reads_predictions) if isinstance(strategy, ReadsPredictions) else False
+
+
+def pool_size_of(strategy: Any, total_steps: int) -> int:
+    """A strategy's pool size at T: `pool_size_at(T)` (`SizedBySteps`), else `pool_size()`."""
+    if isinstance(strategy, SizedBySteps):
+        return int(strategy.pool_size_at(total_steps))
+    return int(strategy.pool_size())
 
 
 def finishes_early(backbone: object, settings: Mapping[str, Any]) -> bool:

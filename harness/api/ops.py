@@ -5,7 +5,9 @@ requests of many problems and methods together in large batches and charges ever
 the ledger as it computes it (passes and FLOPs), so a row that ends early (a confidence
 threshold) is charged only the steps it took. `start` may give rows their own sampler
 settings and T; `remask` edits canvases (free: the passes that decode the re-masked positions
-again are charged as denoising); `answers` reads the rows' extracted answers (free).
+again are charged as denoising); `answers` reads the rows' extracted answers (free);
+`predictions` gives each row's prediction of its canvas at its latest step, as final rows a
+pool may hold (free: the forward that made them was charged, with the head it computed).
 """
 
 from __future__ import annotations
@@ -57,16 +59,22 @@ def segments(total_steps: int, every: int) -> list[int]:
 
 def _states(rows: Rows) -> list[bytes]:
     """A digest of each row's state: its tokens, its step, its T and the copy of `ops.start`
-    it descends from (its lineage's root, which says whom it is charged to)."""
+    it descends from (its lineage's root, which says whom it is charged to); for a row that
+    records its predictions (`ops.start(predictions=True)`), also its prediction and the step
+    that made it, which `ops.predictions` hands out as candidates."""
     tokens = rows.tokens.detach().to("cpu").numpy()
-    return [
-        hashlib.blake2b(
-            tokens[i].tobytes()
-            + f"{rows.steps[i]}/{rows.totals[i]}/{rows.lineage[i][:1]}".encode(),
-            digest_size=16,
-        ).digest()
-        for i in range(len(rows))
-    ]
+    predicted = None
+    if rows.prediction is not None:
+        predicted = rows.prediction.detach().to("cpu").numpy()
+    states = []
+    for i in range(len(rows)):
+        text = (
+            tokens[i].tobytes() + f"{rows.steps[i]}/{rows.totals[i]}/{rows.lineage[i][:1]}".encode()
+        )
+        if predicted is not None:
+            text += b"|" + predicted[i].tobytes() + f"@{rows.predicted[i]}".encode()
+        states.append(hashlib.blake2b(text, digest_size=16).digest())
+    return states
 
 
 def _sampler(settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -93,6 +101,7 @@ class Ops:
         check_settings: Callable[[Mapping[str, Any], int], None] | None = None,
         confidences: bool = False,
         answers: Callable[[Rows], list[Hashable | None]] | None = None,
+        predictions: bool = False,
     ):
         self.problem = problem
         self.seed = seed
@@ -107,6 +116,7 @@ class Ops:
         self._reopenable = reopenable  # which committed positions the sampler decodes again
         self._check_settings = check_settings
         self._confidences = confidences
+        self._predictions = predictions
         self._answers = answers
         self._issued: set[bytes] = set()  # every row state ops gave out (`_states`)
         self._scored: dict[tuple[bytes, str], float] = {}  # what ops.score gave each state
@@ -119,6 +129,7 @@ class Ops:
         stream: str = "sample",
         settings: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
         confidence: bool = False,
+        predictions: bool = False,
     ) -> Rows:
         """`copies` fully masked canvases of the problem; copy i has lineage (i,).
 
@@ -127,7 +138,9 @@ class Ops:
         accepted; `steps` gives a row its own T. A row's noise depends only on its key, its
         settings and its step. With `confidence`, the rows record the confidence with which
         each token was committed (`ops.remask(least_confident=...)` reads it); the backbone
-        must report it."""
+        must report it. With `predictions`, each step also keeps the row's prediction of its
+        whole canvas (`ops.predictions` reads it; the backbone must report them, and each
+        step is charged the head it computes for them)."""
         if problem.id != self.problem.id:
             raise ValueError(
                 f"ops.start was given problem {problem.id!r}, but this search serves "
@@ -149,8 +162,17 @@ class Ops:
             totals=totals,
             settings=tuple(settings_of(_sampler(s)) for s in per_row),
             confidence=self._fresh_confidence(copies) if confidence else None,
+            prediction=self._fresh_prediction(copies) if predictions else None,
         )
         return self._issue(rows)
+
+    def _fresh_prediction(self, copies: int) -> torch.Tensor:
+        if not self._predictions:
+            raise UserError(
+                "a strategy asked rows to record each step's predictions, which this run's "
+                "backbone does not report; use dream, llada or tiny (without cache=prefix|dual)"
+            )
+        return self._canvas.unsqueeze(0).repeat(copies, 1)
 
     def _fresh_confidence(self, copies: int) -> torch.Tensor:
         if not self._confidences:
@@ -258,6 +280,39 @@ class Ops:
         if self._answers is None:
             raise ValueError("ops.answers is not available outside the engine")
         return self._answers(rows)
+
+    def predictions(self, rows: Rows) -> Rows:
+        """Each row's prediction of its whole canvas at its latest step (rows started with
+        `ops.start(..., predictions=True)` that have taken a step), as final rows a pool may
+        hold: the tokens the step drew at every masked position whose logits it computed,
+        the committed and prompt tokens kept. Row i's prediction made at step s (0-based) has
+        lineage (*row i's lineage, s) and the row's owners, so predictions of one row at
+        different steps join one pool (`Rows.concat`). Free: the forward that made them was
+        charged, with the head it computed for them."""
+        self._own(rows, "ops.predictions")
+        if rows.prediction is None:
+            raise ValueError(
+                "ops.predictions reads rows started with ops.start(..., predictions=True)"
+            )
+        early = [i for i, s in enumerate(rows.predicted) if s < 0]
+        if early:
+            raise ValueError(
+                f"ops.predictions: row {early[0]} has taken no step yet, so holds no prediction"
+            )
+        made = Rows(
+            problem=rows.problem,
+            seed=rows.seed,
+            stream=rows.stream,
+            prompt_len=rows.prompt_len,
+            tokens=rows.prediction.clone(),
+            steps=tuple(rows.totals),
+            lineage=tuple((*path, s) for path, s in zip(rows.lineage, rows.predicted, strict=True)),
+            owners=rows.owners,
+            totals=rows.totals,
+            settings=rows.settings,
+            edits=rows.edits,
+        )
+        return self._issue(made)
 
     # -- free operations ---------------------------------------------------------------------
     def remask(

@@ -67,6 +67,7 @@ def add_parser(sub: Any) -> None:
 def execute(args: argparse.Namespace) -> Reply:
     from dllmbench.api.interfaces import ends_early, passes_per_step, shipped_scorers
     from dllmbench.execution.planner import (
+        backbone_predicts,
         backbone_varies,
         default_budget,
         plan,
@@ -110,8 +111,19 @@ def execute(args: argparse.Namespace) -> Reply:
     entries = methods_arg(args)
     early = ends_early(backbone_config)  # a threshold or block backbone caps every method
     varies = backbone_varies(reg, s.backbone) if s.backbone else None
+    predicts = backbone_predicts(reg, s.backbone) if s.backbone else None
     result = plan(
-        reg, args.budget, args.steps, entries, scorers, passes, rates, selectors, early, varies
+        reg,
+        args.budget,
+        args.steps,
+        entries,
+        scorers,
+        passes,
+        rates,
+        selectors,
+        early,
+        varies,
+        predicts,
     )
     if entries and scorers is not None:  # the run's scorers are known: refused as `run` does
         refuse_missing_scorers(result)

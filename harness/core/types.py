@@ -65,7 +65,11 @@ class Rows:
     same stream draw the same noise in every method of the run. `settings` holds, per row, the
     sampler settings it overrides (empty: the backbone's own); `totals` each row's T.
     `confidence` (when the backbone reports it) holds, per generated position, the
-    confidence with which its token was committed (NaN while masked).
+    confidence with which its token was committed (NaN while masked). `prediction` (rows
+    started with `ops.start(..., predictions=True)`) holds each row's prediction of the whole
+    canvas made by its latest step (`predicted`: that step, -1 before any): the token the
+    step drew at every position whose logits it computed, the committed and prompt tokens
+    kept, the mask elsewhere.
     """
 
     problem: Problem
@@ -80,6 +84,8 @@ class Rows:
     settings: tuple[Settings, ...] = ()  # () means every row at the backbone's settings
     edits: tuple[tuple[Edit, ...], ...] = ()  # () means no row was edited
     confidence: torch.Tensor | None = None  # [n, canvas_len] float32, NaN where unknown
+    prediction: torch.Tensor | None = None  # [n, canvas_len] long: the latest step's x0
+    predicted: tuple[int, ...] = ()  # the step each row's prediction was made at (-1: none)
 
     def __post_init__(self) -> None:
         n = self.tokens.shape[0]
@@ -94,6 +100,13 @@ class Rows:
             raise ValueError(f"Rows: totals has {len(self.totals)} rows, not {n}")
         if self.confidence is not None and self.confidence.shape != self.tokens.shape:
             raise ValueError("Rows: confidence and tokens differ in shape")
+        if self.prediction is not None:
+            if self.prediction.shape != self.tokens.shape:
+                raise ValueError("Rows: prediction and tokens differ in shape")
+            if not self.predicted:
+                object.__setattr__(self, "predicted", (-1,) * n)
+            elif len(self.predicted) != n:
+                raise ValueError(f"Rows: predicted has {len(self.predicted)} rows, not {n}")
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
@@ -146,6 +159,8 @@ class Rows:
             settings=tuple(self.settings[i] for i in idx),
             edits=tuple(self.edits[i] for i in idx),
             confidence=None if self.confidence is None else self.confidence.index_select(0, pick),
+            prediction=None if self.prediction is None else self.prediction.index_select(0, pick),
+            predicted=tuple(self.predicted[i] for i in idx) if self.predicted else (),
         )
 
     def fork(self) -> Rows:
@@ -180,6 +195,10 @@ class Rows:
         confidence = None
         if all(p.confidence is not None for p in parts):
             confidence = torch.cat([p.confidence for p in parts])  # type: ignore[misc]
+        prediction, predicted = None, ()
+        if all(p.prediction is not None for p in parts):
+            prediction = torch.cat([p.prediction for p in parts])  # type: ignore[misc]
+            predicted = tuple(s for p in parts for s in p.predicted)
         return replace(
             first,
             tokens=torch.cat([p.tokens for p in parts]),
@@ -190,6 +209,8 @@ class Rows:
             settings=tuple(s for p in parts for s in p.settings),
             edits=tuple(e for p in parts for e in p.edits),
             confidence=confidence,
+            prediction=prediction,
+            predicted=predicted,
         )
 
     def advanced(
@@ -197,10 +218,17 @@ class Rows:
         tokens: torch.Tensor,
         steps: Sequence[int],
         confidence: torch.Tensor | None = None,
+        prediction: torch.Tensor | None = None,
+        predicted: Sequence[int] = (),
     ) -> Rows:
         """The same rows after denoising (the engine's answer to `ops.denoise`)."""
         return replace(
-            self, tokens=tokens, steps=tuple(int(s) for s in steps), confidence=confidence
+            self,
+            tokens=tokens,
+            steps=tuple(int(s) for s in steps),
+            confidence=confidence,
+            prediction=prediction,
+            predicted=tuple(int(s) for s in predicted) if prediction is not None else (),
         )
 
     def edited(self, tokens: torch.Tensor, edits: Sequence[Edit | None]) -> Rows:

@@ -51,7 +51,9 @@ from dllmbench.api.interfaces import (
     is_capped,
     model_shape,
     passes_per_step,
+    pool_size_of,
     reopenable,
+    reports_predictions,
     row_settings,
 )
 from dllmbench.api.ops import Ops, ScoreRequest
@@ -176,14 +178,22 @@ class Unit:
         return tuple(m.id for m, size in self.members if not self.nested or root < size)
 
 
-def plan_units(problem: Problem, methods: Iterable[Method]) -> list[Unit]:
-    """Group methods into strategy runs: same strategy and configuration, or nested pools."""
+def plan_units(
+    problem: Problem, methods: Iterable[Method], total_steps: int | None = None
+) -> list[Unit]:
+    """Group methods into strategy runs: same strategy and configuration, or nested pools.
+    A strategy whose pool size depends on T (`SizedBySteps`) is sized at `total_steps`."""
     groups: dict[str, list[tuple[Method, int]]] = {}
     nested: dict[str, bool] = {}
     for method in methods:
         config = config_data(method.strategy)
         field_name = method.strategy.prefix_field
-        size = int(config.pop(field_name)) if field_name else method.strategy.pool_size()
+        if field_name:
+            size = int(config.pop(field_name))
+        elif total_steps is not None:
+            size = pool_size_of(method.strategy, total_steps)
+        else:
+            size = method.strategy.pool_size()
         key = json.dumps([method.spec.strategy, field_name, config], sort_keys=True, default=str)
         groups.setdefault(key, []).append((method, size))
         nested[key] = field_name is not None
@@ -247,6 +257,8 @@ class Engine:
             what = f"its mask_id {mask} is outside the vocabulary (ids 0 to {self._vocabulary - 1})"
             raise self.origins.violation("backbone", self.origins.backbone, what)
         self._shares = backbone if isinstance(backbone, SharesCanvases) else None
+        # reports each step's predictions to rows that ask (`ReportsPredictions`)
+        self._predicts = backbone if reports_predictions(backbone) else None
         self._score_work = {
             name: scorer for name, scorer in scorers.items() if isinstance(scorer, CountsScoreWork)
         }
@@ -348,7 +360,7 @@ class Engine:
         runs = []
         # what a strategy sees of the problem: never its answer (only the grader reads it)
         public = dataclasses.replace(problem, gold=None)
-        for unit in plan_units(problem, methods):
+        for unit in plan_units(problem, methods, self.sampling.total_steps):
             ops = Ops(
                 problem=public,
                 seed=self.sampling.seed,
@@ -367,6 +379,7 @@ class Engine:
                 check_settings=self._settings_check(),
                 confidences=isinstance(self.backbone, ReportsConfidence),
                 answers=lambda rows: self.read(rows)[2],
+                predictions=self._predicts is not None,
             )
             name = unit.strategy_name
             dist = self.origins.distribution("strategy", name)
@@ -606,6 +619,7 @@ class Engine:
                 totals=totals,
                 settings=[wait.settings(i) for wait, i in items],
                 edited=[wait.edited(i) for wait, i in items],
+                predict=[wait.predicts for wait, _ in items],
             )
         batch = ScoreBatch(tokens, prompt_lens, steps, total_steps, totals=totals)
         return _Scoring(like.scorer, batch)
@@ -617,16 +631,26 @@ class Engine:
         output per row."""
         size = len(batch.tokens)
         if isinstance(batch, StepBatch):
+            predicting = self._predicts is not None and any(batch.predict)
             with self.origins.blame("backbone", self.origins.backbone), self._watch.computing():
-                if confident and isinstance(self.backbone, ReportsConfidence):
-                    out: Sequence[Any] = self.backbone.denoise_step_with_confidence(batch)
+                if predicting:
+                    out: Sequence[Any] = self._predicts.denoise_step_with_predictions(batch)
+                elif confident and isinstance(self.backbone, ReportsConfidence):
+                    out = self.backbone.denoise_step_with_confidence(batch)
                 else:
                     out = self.backbone.denoise_step(batch)
             if len(out) != size:
                 what = f"denoise_step() returned {len(out)} rows for a batch of {size}"
                 raise self.origins.violation("backbone", self.origins.backbone, what)
-            reported = confident and isinstance(self.backbone, ReportsConfidence)
+            reported = predicting or (confident and isinstance(self.backbone, ReportsConfidence))
+            call = "denoise_step_with_predictions" if predicting else "denoise_step_with_confidence"
             for i, row in enumerate(out):
+                if predicting and not (isinstance(row, tuple) and len(row) == 3):
+                    what = (
+                        f"denoise_step_with_predictions() returned row {i} as {described(row)}: "
+                        "a tuple (tokens, confidences or None, prediction or None)"
+                    )
+                    raise self.origins.violation("backbone", self.origins.backbone, what)
                 tokens, given = (row[0] if reported else row), batch.tokens[i]
                 same = isinstance(tokens, torch.Tensor) and tokens.shape == given.shape
                 if not (same and tokens.dtype == given.dtype):
@@ -639,15 +663,20 @@ class Engine:
                 if reported:
                     confidence = row[1]
                     if not (
-                        isinstance(confidence, torch.Tensor)
-                        and confidence.shape == given.shape
-                        and confidence.is_floating_point()
+                        (predicting and confidence is None)
+                        or (
+                            isinstance(confidence, torch.Tensor)
+                            and confidence.shape == given.shape
+                            and confidence.is_floating_point()
+                        )
                     ):
                         what = (
-                            f"denoise_step_with_confidence() returned row {i}'s confidences as "
+                            f"{call}() returned row {i}'s confidences as "
                             f"{described(confidence)}: floats, one per position of the row"
                         )
                         raise self.origins.violation("backbone", self.origins.backbone, what)
+                if predicting:
+                    self._check_prediction(i, row[2], tokens, batch.predicts(i))
             self._check_step(batch.tokens, [row[0] if reported else row for row in out])
             return out
         with (
@@ -683,6 +712,46 @@ class Engine:
                     "into it: a step is charged what its forward computed"
                 )
                 raise self.origins.violation("backbone", self.origins.backbone, what)
+
+    def _check_prediction(self, i: int, prediction: Any, after: torch.Tensor, asked: bool) -> None:
+        """Row i's prediction (`ReportsPredictions`): None for a row that did not ask; for one
+        that did, token ids of the vocabulary, one per position, that keep every token the row
+        holds after the step (its prompt, what it had committed and what the step committed,
+        which is the step's own draw there)."""
+        if not asked:
+            if prediction is not None:
+                what = (
+                    f"denoise_step_with_predictions() returned a prediction for row {i}, which "
+                    "did not ask for one (StepBatch.predict): a row that does not ask is "
+                    "stepped, and charged, as through denoise_step"
+                )
+                raise self.origins.violation("backbone", self.origins.backbone, what)
+            return
+        ok = (
+            isinstance(prediction, torch.Tensor)
+            and prediction.shape == after.shape
+            and prediction.dtype == after.dtype
+        )
+        if ok:
+            pred, row = prediction.cpu(), after.cpu()
+            low, high = int(pred.min()), int(pred.max())
+            ok = low >= 0 and (self._vocabulary is None or high < self._vocabulary)
+            kept = (row == self.backbone.mask_id) | (pred == row)
+            if ok and not bool(kept.all()):
+                p = int((~kept).nonzero()[0, 0])
+                what = (
+                    f"denoise_step_with_predictions() predicted token {int(pred[p])} at "
+                    f"position {p} of row {i}, which holds {int(row[p])} after the step: a "
+                    "prediction keeps the prompt and every committed token"
+                )
+                raise self.origins.violation("backbone", self.origins.backbone, what)
+        if not ok:
+            what = (
+                f"denoise_step_with_predictions() returned row {i}'s prediction as "
+                f"{described(prediction)}: token ids of the vocabulary, one per position of "
+                "the row, in its dtype"
+            )
+            raise self.origins.violation("backbone", self.origins.backbone, what)
 
     def _check_step(self, given: Sequence[torch.Tensor], out: Sequence[torch.Tensor]) -> None:
         """A step only fills masked positions, with ids of the vocabulary: the prompt and

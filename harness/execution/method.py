@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dllmbench.api.interfaces import SearchStrategy, Selector, evidence_of
+from dllmbench.api.interfaces import SearchStrategy, Selector, evidence_of, pool_size_of
 from dllmbench.core.errors import PluginViolation, UserError, blame
 from dllmbench.core.numbers import ascii_float, ascii_int
 from dllmbench.core.schema import EvidenceEntry, MethodEntry, PluginEntry
@@ -156,7 +156,7 @@ class Method:
             cost["denoise"] *= passes_per_step
         for scorer in self.selector_scoring():
             kind = f"score:{scorer}"
-            cost[kind] = cost.get(kind, 0) + self.strategy.pool_size()
+            cost[kind] = cost.get(kind, 0) + pool_size_of(self.strategy, total_steps)
         return {k: v for k, v in sorted(cost.items()) if v}
 
     def _declared_cost(self, total_steps: int) -> dict[str, int]:

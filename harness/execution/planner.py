@@ -14,7 +14,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from dllmbench.api.interfaces import is_capped, row_settings, sets_per_row
+from dllmbench.api.interfaces import (
+    is_capped,
+    reads_predictions,
+    reports_predictions,
+    row_settings,
+    sets_per_row,
+)
 from dllmbench.core.errors import PluginError, UserError
 from dllmbench.core.flops import Flops, format_flops, unit_of
 from dllmbench.execution.method import Method, MethodSpec
@@ -479,10 +485,22 @@ def _place(
 
 
 def _settable(
-    method: Method, entry: str, named: bool, varies: frozenset[str] | None
+    method: Method,
+    entry: str,
+    named: bool,
+    varies: frozenset[str] | None,
+    predicts: bool | None = None,
 ) -> Method | LeftOut:
     """The method, or why it is left out: its rows set sampler settings (`SetsPerRow`) the
-    backbone cannot vary (`varies`)."""
+    backbone cannot vary (`varies`), or read each step's predictions (`ReadsPredictions`),
+    which the backbone does not report (`predicts`)."""
+    if predicts is False and reads_predictions(method.strategy):
+        reason = "its rows read each step's predictions, which the backbone does not report"
+        if named:
+            raise UserError(
+                f"method {entry!r}: {reason}; run it on dream, llada or tiny, or drop it"
+            )
+        return LeftOut(entry, reason)
     lacking = sorted(sets_per_row(method.strategy) - varies) if varies is not None else []
     if not lacking:
         return method
@@ -497,6 +515,13 @@ def backbone_varies(registry: Registry, backbone: str) -> frozenset[str] | None:
     class); None when the factory is not a class, whose objects only say once built."""
     factory = registry.info("backbone", backbone).factory
     return row_settings(factory) if isinstance(factory, type) else None
+
+
+def backbone_predicts(registry: Registry, backbone: str) -> bool | None:
+    """Whether backbone `backbone` reports each step's predictions, read from its factory (a
+    class); None when the factory is not a class, whose objects only say once built."""
+    factory = registry.info("backbone", backbone).factory
+    return reports_predictions(factory) if isinstance(factory, type) else None
 
 
 def _add(result: Plan, method: Method, budget: int, cost: dict[str, int]) -> None:
@@ -543,6 +568,7 @@ def plan(
     selectors: Mapping[str, Mapping[str, Any]] | None = None,
     early: bool = False,
     varies: frozenset[str] | None = None,
+    predicts: bool | None = None,
 ) -> Plan:
     """Choose every method for `budget`, or for each of several budgets. `entries` are family
     names, `all` or method specs. Budgets are passes per problem, or FLOPs per problem
@@ -554,7 +580,9 @@ def plan(
     entry order (an entry's sizes by budget); each carries the budgets it is planned at.
     `early`: the backbone's rows may end before their T, so every cost is a cap. `varies`:
     the sampler settings the backbone lets rows set (None: not known); a method whose rows
-    set others (`SetsPerRow`) is left out, or, named, refused.
+    set others (`SetsPerRow`) is left out, or, named, refused. `predicts`: whether the
+    backbone reports each step's predictions (None: not known); a method whose rows read
+    them (`ReadsPredictions`) on one that does not is left out, or, named, refused.
     """
     budgets = check_budgets([budget] if isinstance(budget, int) else list(budget))
     unit = unit_of(budgets)
@@ -566,7 +594,7 @@ def plan(
                 registry, entry, named, at, total_steps, scorers, passes_per_step, rates, selectors
             )
             if not isinstance(placed, LeftOut):
-                placed = _settable(placed, entry, named, varies)
+                placed = _settable(placed, entry, named, varies, predicts)
             if isinstance(placed, LeftOut):
                 if placed not in result.left_out:
                     result.left_out.append(placed)

@@ -162,6 +162,8 @@ class DenoiseWait:
     remaining: list[int] = field(init=False)
     rng_keys: tuple[int, ...] = field(init=False)
     confidence: torch.Tensor | None = field(init=False)
+    prediction: torch.Tensor | None = field(init=False)  # each row's latest step's x0
+    predicted: list[int] = field(init=False)  # the step that made each row's prediction
     reused: set[int] = field(init=False, default_factory=set)
     # what each row's steps of this request cost: passes, and FLOPs (None: unknown)
     passes: list[int] = field(init=False)
@@ -176,6 +178,9 @@ class DenoiseWait:
         self.rng_keys = self.rows.rng_keys
         conf = self.rows.confidence
         self.confidence = None if conf is None else conf.clone()
+        pred = self.rows.prediction
+        self.prediction = None if pred is None else pred.clone()
+        self.predicted = list(self.rows.predicted)
 
     def computed(self) -> list[int]:
         """The rows the next round computes."""
@@ -187,9 +192,15 @@ class DenoiseWait:
     def edited(self, i: int) -> bool:
         return bool(self.rows.edits[i])
 
+    @property
+    def predicts(self) -> bool:
+        """Whether the rows ask for each step's predictions (`ReportsPredictions`)."""
+        return self.prediction is not None
+
     def same_computation(self, i: int) -> tuple[Any, ...]:
         """What makes row i's step one computation: its key, step, T, settings, whether it
-        was edited, its prompt and its tokens."""
+        was edited, whether it asks for its prediction (which computes, and is charged, more
+        of the head), its prompt and its tokens."""
         rows = self.rows
         return (
             self.rng_keys[i],
@@ -197,6 +208,7 @@ class DenoiseWait:
             rows.totals[i],
             rows.settings[i],
             self.edited(i),
+            self.predicts,
             rows.prompt_len,
             self.tokens[i],
         )
@@ -213,11 +225,17 @@ class DenoiseWait:
         self.remaining[i] = 0
 
     def put(self, i: int, output: Any) -> None:
-        tokens, confidence = output if isinstance(output, tuple) else (output, None)
+        """Row i's step: its tokens, and (a tuple) the confidences of what it committed and
+        its prediction, where the backbone gave them."""
+        parts = tuple(output) if isinstance(output, tuple) else (output,)
+        tokens, confidence, prediction = (*parts, None, None)[:3]
         self.tokens[i] = tokens
         if self.confidence is not None and confidence is not None:
             new = confidence.to(self.confidence.device, self.confidence.dtype)
             self.confidence[i] = torch.where(torch.isnan(new), self.confidence[i], new)
+        if self.prediction is not None and prediction is not None:
+            self.prediction[i] = prediction.to(self.prediction.device)
+            self.predicted[i] = self.steps[i]
         self.steps[i] += 1
 
     def served(self) -> bool:
@@ -228,7 +246,9 @@ class DenoiseWait:
         return not any(self.remaining)  # reused rows have none left
 
     def answer(self) -> Rows:
-        return self.rows.advanced(self.tokens, self.steps, self.confidence)
+        return self.rows.advanced(
+            self.tokens, self.steps, self.confidence, self.prediction, self.predicted
+        )
 
 
 @dataclass
@@ -279,7 +299,8 @@ class FinishedRows:
 
     def __init__(self) -> None:
         self.keeping = False
-        # key → (tokens, step, confidence, passes, FLOPs) of the row after the request
+        # key → (tokens, step, confidence, prediction, passes, FLOPs) of the row after the
+        # request; the prediction (with the step that made it) only for rows that ask for it
         self._rows: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 
     def __len__(self) -> int:
@@ -299,6 +320,7 @@ class FinishedRows:
                 wait.rows.totals[i],
                 wait.rows.settings[i],
                 wait.edited(i),
+                wait.predicts,
                 prompt_len,
                 hashlib.blake2b(start[i].tobytes(), digest_size=16).digest(),
             )
@@ -313,7 +335,7 @@ class FinishedRows:
         for i, key in self._keys(wait, list(range(len(wait.rows)))).items():
             kept = self._rows.get(key)
             if kept is not None:
-                tokens, steps, confidence, passes, flops = kept
+                tokens, steps, confidence, prediction, passes, flops = kept
                 wait.passes[i], wait.flops[i] = passes, flops
                 if charge is not None:
                     charge(wait, i, passes, flops)
@@ -322,6 +344,9 @@ class FinishedRows:
                 if wait.confidence is not None and confidence is not None:
                     new = confidence.to(wait.confidence.device)
                     wait.confidence[i] = torch.where(torch.isnan(new), wait.confidence[i], new)
+                if wait.prediction is not None and prediction is not None:
+                    wait.prediction[i] = prediction[0].to(wait.prediction.device)
+                    wait.predicted[i] = prediction[1]
                 wait.remaining[i] = 0
                 wait.reused.add(i)
 
@@ -332,11 +357,14 @@ class FinishedRows:
         final = wait.tokens.to("cpu", copy=True)
         start = wait.rows.tokens.to("cpu")
         conf = None if wait.confidence is None else wait.confidence.to("cpu", copy=True)
+        pred = None if wait.prediction is None else wait.prediction.to("cpu", copy=True)
         computed = [i for i in range(len(wait.rows)) if i not in wait.reused]
         for i, key in self._keys(wait, computed).items():
             # the confidence of what the request committed (NaN where it committed nothing)
             new = None if conf is None else conf[i].masked_fill(final[i] == start[i], torch.nan)
-            self._rows[key] = (final[i], wait.steps[i], new, wait.passes[i], wait.flops[i])
+            made = None if pred is None else (pred[i], wait.predicted[i])
+            kept = (final[i], wait.steps[i], new, made, wait.passes[i], wait.flops[i])
+            self._rows[key] = kept
 
     def clear(self) -> None:
         self._rows.clear()
@@ -572,6 +600,10 @@ def _not_plain(rows: Rows, steps: Any) -> str | None:
         return f"tokens are a {type(rows.tokens).__name__}, not a torch.Tensor"
     if rows.confidence is not None and type(rows.confidence) is not torch.Tensor:
         return f"confidences are a {type(rows.confidence).__name__}, not a torch.Tensor"
+    if rows.prediction is not None and type(rows.prediction) is not torch.Tensor:
+        return f"predictions are a {type(rows.prediction).__name__}, not a torch.Tensor"
+    if type(rows.predicted) is not tuple or any(type(v) is not int for v in rows.predicted):
+        return "predicted steps are not a tuple of ints"
     if type(rows.prompt_len) is not int:
         return f"prompt length is a {type(rows.prompt_len).__name__}, not an int"
     for name, values in (("steps", steps), ("steps", rows.steps), ("totals", rows.totals)):

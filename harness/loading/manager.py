@@ -51,6 +51,7 @@ BUILTIN_MODULES = (
     "dllmbench.plugins.strategies.ensemble",
     "dllmbench.plugins.strategies.adaptive",
     "dllmbench.plugins.strategies.threshold",
+    "dllmbench.plugins.strategies.temporal",
     "dllmbench.plugins.selectors.basic",
     "dllmbench.plugins.selectors.voting",
     "dllmbench.plugins.selectors.oracle",

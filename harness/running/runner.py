@@ -38,6 +38,7 @@ from dllmbench.execution.method import Method
 from dllmbench.execution.planner import (
     Plan,
     Planned,
+    backbone_predicts,
     backbone_varies,
     check_budgets,
     default_budget,
@@ -385,6 +386,7 @@ def _choose(
         rates=rates,
         selectors=presets.selector_options(cfg.preset),
         varies=backbone_varies(reg, cfg.backbone),
+        predicts=backbone_predicts(reg, cfg.backbone),
     )
     if cfg.methods:
         refuse_missing_scorers(chosen)

@@ -33,6 +33,7 @@ from dllmbench.core.types import Problem, Prompt
 ALPHABET = "0123456789+=? abcdefghijklmnopqrstuvwxyz:\n"
 EOS = len(ALPHABET)
 MASK = EOS + 1
+PREDICT_SALT = 0x5EED_0F_7E4D  # a row's prediction noise: its key salted, apart from the step's
 
 
 def encode_text(text: str) -> list[int]:
@@ -100,6 +101,9 @@ class ToyBackbone:
     row_settings = frozenset(
         {"temperature", "block_length", "threshold", "factor", "entropy_bound", "steps"}
     )
+    # reports each step's predictions (`ReportsPredictions`); its forward (`Work.full`) is
+    # charged the head at every position, so a prediction costs nothing more
+    predicts = True
 
     def __init__(self, **config):
         self.config = ToyBackboneConfig(**config)
@@ -200,6 +204,33 @@ class ToyBackbone:
             tokens = torch.frombuffer(array("q", ids), dtype=torch.int64).to(tokens.dtype)
             confidence = torch.frombuffer(array("f", confidence), dtype=torch.float32)
             out.append((tokens, confidence))
+        return out
+
+    def denoise_step_with_predictions(
+        self, batch: StepBatch
+    ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+        """`denoise_step_with_confidence`, and for a row that asks (`StepBatch.predict`) its
+        prediction: the row after the step with every position still masked drawn as a
+        committed one is (the intended character with probability p_correct, else a digit),
+        from noise of its own, so the step itself draws what it draws without it."""
+        out = []
+        for i, (tokens, confidence) in enumerate(self.denoise_step_with_confidence(batch)):
+            if not batch.predicts(i):
+                out.append((tokens, confidence, None))
+                continue
+            c = self._with(batch.setting(i))
+            plen, key = batch.prompt_lens[i], batch.keys[i]
+            gen = torch_generator((0 if c.deterministic else key) ^ PREDICT_SALT, batch.steps[i])
+            ids = tokens.tolist()
+            target = _intended(tuple(ids[:plen]), len(ids) - plen)
+            masked = [n for n in range(plen, len(ids)) if ids[n] == MASK]
+            bar_right = _float32(c.p_correct**c.temperature)
+            right = torch.rand(len(masked), generator=gen).tolist()
+            wrong = torch.randint(0, 10, (len(masked),), generator=gen).tolist()
+            for pos, u, alt in zip(masked, right, wrong, strict=True):
+                ids[pos] = target[pos - plen] if u < bar_right else alt
+            prediction = torch.frombuffer(array("q", ids), dtype=torch.int64).to(tokens.dtype)
+            out.append((tokens, confidence, prediction))
         return out
 
     def decode(self, tokens: torch.Tensor, prompt_len: int) -> str:

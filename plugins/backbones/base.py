@@ -49,8 +49,9 @@ from dllmbench.plugins.backbones.packing import (
 # tokens that end an answer besides the tokenizer's EOS: chat turn ends of each family
 TURN_ENDS = ("<|im_end|>", "<|eot_id|>")
 
-# what a row's uniforms are for; each purpose has its own generator
-PURPOSES = ("token", "order", "position", "tie")
+# what a row's uniforms are for; each purpose has its own generator ("predict": LLaDA's
+# token draw at the positions a step predicts beyond those it may commit)
+PURPOSES = ("token", "order", "position", "tie", "predict")
 
 # how a batch's rows meet attention: left-padded to the widest (SDPA), or end to end (packing.py)
 Attention = Literal["sdpa", "packed"]
@@ -306,6 +307,9 @@ class DiffusionBackbone(abc.ABC):
     # the commit orders the sampler has, by the setting that picks one (`commit_orders`: those
     # a row may set under this backbone's configuration)
     offered_orders: ClassVar[dict[str, tuple[str, ...]]] = {}
+    # reports each step's predictions to rows that ask (`ReportsPredictions`); an object
+    # says False under Fast-dLLM's cache, whose forward does not compute every position
+    predicts: bool = True
 
     def __init__(self, *, transformer: Any = None, tokenizer: Any = None, **config: Any):
         self.config = self.Config(**config)
@@ -365,6 +369,7 @@ class DiffusionBackbone(abc.ABC):
             self.hold, self.release = cache.store.hold, cache.store.release
             self.row_works = cache.row_works
             self.cache_bytes, self.limit_cache = cache.cache_bytes, cache.limit_cache
+        self.predicts = type(self).predicts and self.fast_cache is None
 
     @property
     def layout(self) -> str:
@@ -606,6 +611,17 @@ class DiffusionBackbone(abc.ABC):
             eligible[i] = masked[i] & (positions < off + plen + at[-1].end)
         return eligible, at
 
+    def predicted(
+        self, ids: torch.Tensor, eligible: torch.Tensor, batch: StepBatch
+    ) -> torch.Tensor:
+        """[B, L] mask of the positions whose token a step draws only for the row's prediction
+        (`ReportsPredictions`): in a row that asks (`StepBatch.predict`), every masked
+        position the step may not commit (right of its current block); none in the others."""
+        asks = torch.tensor(
+            [batch.predicts(i) for i in range(ids.shape[0])], dtype=torch.bool, device=ids.device
+        )
+        return (ids == self.mask_id) & ~eligible.to(ids.device) & asks[:, None]
+
     def step_hidden(
         self, ids: torch.Tensor, attn: torch.Tensor, offsets: list[int], batch: StepBatch
     ) -> torch.Tensor:
@@ -618,12 +634,14 @@ class DiffusionBackbone(abc.ABC):
     def step_work(self, batch: StepBatch) -> list[Work]:
         """What each row's denoising forward computes (`CountsStepWork`): bidirectional
         attention over the row's own tokens, padded or packed, and the LM head at the positions
-        it may commit (under Fast-dLLM's cache, fastcache.py's charge). Guidance's second pass
-        is the caller's to count (`passes_per_step`)."""
+        it may commit, and in a row that asks for its prediction also at every other masked
+        position (`predicted`); under Fast-dLLM's cache, fastcache.py's charge. Guidance's
+        second pass is the caller's to count (`passes_per_step`)."""
         if self.fast_cache is not None:
             return self.fast_cache.step_work(batch)
         ids, _, offsets = self.pad(batch.tokens)
-        heads = self.eligible(ids, offsets, batch)[0].sum(-1).tolist()
+        eligible = self.eligible(ids, offsets, batch)[0]
+        heads = (eligible | self.predicted(ids, eligible, batch)).sum(-1).tolist()
         return [Work.full(len(t), head=h) for t, h in zip(batch.tokens, heads, strict=True)]
 
     def denoise_step(self, batch: StepBatch) -> list[torch.Tensor]:
@@ -634,14 +652,43 @@ class DiffusionBackbone(abc.ABC):
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Each row after one step, with the float32 confidence of every token it committed
         (NaN at the positions it left as they were)."""
+        return [(new, conf) for new, conf, _ in self.denoise_step_with_predictions(batch)]
+
+    def denoise_step_with_predictions(
+        self, batch: StepBatch
+    ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+        """Each row after one step, the float32 confidence of every token it committed, and
+        for a row that asks (`StepBatch.predict`) its prediction (`ReportsPredictions`): the
+        token the step drew at every masked position, the row's other tokens as they were;
+        None for the others."""
+        if any(batch.predict) and not self.predicts:
+            why = (
+                "Fast-dLLM's cache computes only some positions at a step; use cache=none"
+                if self.fast_cache is not None
+                else "use dream, llada or tiny"
+            )
+            raise UserError(
+                f"{self.shown_as or self.arch} reports no prediction of the whole canvas at a "
+                f"step; {why}"
+            )
         ids, attn, offsets = self.pad(batch.tokens)
-        new, confidence = self.commit(ids, attn, offsets, batch)
+        new, confidence, proposal = self.commit(ids, attn, offsets, batch)
         confidence = confidence.float().cpu()
-        return [(new[i, off:].cpu(), confidence[i, off:]) for i, off in enumerate(offsets)]
+        return [
+            (
+                new[i, off:].cpu(),
+                confidence[i, off:],
+                proposal[i, off:].cpu() if batch.predicts(i) else None,
+            )
+            for i, off in enumerate(offsets)
+        ]
 
     @abc.abstractmethod
     def commit(
         self, ids: torch.Tensor, attn: torch.Tensor, offsets: list[int], batch: StepBatch
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The padded ids after one denoising step of every row, and the [B, L] float64
-        confidence of each committed token (NaN where nothing was committed)."""
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The padded ids after one denoising step of every row, the [B, L] float64
+        confidence of each committed token (NaN where nothing was committed), and the step's
+        proposal: the ids with the token drawn (x0) at every position whose logits the step
+        computed, the positions it may commit (`eligible`) and, in a row that asks for its
+        prediction, every other masked one (`predicted`)."""

@@ -190,6 +190,10 @@ class BlockDiffusion(DiffusionBackbone):
     Config = BlockConfig
     arch = "block"
     shift = False
+    # no predictions of the whole canvas (`ReportsPredictions`): a step's forward covers only
+    # the current block (the committed blocks are cached, the later ones not yet computed),
+    # and a prediction of the current block alone is not yet reported either
+    predicts = False
     mask_names = ("<|MASK|>", "|<MASK>|", "<|mask|>")
     row_settings = frozenset(
         {

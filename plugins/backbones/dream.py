@@ -314,7 +314,16 @@ class Dream(DiffusionBackbone):
                 chosen[i] |= parallel_commits(confidence[i], eligible[i], ties, c, entropy[i])
         new = torch.where(chosen, proposal, ids)
         committed = torch.where(chosen, confidence, torch.full_like(confidence, torch.nan))
-        return new, committed
+        # a row's prediction beyond its block (`ReportsPredictions`): its other masked
+        # positions drawn as the eligible ones are, each with its own position's uniform
+        extra = self.predicted(ids, eligible, batch)
+        if bool(extra.any()):
+            for c in dict.fromkeys(configs):
+                rows = torch.tensor([cfg == c for cfg in configs], device=device)
+                where = extra & rows[:, None]
+                if bool(where.any()):
+                    proposal[where] = self.propose(hidden[where], token_u[where], c)[0]
+        return new, committed, proposal
 
 
 @hookimpl

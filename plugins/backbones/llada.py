@@ -234,22 +234,15 @@ class LLaDA(DiffusionBackbone):
                 # re-masked positions the reference's quota does not count: fill the block
                 quotas[i] = int(eligible[i].sum())
 
-        logits = self.head(self.step_hidden(ids, attn, offsets, batch)[eligible])  # [M, V]
+        hidden = self.step_hidden(ids, attn, offsets, batch)
+        unhidden = None
         if c.cfg_scale > 0:
             unprompted = ids.clone()
             for i, (off, plen) in enumerate(zip(offsets, batch.prompt_lens, strict=True)):
                 unprompted[i, off : off + plen] = self.mask_id
-            un = self.head(self.hidden(unprompted, attn)[eligible])
-            # the reference's un + (s + 1)(logits - un), in place: the same values (each
-            # operation commutes exactly), without three more [M, V] temporaries (on LLaDA-8B,
-            # 253 KB each per position)
-            logits.sub_(un).mul_(c.cfg_scale + 1).add_(un)
-            del un
-        if c.suppress_mask:
-            logits[:, self.mask_id] = -torch.inf
+            unhidden = self.hidden(unprompted, attn)
+        logits = self.step_logits(hidden, unhidden, eligible)  # [M, V]
         eos, eot = self.end_ids
-        if c.logits_eos_inf and eos is not None:
-            logits[:, eos] = -torch.inf
         zeroed = [t for t in (eos, eot) if t is not None] if c.confidence_eos_eot_inf else []
 
         # row by row: each row's Gumbel noise from its own key; float64 work stays one row big
@@ -275,10 +268,26 @@ class LLaDA(DiffusionBackbone):
                         order = self.noise(batch, offsets, width, "order").to(device)
                     picked[span] = order[i][eligible[i]]
             start += count
+        del logits
         confidence = torch.full(ids.shape, -torch.inf, dtype=torch.float64, device=device)
         confidence[eligible] = picked
         proposal = ids.clone()
         proposal[eligible] = x0
+        # a row's prediction beyond its block (`ReportsPredictions`): the head at its other
+        # masked positions, drawn as above from noise of their own ("predict")
+        extra = self.predicted(ids, eligible, batch)
+        if bool(extra.any()):
+            logits = self.step_logits(hidden, unhidden, extra)
+            drawn = torch.zeros(logits.shape[0], dtype=torch.long, device=device)
+            start = 0
+            for i, count in enumerate(extra.sum(-1).tolist()):
+                if count:
+                    gen = purpose_generator(batch.keys[i], batch.steps[i], "predict", device)
+                    span = slice(start, start + count)
+                    drawn[span] = gumbel_max(logits[span], configs[i].temperature, gen)
+                start += count
+            proposal[extra] = drawn
+            del logits
         ties = self.noise(batch, offsets, width, "tie").to(device)
         chosen = eligible & top_ranked(confidence, quotas, ties)
         # Fast-dLLM or EB-Sampler: beyond the quota, the proposals the row's rule accepts
@@ -291,7 +300,30 @@ class LLaDA(DiffusionBackbone):
         committed = torch.full(ids.shape, torch.nan, dtype=torch.float64, device=device)
         committed[eligible] = probability
         committed = torch.where(chosen, committed, torch.full_like(committed, torch.nan))
-        return torch.where(chosen, proposal, ids), committed
+        new = torch.where(chosen & eligible, proposal, ids)
+        return new, committed, proposal
+
+    def step_logits(
+        self, hidden: torch.Tensor, unhidden: torch.Tensor | None, where: torch.Tensor
+    ) -> torch.Tensor:
+        """The logits [M, V] the sampler reads at the positions `where` [B, L]: the head over
+        the hidden states there, with classifier-free guidance from the prompt-masked canvas's
+        (`unhidden`) and the configured tokens at −inf."""
+        c = self.config
+        logits = self.head(hidden[where])
+        if unhidden is not None:
+            un = self.head(unhidden[where])
+            # the reference's un + (s + 1)(logits - un), in place: the same values (each
+            # operation commutes exactly), without three more [M, V] temporaries (on LLaDA-8B,
+            # 253 KB each per position)
+            logits.sub_(un).mul_(c.cfg_scale + 1).add_(un)
+            del un
+        if c.suppress_mask:
+            logits[:, self.mask_id] = -torch.inf
+        eos, _ = self.end_ids
+        if c.logits_eos_inf and eos is not None:
+            logits[:, eos] = -torch.inf
+        return logits
 
 
 @hookimpl
