@@ -34,6 +34,7 @@ import torch
 
 from dllmbench.analysis.evidence import UnreadableEvidence, read_method, run_data
 from dllmbench.api.interfaces import (
+    CountsStepWork,
     GradesMany,
     ScoreBatch,
     SearchStrategy,
@@ -45,6 +46,8 @@ from dllmbench.api.interfaces import (
     finishes_early,
     is_capped,
     is_deterministic,
+    pool_size_of,
+    reports_predictions,
     row_settings,
     sets_per_row,
 )
@@ -373,7 +376,8 @@ def test_strategy_spends_what_it_declares(dllmbench_strategy):
 
 
 def test_strategy_returns_its_pool_size(dllmbench_strategy):
-    """Every pool holds exactly `pool_size()` candidates (a capped strategy: 1 to that)."""
+    """Every pool holds exactly `pool_size()` candidates, or `pool_size_at(T)` for a strategy
+    whose size depends on T (`SizedBySteps`); a capped strategy: 1 to that."""
     name, config = dllmbench_strategy
     method = kit_method(name, config)
     error: AssertionError | None = None
@@ -381,9 +385,9 @@ def test_strategy_returns_its_pool_size(dllmbench_strategy):
         run_kit([method], steps_for(name, config))
     except AssertionError as exc:
         error = exc
-    size = method.strategy.pool_size()
     capped = is_capped(method.strategy)
     for s in seen(method):
+        size = pool_size_of(method.strategy, s.steps)  # `SizedBySteps`: its size at T
         if s.returned != size and not (capped and 1 <= s.returned < size):
             allowed = " (a capped strategy may return 1 to that)" if capped else ""
             raise AssertionError(
@@ -892,6 +896,58 @@ def test_backbone_copies_with_other_keys_can_differ(dllmbench_backbone):
         f"backbone {name!r}: 16 copies of a row with different keys came out the same; draw "
         "the noise from batch.keys[i], or say deterministic=True on the config"
     )
+
+
+def test_backbone_predictions_leave_the_step_as_it_was(dllmbench_backbone):
+    """A backbone that reports each step's predictions (`ReportsPredictions`): along a
+    trajectory, every row steps to the tokens `denoise_step` gives it, whether it asks for
+    its prediction or not; a row that does not ask gets None, one that asks a prediction that
+    keeps every token the row holds after the step; and `step_work` charges an asking row
+    at least the head it charges the same row not asking, the rest of the forward alike."""
+    name, config = dllmbench_backbone
+    backbone = built("backbone", name, **config)
+    if not reports_predictions(backbone):
+        pytest.skip(f"backbone {name!r} with {config} reports no predictions")
+    (canvas, plen), (other, oplen) = _canvases(backbone, 2)
+    rows = [(canvas, plen, 0, row_key(0, "p", "sample", (0,))), (other, oplen, 0, 11)]
+    for t in range(STEPS):
+        batch = StepBatch(
+            tokens=[r[0] for r in rows],
+            prompt_lens=[r[1] for r in rows],
+            steps=[t, t],
+            keys=[r[3] for r in rows],
+            total_steps=STEPS,
+            predict=[True, False],
+        )
+        out = backbone.denoise_step_with_predictions(batch)
+        plain = backbone.denoise_step(dataclasses.replace(batch, predict=()))
+        for i, (row, want) in enumerate(zip(out, plain, strict=True)):
+            assert torch.equal(row[0], want), (
+                f"backbone {name!r}: at step {t}, row {i} {'asking' if i == 0 else 'not asking'} "
+                "for its prediction stepped to other tokens than through denoise_step"
+            )
+        assert out[1][2] is None, f"backbone {name!r}: a row that did not ask got a prediction"
+        made, after = out[0][2], out[0][0]
+        assert isinstance(made, torch.Tensor) and made.shape == after.shape, (
+            f"backbone {name!r}: a row that asked got no prediction of its canvas at step {t}"
+        )
+        kept = (after == backbone.mask_id) | (made == after)
+        assert bool(kept.all()), (
+            f"backbone {name!r}: at step {t} the prediction changed a token the row holds"
+        )
+        if isinstance(backbone, CountsStepWork):
+            asks = backbone.step_work(batch)
+            plain_work = backbone.step_work(dataclasses.replace(batch, predict=()))
+            same = asks[1] == plain_work[1]
+            more = asks[0].head >= plain_work[0].head
+            rest = dataclasses.replace(asks[0], head=0) == dataclasses.replace(
+                plain_work[0], head=0
+            )
+            assert same and more and rest, (
+                f"backbone {name!r}: step_work charges {asks} asking and {plain_work} not: an "
+                "asking row adds only head positions, and the others are charged as before"
+            )
+        rows = [(r[0], p, t + 1, k) for r, (_, p, _, k) in zip(out, rows, strict=True)]
 
 
 def test_backbone_config_roundtrips(dllmbench_backbone):
