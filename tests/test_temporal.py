@@ -1,0 +1,224 @@
+"""Temporal Self-Consistency Voting (`temporal`): the reference's loop transcribed in plain
+torch against the strategy on a tiny random LLaDA, what each step is charged for its
+predictions, rows that do not ask left as they were, the guards on `ops.predictions`, and the
+plan-time refusal on a backbone that reports no predictions."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import ClassVar
+
+import numpy as np
+import pytest
+import torch
+
+from dllmbench.api.interfaces import model_shape, pool_size_of
+from dllmbench.core.flops import Work, flops
+from dllmbench.core.keys import row_key
+from dllmbench.core.types import Pool, Problem, Prompt, Rows
+from dllmbench.execution.engine import Engine, Sampling
+from dllmbench.execution.method import Method, MethodSpec
+from dllmbench.loading.registry import registry
+from dllmbench.plugins.backbones.base import DiffusionBackbone, purpose_generator
+from dllmbench.plugins.backbones.dream import Dream
+from dllmbench.plugins.backbones.llada import LLaDA
+from dllmbench.plugins.strategies.temporal import Temporal
+from dllmbench.testing.doubles import ToyBackbone, ToySum
+from dllmbench.testing.helpers import run_methods, run_strategy
+
+SEED = 0
+
+
+class LastCharacter:
+    """Questions the random model cannot answer; the answer is the last character of the
+    text, so the random model's predictions give many different answers along a trajectory
+    (and none when a prediction ends at once)."""
+
+    def __init__(self, size: int = 2):
+        self.size = size
+
+    def splits(self) -> dict[str, int]:
+        return {"test": self.size}
+
+    def problems(self, split: str) -> list[Problem]:
+        return [Problem(f"q{i}", f"{i} plus {i + 3} is", str((2 * i + 3) % 10)) for i in range(self.size)]
+
+    def prompt(self, problem: Problem, style: str) -> Prompt:
+        return Prompt(text=problem.question)
+
+    def extract(self, text: str) -> str | None:
+        return text[-1] if text else None
+
+    def answer_key(self, answer: str) -> str:
+        return answer
+
+    def grade(self, problem: Problem, answer: str | None, text: str) -> bool:
+        return answer == problem.gold
+
+    def data_files(self) -> dict[str, str]:
+        return {}
+
+
+def method(spec: str) -> Method:
+    return Method.build(registry(), MethodSpec.parse(spec))
+
+
+def run(bb, task, specs, steps, gen_length, **capacity):
+    methods = [method(s) for s in specs]
+    engine = Engine(
+        backbone=bb,
+        scorers={},
+        task=task,
+        methods=methods,
+        sampling=Sampling(steps, gen_length, "fewshot", SEED),
+    )
+    return engine, engine.run(task.problems("test"))
+
+
+# -- the reference, transcribed ----------------------------------------------------------------
+def reference_weight(weighting: str, alpha: float, s: int, steps: int) -> float:
+    if weighting == "fixed":
+        return 1.0
+    if weighting == "linear":
+        return (s + 1) / steps
+    return math.exp(alpha * s / steps)
+
+
+def reference_temporal(bb, problem, task, *, copy, steps, gen_length, block, temperature, weighting, alpha):
+    """The reference's low-confidence sampler with the temporal tally, on one sample: at every
+    step the model runs on the whole canvas, x0 is the argmax of the (Gumbel-noised) logits
+    at every position, committed tokens are kept, x0 is decoded and its answer tallied with
+    w(s); the most confident masked positions of the current block take x0.
+
+    Two things are the harness's own, on both sides: the uniforms (the backbone's keyed
+    generators: one draw per position of the current block in position order, another for
+    the masked positions after it, where the reference draws one [L, V] tensor), and the
+    decoding of a prediction (`backbone.decode`, as for every candidate)."""
+    prompt = bb.encode(task.prompt(problem, "fewshot"))
+    plen, mask = len(prompt), bb.mask_id
+    x = torch.tensor([prompt + [mask] * gen_length])
+    key = row_key(SEED, problem.id, "sample", (copy,))
+    blocks = gen_length // block
+    per = steps // blocks
+    history = []  # (text, answer key or None, weight) per step
+    s = 0
+    for b in range(blocks):
+        end = plen + (b + 1) * block
+        block_masked = int((x[0, plen + b * block : end] == mask).sum())
+        quota = [block_masked // per + (j < block_masked % per) for j in range(per)]
+        for j in range(per):
+            masked = x == mask
+            with torch.no_grad():
+                logits = bb.transformer(input_ids=x).logits[0]  # [L, V]
+            vocab = logits.shape[-1]
+            if temperature > 0:
+                u = torch.full((x.shape[1], vocab), 0.5, dtype=torch.float64)
+                here = masked[0].clone()
+                here[end:] = False
+                after = masked[0].clone()
+                after[:end] = False
+                gen = purpose_generator(key, s, "token")
+                u[here] = torch.rand((int(here.sum()), vocab), generator=gen, dtype=torch.float64)
+                gen = purpose_generator(key, s, "predict")
+                u[after] = torch.rand((int(after.sum()), vocab), generator=gen, dtype=torch.float64)
+                noised = logits.double().exp() / (-torch.log(u)) ** temperature
+                x0 = noised.argmax(-1)[None]
+            else:
+                x0 = logits.argmax(-1)[None]
+            p = torch.softmax(logits.double(), dim=-1)
+            x0_p = p.gather(-1, x0[0, :, None])[:, 0][None]
+            x0 = torch.where(masked, x0, x)
+            confidence = torch.where(masked, x0_p, torch.tensor(-math.inf, dtype=torch.float64))
+            confidence[:, end:] = -math.inf
+            # the temporal tally of this step's prediction
+            text = bb.decode(x0[0], plen)
+            answer = task.extract(text)
+            answer_key = None if answer is None else task.answer_key(answer)
+            history.append((text, answer_key, reference_weight(weighting, alpha, s, steps)))
+            picked = torch.topk(confidence[0], k=quota[j]).indices
+            x[0, picked] = x0[0, picked]
+            s += 1
+    return history, x[0]
+
+
+def tally(history):
+    totals: dict = {}
+    for _, answer_key, weight in history:
+        if answer_key is not None:
+            totals[answer_key] = totals.get(answer_key, 0.0) + weight
+    return totals
+
+
+@pytest.mark.parametrize(
+    "temperature,block,weighting,n",
+    [(0.0, 4, "exp", 1), (0.8, 4, "exp", 1), (0.8, 12, "linear", 1), (0.8, 6, "fixed", 2)],
+)
+def test_temporal_tallies_the_references_predictions_step_by_step(temperature, block, weighting, n):
+    steps, gen_length, alpha = 6, 12, 5.0
+    bb = LLaDA(model="random", temperature=temperature, block_length=block)
+    task = LastCharacter(2)
+    spec = f"temporal:n={n},weighting={weighting},alpha={alpha}+weighted_majority:by=weight"
+    _, records = run(bb, task, [spec], steps, gen_length)
+    for problem, record in zip(task.problems("test"), records, strict=True):
+        samples = [
+            reference_temporal(
+                bb,
+                problem,
+                task,
+                copy=i,
+                steps=steps,
+                gen_length=gen_length,
+                block=block,
+                temperature=temperature,
+                weighting=weighting,
+                alpha=alpha,
+            )
+            for i in range(n)
+        ]
+        # the pool: step by step, each sample's prediction at that step
+        expected = [samples[i][0][s] for s in range(steps) for i in range(n)]
+        got = [(c["text"], None if c["key"] is None else c["key"], c["weight"]) for c in record["candidates"]]
+        assert got == expected
+        assert [c["lineage"] for c in record["candidates"]] == [[i, s] for s in range(steps) for i in range(n)]
+        # the vote: the tallies, in the order answers were first tallied, and the winner
+        totals = tally(expected)
+        assert list(totals.items()) == list(tally(got).items())
+        chosen = record["selected"]
+        if totals:
+            best = max(totals, key=totals.get)  # first of the largest, as the reference's dict
+            assert record["candidates"][chosen]["key"] == best
+        else:
+            assert chosen is None
+        # the last step's prediction is the sample itself, unless the model committed the
+        # mask token (the reference sampler can): there the prediction holds a fresh draw
+        for i, (_, final) in enumerate(samples):
+            if not bool((final == bb.mask_id).any()):
+                last = record["candidates"][(steps - 1) * n + i]["text"]
+                assert last == bb.decode(final, len(final) - gen_length)
+    # not vacuous: answers were tallied
+    assert any(c["key"] is not None for r in records for c in r["candidates"])
+
+
+def test_the_reference_test_sees_a_vote_that_differs_from_the_final_answer():
+    """The transcription is worth something only when the predictions along a trajectory
+    disagree: on these seeds some step's answer differs from the final one, and the
+    weighting changes the winner of at least one problem."""
+    bb = LLaDA(model="random", temperature=0.8, block_length=4)
+    task = LastCharacter(4)
+    _, records = run(
+        bb,
+        task,
+        ["temporal:n=1,weighting=fixed+weighted_majority:by=weight", "temporal:n=1,weighting=exp,alpha=5+weighted_majority:by=weight"],
+        6,
+        12,
+    )
+    fixed = {r["problem"]: r for r in records if "fixed" in r["method"]}
+    exp = {r["problem"]: r for r in records if "exp" in r["method"]}
+    differs = [
+        p for p, r in fixed.items() if len({c["key"] for c in r["candidates"] if c["key"]}) > 1
+    ]
+    assert differs
+    assert any(fixed[p]["answer"] != exp[p]["answer"] for p in fixed) or any(
+        fixed[p]["answer"] != fixed[p]["candidates"][-1]["answer"] for p in fixed
+    )
