@@ -5,7 +5,6 @@ plan-time refusal on a backbone that reports no predictions."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import ClassVar
 
@@ -16,7 +15,7 @@ import torch
 from dllmbench.api.interfaces import model_shape, pool_size_of
 from dllmbench.core.flops import Work, flops
 from dllmbench.core.keys import row_key
-from dllmbench.core.types import Pool, Problem, Prompt, Rows
+from dllmbench.core.types import Pool, Problem, Prompt
 from dllmbench.execution.engine import Engine, Sampling
 from dllmbench.execution.method import Method, MethodSpec
 from dllmbench.loading.registry import registry
@@ -42,7 +41,10 @@ class LastCharacter:
         return {"test": self.size}
 
     def problems(self, split: str) -> list[Problem]:
-        return [Problem(f"q{i}", f"{i} plus {i + 3} is", str((2 * i + 3) % 10)) for i in range(self.size)]
+        return [
+            Problem(f"q{i}", f"{i} plus {i + 3} is", str((2 * i + 3) % 10))
+            for i in range(self.size)
+        ]
 
     def prompt(self, problem: Problem, style: str) -> Prompt:
         return Prompt(text=problem.question)
@@ -85,7 +87,9 @@ def reference_weight(weighting: str, alpha: float, s: int, steps: int) -> float:
     return math.exp(alpha * s / steps)
 
 
-def reference_temporal(bb, problem, task, *, copy, steps, gen_length, block, temperature, weighting, alpha):
+def reference_temporal(
+    bb, problem, task, *, copy, steps, gen_length, block, temperature, weighting, alpha
+):
     """The reference's low-confidence sampler with the temporal tally, on one sample: at every
     step the model runs on the whole canvas, x0 is the argmax of the (Gumbel-noised) logits
     at every position, committed tokens are kept, x0 is decoded and its answer tallied with
@@ -178,9 +182,14 @@ def test_temporal_tallies_the_references_predictions_step_by_step(temperature, b
         ]
         # the pool: step by step, each sample's prediction at that step
         expected = [samples[i][0][s] for s in range(steps) for i in range(n)]
-        got = [(c["text"], None if c["key"] is None else c["key"], c["weight"]) for c in record["candidates"]]
+        got = [
+            (c["text"], None if c["key"] is None else c["key"], c["weight"])
+            for c in record["candidates"]
+        ]
         assert got == expected
-        assert [c["lineage"] for c in record["candidates"]] == [[i, s] for s in range(steps) for i in range(n)]
+        assert [c["lineage"] for c in record["candidates"]] == [
+            [i, s] for s in range(steps) for i in range(n)
+        ]
         # the vote: the tallies, in the order answers were first tallied, and the winner
         totals = tally(expected)
         assert list(totals.items()) == list(tally(got).items())
@@ -209,7 +218,10 @@ def test_the_reference_test_sees_a_vote_that_differs_from_the_final_answer():
     _, records = run(
         bb,
         task,
-        ["temporal:n=1,weighting=fixed+weighted_majority:by=weight", "temporal:n=1,weighting=exp,alpha=5+weighted_majority:by=weight"],
+        [
+            "temporal:n=1,weighting=fixed+weighted_majority:by=weight",
+            "temporal:n=1,weighting=exp,alpha=5+weighted_majority:by=weight",
+        ],
         6,
         12,
     )
@@ -222,3 +234,148 @@ def test_the_reference_test_sees_a_vote_that_differs_from_the_final_answer():
     assert any(fixed[p]["answer"] != exp[p]["answer"] for p in fixed) or any(
         fixed[p]["answer"] != fixed[p]["candidates"][-1]["answer"] for p in fixed
     )
+
+
+# -- what a step is charged ----------------------------------------------------------------------
+@pytest.mark.parametrize("cls", [LLaDA, Dream])
+def test_each_step_is_charged_the_head_its_predictions_computed(cls, monkeypatch):
+    """The ledger charges the head at every position it was computed: the passes are n·T,
+    the FLOPs the forward over each row plus 2·P_head per head position the sampler ran
+    (counted where the head runs), and beside independent sampling of the same rows exactly
+    the masked positions after each step's block (by hand: blocks of 4 of 12, two steps
+    each, so 8, 8, 4, 4, 0, 0 per row)."""
+    counted = []
+    head = DiffusionBackbone.head
+
+    def observed(self, states):
+        counted.append(states.shape[0])
+        return head(self, states)
+
+    bb = cls(model="random", temperature=0.8, block_length=4)
+    task = LastCharacter(1)
+    monkeypatch.setattr(DiffusionBackbone, "head", observed)
+    _, (temporal,) = run(bb, task, ["temporal:n=2+weighted_majority:by=weight"], 6, 12)
+    shape = model_shape(bb)
+    width = len(bb.encode(task.prompt(task.problems("test")[0], "fewshot"))) + 12
+    assert temporal["ledger"]["passes"] == {"denoise": 2 * 6}
+    body = 2 * 6 * flops(shape, Work.full(width, head=0))
+    assert temporal["ledger"]["flops"]["denoise"] == body + 2 * shape.head * sum(counted)
+    monkeypatch.setattr(DiffusionBackbone, "head", head)
+    _, (independent,) = run(bb, task, ["independent:n=2+first"], 6, 12)
+    extra = temporal["ledger"]["flops"]["denoise"] - independent["ledger"]["flops"]["denoise"]
+    assert extra == 2 * shape.head * 2 * (8 + 8 + 4 + 4 + 0 + 0)
+
+
+def test_rows_that_do_not_ask_are_stepped_and_charged_as_before():
+    """Beside a temporal pool of the same rows (same keys, so the same canvases in one
+    forward), independent samples come out as alone, bit for bit, and are charged as alone;
+    the temporal pool's last predictions are those samples."""
+    bb = LLaDA(model="random", temperature=0.8, block_length=4, suppress_mask=True)
+    task = LastCharacter(2)
+    _, alone = run(bb, task, ["independent:n=2+first"], 6, 12)
+    _, mixed = run(
+        bb, task, ["independent:n=2+first", "temporal:n=2+weighted_majority:by=weight"], 6, 12
+    )
+    beside = [r for r in mixed if r["method"].startswith("independent")]
+    temporal = [r for r in mixed if r["method"].startswith("temporal")]
+    for a, b, t in zip(alone, beside, temporal, strict=True):
+        assert [c["text"] for c in a["candidates"]] == [c["text"] for c in b["candidates"]]
+        assert a["ledger"]["passes"] == b["ledger"]["passes"]
+        assert a["ledger"]["flops"] == b["ledger"]["flops"]
+        assert [c["text"] for c in t["candidates"][-2:]] == [c["text"] for c in a["candidates"]]
+        assert t["ledger"]["flops"]["denoise"] > a["ledger"]["flops"]["denoise"]
+
+
+def test_the_pool_is_n_by_t_and_sized_at_t():
+    strategy = Temporal(n=3)
+    assert strategy.pool_size() == 3 and pool_size_of(strategy, 24) == 72
+    assert method("temporal:n=3+argmax:scorer=orm").cost(24) == {"denoise": 72, "score:orm": 72}
+    records = run_strategy("temporal:n=3+weighted_majority:by=weight", steps=5, problems=2)
+    assert [len(r["candidates"]) for r in records] == [15, 15]
+    assert all(r["ledger"]["passes"] == {"denoise": 15} for r in records)
+
+
+# -- the guards on ops.predictions --------------------------------------------------------------
+class Forging:
+    """A strategy that tampers with what ops.predictions reads (or asks it wrongly)."""
+
+    scorers: tuple[str, ...] = ()
+    prefix_field: ClassVar[str | None] = None
+
+    def __init__(self, how: str):
+        self.how = how
+        self.config = {"how": how}
+
+    def cost(self, total_steps: int) -> dict[str, int]:
+        return {"denoise": total_steps}
+
+    def pool_size(self) -> int:
+        return 1
+
+    def pool_scores(self) -> frozenset[str]:
+        return frozenset()
+
+    async def search(self, problem, ops) -> Pool:
+        rows = ops.start(problem, copies=1, predictions=self.how != "unasked")
+        if self.how == "early":
+            ops.predictions(rows)
+        rows = await ops.denoise(rows, ops.T - 1)
+        if self.how == "tamper":
+            rows.prediction[0, rows.prompt_len :] = 3  # a prediction ops never produced
+        made = ops.predictions(rows)
+        rows = await ops.denoise(rows, 1)
+        return ops.pool(made if self.how == "tamper" else rows)
+
+
+@pytest.mark.parametrize(
+    "how,needle",
+    [
+        ("tamper", "ops never produced"),
+        ("unasked", "predictions=True"),
+        ("early", "has taken no step yet"),
+    ],
+)
+def test_ops_predictions_refuses_what_it_did_not_make(how, needle):
+    from dllmbench.core.errors import PluginViolation
+
+    forging = Method("forging", MethodSpec("forging"), Forging(how), registry().selector("first"))
+    with pytest.raises(PluginViolation, match=needle):
+        run_methods([forging], steps=4, problems=1)
+
+
+def test_a_backbone_without_predictions_refuses_at_the_first_problem():
+    class Silent(ToyBackbone):
+        predicts = False
+
+    task = ToySum(size=1)
+    engine = Engine(
+        backbone=Silent(),
+        scorers={},
+        task=task,
+        methods=[method("temporal:n=1+weighted_majority:by=weight")],
+        sampling=Sampling(4, 6, "fewshot"),
+    )
+    from dllmbench.core.errors import UserError
+
+    with pytest.raises(UserError, match="does not report"):
+        engine.run(task.problems("test"))
+
+
+def test_plan_refuses_temporal_on_a_backbone_without_predictions(cli):
+    from conftest import assert_user_error
+
+    spec = "temporal:n=1+weighted_majority:by=weight"
+    result = cli("plan", "--backbone", "tiny-block", "--method", spec, "--budget", "100")
+    assert_user_error(result, "read each step's predictions", "does not report")
+    ok = cli("plan", "--backbone", "tiny", "--method", spec, "--budget", "100", "--steps", "24")
+    assert ok.code == 0, ok.err
+    bad = cli("plan", "--method", "temporal:weighting=cubic+first", "--budget", "100")
+    assert_user_error(bad, "option weighting wants one of", "cubic")
+
+
+def test_weights_by_hand():
+    t = Temporal(weighting="exp", alpha=5.0)
+    assert t.weight(0, 4) == 1.0 and t.weight(2, 4) == pytest.approx(math.exp(2.5))
+    assert Temporal(weighting="linear").weight(1, 4) == 0.5
+    assert Temporal(weighting="fixed").weight(3, 4) == 1.0
+    assert isinstance(np.float64(t.weight(1, 4)), float)
