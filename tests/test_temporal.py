@@ -379,3 +379,42 @@ def test_weights_by_hand():
     assert Temporal(weighting="linear").weight(1, 4) == 0.5
     assert Temporal(weighting="fixed").weight(3, 4) == 1.0
     assert isinstance(np.float64(t.weight(1, 4)), float)
+
+
+class Liar(ToyBackbone):
+    """Reports predictions that break the contract, as told."""
+
+    def __init__(self, how: str, **config):
+        super().__init__(**config)
+        self.how = how
+
+    def denoise_step_with_predictions(self, batch):
+        out = []
+        for tokens, confidence, made in super().denoise_step_with_predictions(batch):
+            if made is not None and self.how == "rewrites":
+                made = made.clone()
+                made[0] = (int(made[0]) + 1) % 10  # a prompt token changed
+            if made is None and self.how == "unasked":
+                made = tokens.clone()
+            out.append((tokens, confidence, made))
+        return out
+
+
+@pytest.mark.parametrize(
+    "how,needle",
+    [("rewrites", "keeps the prompt and every committed token"), ("unasked", "did not ask")],
+)
+def test_a_backbone_whose_predictions_break_the_contract_is_named(how, needle):
+    from dllmbench.core.errors import PluginViolation
+
+    task = ToySum(size=1)
+    specs = ["temporal:n=1+weighted_majority:by=weight", "independent:n=1+first"]
+    engine = Engine(
+        backbone=Liar(how),
+        scorers={},
+        task=task,
+        methods=[method(s) for s in specs],
+        sampling=Sampling(4, 6, "fewshot"),
+    )
+    with pytest.raises(PluginViolation, match=needle):
+        engine.run(task.problems("test"))
