@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 from typing import ClassVar
 
-import numpy as np
 import pytest
 import torch
 
@@ -378,7 +377,6 @@ def test_weights_by_hand():
     assert t.weight(0, 4) == 1.0 and t.weight(2, 4) == pytest.approx(math.exp(2.5))
     assert Temporal(weighting="linear").weight(1, 4) == 0.5
     assert Temporal(weighting="fixed").weight(3, 4) == 1.0
-    assert isinstance(np.float64(t.weight(1, 4)), float)
 
 
 class Liar(ToyBackbone):
