@@ -241,7 +241,17 @@ class LLaDA(DiffusionBackbone):
             for i, (off, plen) in enumerate(zip(offsets, batch.prompt_lens, strict=True)):
                 unprompted[i, off : off + plen] = self.mask_id
             unhidden = self.hidden(unprompted, attn)
-        logits = self.step_logits(hidden, unhidden, eligible)  # [M, V]
+        # the states the head reads: at the positions a step may commit and, for a row's
+        # prediction beyond its block (`ReportsPredictions`), at its other masked positions;
+        # the whole [B, L, H] is freed before the head runs
+        extra = self.predicted(ids, eligible, batch)
+        at = (hidden[eligible], None if unhidden is None else unhidden[eligible])
+        aside = None
+        if bool(extra.any()):
+            aside = (hidden[extra], None if unhidden is None else unhidden[extra])
+        del hidden, unhidden
+        logits = self.step_logits(*at)  # [M, V]
+        del at
         eos, eot = self.end_ids
         zeroed = [t for t in (eos, eot) if t is not None] if c.confidence_eos_eot_inf else []
 
@@ -273,11 +283,10 @@ class LLaDA(DiffusionBackbone):
         confidence[eligible] = picked
         proposal = ids.clone()
         proposal[eligible] = x0
-        # a row's prediction beyond its block (`ReportsPredictions`): the head at its other
-        # masked positions, drawn as above from noise of their own ("predict")
-        extra = self.predicted(ids, eligible, batch)
-        if bool(extra.any()):
-            logits = self.step_logits(hidden, unhidden, extra)
+        # the prediction beyond the block: the head at the row's other masked positions,
+        # drawn as above from noise of their own ("predict")
+        if aside is not None:
+            logits = self.step_logits(*aside)
             drawn = torch.zeros(logits.shape[0], dtype=torch.long, device=device)
             start = 0
             for i, count in enumerate(extra.sum(-1).tolist()):
@@ -303,16 +312,14 @@ class LLaDA(DiffusionBackbone):
         new = torch.where(chosen & eligible, proposal, ids)
         return new, committed, proposal
 
-    def step_logits(
-        self, hidden: torch.Tensor, unhidden: torch.Tensor | None, where: torch.Tensor
-    ) -> torch.Tensor:
-        """The logits [M, V] the sampler reads at the positions `where` [B, L]: the head over
-        the hidden states there, with classifier-free guidance from the prompt-masked canvas's
-        (`unhidden`) and the configured tokens at −inf."""
+    def step_logits(self, hidden: torch.Tensor, unhidden: torch.Tensor | None) -> torch.Tensor:
+        """The logits [M, V] the sampler reads from the hidden states [M, H] of M positions:
+        the head, with classifier-free guidance from the prompt-masked canvas's states there
+        (`unhidden`), and the configured tokens at −inf."""
         c = self.config
-        logits = self.head(hidden[where])
+        logits = self.head(hidden)
         if unhidden is not None:
-            un = self.head(unhidden[where])
+            un = self.head(unhidden)
             # the reference's un + (s + 1)(logits - un), in place: the same values (each
             # operation commutes exactly), without three more [M, V] temporaries (on LLaDA-8B,
             # 253 KB each per position)
