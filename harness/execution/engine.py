@@ -663,7 +663,7 @@ class Engine:
                 if reported:
                     confidence = row[1]
                     if not (
-                        (predicting and confidence is None)
+                        (predicting and not confident and confidence is None)
                         or (
                             isinstance(confidence, torch.Tensor)
                             and confidence.shape == given.shape
