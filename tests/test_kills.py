@@ -5,7 +5,10 @@ the line a SIGTERM leaves (tests/test_shards.py has a run's own SIGTERM)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -81,3 +84,78 @@ def test_status_is_not_merged_without_compute_json(shares, cli):
     assert "compute.json is missing or does not account for the records" in shown.out
     assert cli("merge", shares).code == 0
     assert status(shares).merged
+
+
+def dead_pid() -> int:
+    """The pid of a process that has ended (a child of this test, reaped)."""
+    child = subprocess.Popen([sys.executable, "-c", ""])
+    child.wait()
+    return child.pid
+
+
+def test_temporaries_a_killed_writer_left_are_removed_by_the_next_holder(finished_run, cli):
+    """A process killed mid-write leaves `.NAME.PID.tmp`: `status` reads past them, and the
+    next command to hold the run directory removes them (a run resumed, a merge); the
+    temporaries of this process are its own, and stay."""
+    pid = dead_pid()
+    left = [f".{name}.{pid}.tmp" for name in ("results.json", "compute.json", "heartbeat.json")]
+    for name in left:
+        (finished_run / name).write_text('{"cut')
+    mine = finished_run / f".manifest.json.{os.getpid()}.tmp"  # a resume writes no manifest
+    mine.write_text("")
+    found = json.loads(cli("status", finished_run, "--json").out)
+    assert found["merged"] and found["done"] == found["planned"]
+    assert all((finished_run / name).exists() for name in left)  # status writes nothing
+    resumed = cli(*TOY_RUN, "--out", finished_run)
+    assert resumed.code == 0, resumed.err
+    assert not [name for name in left if (finished_run / name).exists()]
+    assert mine.exists()
+    (finished_run / left[0]).write_text("")
+    assert cli("merge", finished_run).code == 0
+    assert not (finished_run / left[0]).exists()
+
+
+def test_a_share_removes_the_temporaries_of_its_own_files_only(shares, cli):
+    """A share holds its own lock and `.lock` shared: it removes what a killed process left of
+    its own files (its compute file, its heartbeat), not of files other processes of the run
+    may be writing now (results.json, compute.json); merge, which holds `.lock` alone, does."""
+    pid = dead_pid()
+    own = [f".compute.shard-1-of-2.json.{pid}.tmp", f".heartbeat.shard-1-of-2.json.{pid}.tmp"]
+    others = [f".compute.shard-2-of-2.json.{pid}.tmp", f".results.json.{pid}.tmp"]
+    for name in own + others:
+        (shares / name).write_text("")
+    assert cli(*TOY_RUN, "--out", shares, "--shard", "1/2").code == 0
+    assert [name for name in own + others if (shares / name).exists()] == others
+    assert cli("merge", shares).code == 0
+    assert not [name for name in others if (shares / name).exists()]
+
+
+@pytest.mark.parametrize("shard", [None, "1/2"])
+def test_compute_json_saved_between_syncs_is_written_whole(tmp_path, monkeypatch, shard):
+    """The heartbeat's save of compute.json (`durable=False`, every 5 s from its thread) and
+    the saves between records skip the directory's fsync, not the file's: the new content is
+    on disk before the rename, so a power cut leaves the old file or the new, never an empty
+    one."""
+    from dllmbench.storage.shards import parse_shard
+
+    events: list[tuple[str, str]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))))
+        return real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("replace", os.path.basename(src)))
+        return real_replace(src, dst)
+
+    rundir = RunDir(tmp_path, None if shard is None else parse_shard(shard))
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    rundir.save_invocation({"passes": {"denoise": 8}, "records_written": 1}, durable=False)
+    monkeypatch.undo()
+    tmp = f".{rundir.total_compute_path.name if shard is None else rundir.compute_path.name}"
+    replaced = [i for i, (what, name) in enumerate(events) if what == "replace"]
+    assert len(replaced) == 1 and events[replaced[0]][1].startswith(tmp)
+    assert ("fsync", events[replaced[0]][1]) in events[: replaced[0]], events
+    assert json.loads(rundir.compute_path.read_text())["invocations"][0]["records_written"] == 1

@@ -34,6 +34,8 @@ from typing import Any
 
 import psutil
 
+from dllmbench.storage.filesystem import temporary_name
+
 BEAT_SECONDS = 5.0
 STALE_SECONDS = 30.0  # no heartbeat for this long: the process is gone (or its host is)
 # a process whose heartbeat beats but whose work has not moved for this long (one forward, or
@@ -238,7 +240,7 @@ class Heartbeat:
             if self._before is None:
                 self.path.unlink()
             else:
-                tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+                tmp = temporary_name(self.path)
                 try:
                     tmp.write_bytes(self._before)
                     os.replace(tmp, self.path)
@@ -256,7 +258,7 @@ class Heartbeat:
         with self._lock:
             self.beat.beat = time.time()
             text = json.dumps(asdict(self.beat), indent=2) + "\n"
-            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            tmp = temporary_name(self.path)
             try:
                 tmp.write_text(text, encoding="utf-8")
                 os.replace(tmp, self.path)
