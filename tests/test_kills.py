@@ -4,6 +4,7 @@ the line a SIGTERM leaves (tests/test_shards.py has a run's own SIGTERM)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -159,3 +160,119 @@ def test_compute_json_saved_between_syncs_is_written_whole(tmp_path, monkeypatch
     assert len(replaced) == 1 and events[replaced[0]][1].startswith(tmp)
     assert ("fsync", events[replaced[0]][1]) in events[: replaced[0]], events
     assert json.loads(rundir.compute_path.read_text())["invocations"][0]["records_written"] == 1
+
+
+# a child that runs the `dllmbench` entry point with `ATTRIBUTE` of `MODULE` replaced by a
+# call that sends SIGTERM to the child itself, as a scheduler would at that moment
+SIGTERM_AT = """
+import importlib, os, signal, sys
+module = importlib.import_module(sys.argv[1])
+
+def terminated(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+    raise AssertionError("SIGTERM did not stop the command")
+
+setattr(module, sys.argv[2], terminated)
+from dllmbench.cli import command
+sys.argv = ["dllmbench", *sys.argv[3:]]
+raise SystemExit(command())
+"""
+
+
+def terminated_at(module: str, attribute: str, *argv) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", SIGTERM_AT, module, attribute, *map(str, argv)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_sigterm_during_a_merge_says_what_is_kept(shares):
+    """SIGTERM outside `run`'s own handler (a merge job pre-empted) ended the process at once:
+    status 143 with no line, its lock and temporaries left. It unwinds as Ctrl-C does: one
+    line saying what is kept and what to run, status 143, the lock released, and the run
+    directory not merged."""
+    done = terminated_at("dllmbench.storage.rundir", "_fsync_dir", "merge", shares)
+    assert done.returncode == 143, done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stderr.splitlines() == [
+        f"dllmbench: terminated (SIGTERM); every record in {shares} is kept (results.json is "
+        f"written only by a merge that ends); run dllmbench merge {shares} again"
+    ]
+    assert not (shares / ".lock").exists()
+    assert not list(shares.glob(".*.tmp"))
+    assert not status(shares).merged
+
+
+def test_sigterm_before_a_run_handles_it_says_nothing_was_written(tmp_path):
+    """SIGTERM while `run` reads its plugins and arguments, before its own handler: one
+    line, status 143, nothing written."""
+    out = tmp_path / "run"
+    done = terminated_at("dllmbench.cli.run", "run_config", *TOY_RUN, "--out", out)
+    assert done.returncode == 143, done.stderr
+    assert done.stderr.splitlines() == [
+        "dllmbench: terminated (SIGTERM); the run had not begun and nothing was written; run "
+        "the same command again"
+    ]
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "command,where,needle",
+    [
+        (["merge", "{run}"], "dllmbench.running.merge.merge", "every record in {run} is kept"),
+        (
+            ["report", "{run}", "--out", "{tmp}/report"],
+            "dllmbench.cli.report.claim",
+            "the run directories are untouched; run the same command again to write "
+            "{tmp}/report whole",
+        ),
+        (
+            ["collect", "--task", "arith", "--backbone", "tiny", "--out", "{tmp}/c"],
+            "dllmbench.cli.collect.claim",
+            "the trajectories of every finished problem are kept in {tmp}/c; run the same "
+            "command again to resume",
+        ),
+        (
+            ["train-scorer", "--kind", "prm", "--data", "{tmp}/c", "--out", "{tmp}/s"],
+            "dllmbench.cli.train_scorer.claim",
+            "the checkpoints saved so far (every --val-every steps) are kept in {tmp}/s",
+        ),
+        (
+            ["diagnose", "{tmp}/c"],
+            "dllmbench.scoring.collect.read_meta",
+            "the collection is untouched and {tmp}/c/controls holds no new controls",
+        ),
+        (
+            ["demo", "retrain", "--out", "{tmp}/d"],
+            "dllmbench.cli.demo.claim",
+            "every finished stage is kept in {tmp}/d; run the same command again to resume",
+        ),
+        (
+            TOY_RUN,
+            "dllmbench.cli.run.run_config",
+            "the run had not begun and nothing was written; run the same command again",
+        ),
+    ],
+)
+@pytest.mark.parametrize("stop", ["terminated", "interrupted"])
+def test_every_command_that_writes_says_what_it_kept(
+    finished_run, tmp_path, cli, monkeypatch, command, where, needle, stop
+):
+    """Whatever a writing command was doing when SIGTERM (or Ctrl-C) came, its one line says
+    what is kept and how to go on, as `run`'s has said of its records."""
+    from dllmbench.core.errors import Terminated
+
+    module, _, attribute = where.rpartition(".")
+
+    def stopped(*args, **kwargs):
+        raise Terminated if stop == "terminated" else KeyboardInterrupt
+
+    monkeypatch.setattr(importlib.import_module(module), attribute, stopped)
+    given = {"run": finished_run, "tmp": tmp_path}
+    done = cli(*[str(word).format(**given) for word in command])
+    what = "terminated (SIGTERM)" if stop == "terminated" else "interrupted"
+    assert done.code == (143 if stop == "terminated" else 130), done.err
+    assert done.err.startswith(f"dllmbench: {what}; ") and done.err.count("\n") == 1
+    assert needle.format(**given) in done.err

@@ -34,7 +34,15 @@ def add_parser(sub: Any) -> None:
         help="with --wait: give up after this many seconds",
     )
     add_json(p, "print results.json instead of a table")
-    p.set_defaults(execute=execute)
+    p.set_defaults(execute=execute, kept=kept)
+
+
+def kept(args: argparse.Namespace) -> str:
+    """What an interrupted merge keeps, and how to go on: results.json is written last."""
+    return (
+        f"every record in {args.run_dir} is kept (results.json is written only by a merge "
+        f"that ends); run dllmbench merge {args.run_dir} again"
+    )
 
 
 def execute(args: argparse.Namespace) -> Reply:

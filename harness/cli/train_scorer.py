@@ -57,7 +57,15 @@ def add_parser(sub: Any) -> None:
     t.add_argument("--seed", type=natural_int, default=declared_default(TRAIN_CONFIG, "seed"))
     t.add_argument("--out", required=True, help="training directory (resumed if it exists)")
     add_json(t)
-    t.set_defaults(execute=execute)
+    t.set_defaults(execute=execute, kept=kept)
+
+
+def kept(args: argparse.Namespace) -> str:
+    """What an interrupted training keeps, and how to go on."""
+    return (
+        f"the checkpoints saved so far (every --val-every steps) are kept in {args.out}; run "
+        "the same command again to resume from the last"
+    )
 
 
 def _config(args: argparse.Namespace) -> TrainConfig:
