@@ -13,7 +13,7 @@ from dllmbench.cli.argtypes import fraction, natural_int, positive_float, positi
 from dllmbench.cli.common import Reply, add_json, declared_default, plugin_arg
 from dllmbench.cli.folders import claim
 from dllmbench.cli.progress import Progress
-from dllmbench.core.errors import UserError
+from dllmbench.core.errors import Blamed, UserError
 
 if TYPE_CHECKING:  # training loads torch: `execute` imports it
     from dllmbench.scoring.training import TrainConfig
@@ -118,9 +118,12 @@ def execute(args: argparse.Namespace) -> Reply:
             "(dllmbench.interfaces.TrainableScorer)"
         )
     cfg = _config(args)
+    # an exception the scorer's own code raises while it trains (its logits, its save) is its
+    # fault: one line naming it, exit status 3, as in a run
+    blamed = Blamed(scorer, "scorer", args.kind, reg.info("scorer", args.kind).distribution)
     with Progress() as bar:
         record = train(
-            scorer,
+            blamed,
             snapshots,
             cfg,
             out,
