@@ -8,8 +8,10 @@ import importlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -276,3 +278,35 @@ def test_every_command_that_writes_says_what_it_kept(
     assert done.code == (143 if stop == "terminated" else 130), done.err
     assert done.err.startswith(f"dllmbench: {what}; ") and done.err.count("\n") == 1
     assert needle.format(**given) in done.err
+
+
+def heartbeat_of(path: Path, pid: int, started: float) -> None:
+    """`heartbeat.json` of a whole run that says it runs, beating now, as `pid` of this host."""
+    now = time.time()
+    beat = {"share": None, "token": "t", "pid": pid, "host": socket.gethostname()}
+    beat.update(started=started, beat=now, state="running", records_written=1)
+    (path / "heartbeat.json").write_text(json.dumps(beat))
+
+
+def test_a_heartbeat_of_a_dead_pid_is_dead_at_once(finished_run):
+    """A process killed (SIGKILL: its heartbeat still says running, and is fresh) is dead as
+    soon as its pid is gone on this host, not after the heartbeat goes stale."""
+    heartbeat_of(finished_run, dead_pid(), time.time() - 100)
+    (process,) = status(finished_run).processes
+    assert process.state == "dead"
+
+
+def test_a_heartbeat_whose_pid_another_process_took_is_dead(finished_run):
+    """The pid of a killed process taken by a process started since (pids are reused): the
+    heartbeat is not that process's, and status says dead, not running."""
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        heartbeat_of(finished_run, other.pid, time.time() - 100)
+        (process,) = status(finished_run).processes
+        assert process.state == "dead"
+        heartbeat_of(finished_run, other.pid, time.time())  # its own: it runs
+        (process,) = status(finished_run).processes
+        assert process.state == "running"
+    finally:
+        other.kill()
+        other.wait()
