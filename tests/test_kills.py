@@ -225,6 +225,12 @@ def test_sigterm_before_a_run_handles_it_says_nothing_was_written(tmp_path):
     [
         (["merge", "{run}"], "dllmbench.running.merge.merge", "every record in {run} is kept"),
         (
+            ["merge", "--wait", "{tmp}/none"],
+            "dllmbench.running.merge.merge",
+            "{tmp}/none holds no run yet and nothing was written; run dllmbench merge --wait "
+            "{tmp}/none again",
+        ),
+        (
             ["report", "{run}", "--out", "{tmp}/report"],
             "dllmbench.cli.report.claim",
             "the run directories are untouched; run the same command again to write "
