@@ -339,8 +339,9 @@ def test_interrupts_held_pass_on_the_first_signal_to_the_handler_before_it():
 
 def test_compute_json_is_saved_before_each_record(tmp_path, monkeypatch):
     """The entry is saved before each record is written (so every pass of a written record is
-    in a saved entry, whenever a kill comes), durably every SAVE_EVERY seconds, and last when
-    the invocation ends."""
+    in a saved entry, whenever a kill comes), durably every SAVE_EVERY seconds, finished
+    before compute.json accounts for the records and results.json is written (a kill between
+    leaves no results.json beside an unfinished entry), and last when the invocation ends."""
     import dllmbench.running.runner as runner
 
     saves = []
@@ -353,10 +354,10 @@ def test_compute_json_is_saved_before_each_record(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "SAVE_EVERY", 3600.0)  # durable: the first and the last
     monkeypatch.setattr(RunDir, "save_invocation", save)
     run(config(tmp_path / "r", methods=["vanilla"]))
-    assert [e["records_written"] for e, _, _ in saves] == [*range(8), 8]
-    assert [on_disk for _, _, on_disk in saves] == [*range(8), 8]  # saved, then written
-    assert [e["finished"] for e, _, _ in saves] == [False] * 8 + [True]
-    assert [durable for _, durable, _ in saves] == [True] + [False] * 7 + [True]
+    assert [e["records_written"] for e, _, _ in saves] == [*range(8), 8, 8]
+    assert [on_disk for _, _, on_disk in saves] == [*range(8), 8, 8]  # saved, then written
+    assert [e["finished"] for e, _, _ in saves] == [False] * 8 + [True, True]
+    assert [durable for _, durable, _ in saves] == [True] + [False] * 7 + [True, True]
 
 
 def test_damage_before_the_last_line_is_an_error_not_a_silent_cut(tmp_path):

@@ -251,6 +251,46 @@ class SetsPerRow(Protocol):
 
 
 @runtime_checkable
+class SettingsByConfig(Protocol):
+    """A strategy whose rows' sampler settings its config alone fixes (not what it reads
+    from `ops` as it runs) lists them, each distinct one once: a run checks them against the
+    backbone's Config (`RefusesRowSettings`) before any model loads, instead of the first
+    problem refusing them."""
+
+    def settings_by_config(self) -> list[dict[str, Any]]: ...
+
+
+@runtime_checkable
+class RefusesRowSettings(Protocol):
+    """A backbone Config that can say, before the model loads, why rows with these sampler
+    settings could not sample under it (None: they can): the reason the built backbone's
+    `check_row_settings` gives, for values the Config itself refuses (a threshold under a
+    commit order that ranks no drawn token's probability)."""
+
+    def row_refusal(self, settings: Mapping[str, Any]) -> str | None: ...
+
+
+def row_settings_line(backbone: str, settings: Mapping[str, Any], reason: str) -> str:
+    """The one line refusing a row's sampler `settings` on `backbone`, whether the Config
+    refuses them before the model loads or the built backbone when a row starts."""
+    return f"{backbone}: a row's sampler settings {dict(settings)}: {reason}"
+
+
+def settings_by_config(strategy: object) -> list[dict[str, Any]]:
+    """The sampler settings a strategy's config fixes for its rows (`SettingsByConfig`; else
+    none said)."""
+    if not isinstance(strategy, SettingsByConfig):
+        return []
+    return [dict(s) for s in strategy.settings_by_config()]
+
+
+def row_refusal(config: object, settings: Mapping[str, Any]) -> str | None:
+    """Why a backbone Config refuses rows with `settings` (`RefusesRowSettings`); None when it
+    does not, or cannot say before the model loads."""
+    return config.row_refusal(settings) if isinstance(config, RefusesRowSettings) else None
+
+
+@runtime_checkable
 class VariesPerRow(Protocol):
     """A backbone whose rows may carry their own sampler settings (`StepBatch.settings`).
 

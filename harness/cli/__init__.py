@@ -22,7 +22,7 @@ import sys
 import threading
 import traceback
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from dllmbench import __version__
@@ -96,13 +96,54 @@ def _error(message: str, status: int, debug: bool = False) -> int:
 
 def command() -> int:
     """The `dllmbench` command: `main` on the process's arguments, as its entry point."""
+    del _TERMS_HELD[:]
     with _later_interrupts_held() as held:
         status = main()
     if status in (INTERRUPTED, TERMINATED):
-        if held:  # Ctrl-C pressed again while the first was handled: its line is out; leave
-            _leave(status)
+        if held or _TERMS_HELD:  # pressed (or sent) again while the first was handled: its
+            _leave(status)  # line is out; leave
         _leave_at_the_next_signal(status)
     return status
+
+
+# SIGTERMs that came while the first was handled (`_terminated_on_sigterm`)
+_TERMS_HELD: list[int] = []
+
+
+def _hold_terms(signum: int, frame: Any) -> None:
+    _TERMS_HELD.append(signum)
+
+
+@contextlib.contextmanager
+def _terminated_on_sigterm() -> Iterator[Callable[[], None]]:
+    """SIGTERM raises `Terminated` in the main thread for the whole command, as `run` has
+    long done for its own span: every command unwinds as from Ctrl-C (its files written
+    whole, its locks released) and says in one line what is kept and how to go on, where the
+    default action ended the process with no line, leaving its locks and temporary files
+    behind. SIGTERMs after the first, until the command returns, are held (`_TERMS_HELD`), so
+    the first's tidying and line are not cut short; the entry point then leaves. Yields the
+    call that starts holding them (a `Terminated` raised by `run`'s own handler, an interrupt
+    being handled). A disposition not the default (SIGTERM ignored) is left alone."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
+        yield lambda: None
+        return
+
+    def hold() -> None:
+        if signal.getsignal(signal.SIGTERM) is first:
+            signal.signal(signal.SIGTERM, _hold_terms)
+
+    def first(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, _hold_terms)
+        raise Terminated
+
+    signal.signal(signal.SIGTERM, first)
+    try:
+        yield hold
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 @contextlib.contextmanager
@@ -209,6 +250,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return USER_ERROR
     debug = _debugging(args)
+    with _terminated_on_sigterm() as hold:
+        return _dispatch(args, debug, hold)
+
+
+def _dispatch(args: argparse.Namespace, debug: bool, hold: Callable[[], None]) -> int:
+    """Run the command `args` names; its errors and interrupts as one line and a status."""
     stdout, sys.stdout = sys.stdout, _Guarded(sys.stdout)
     try:
         from dllmbench.loading.manager import PluginSelection  # pluggy: once a command runs
@@ -227,11 +274,14 @@ def main(argv: list[str] | None = None) -> int:
     except CostMismatch as exc:
         return _error(f"ledger check failed: {exc}", 3, debug)
     except Interrupted as exc:
+        hold()
         return _error(str(exc), exc.status)
     except Terminated:
-        return _error("terminated (SIGTERM)", TERMINATED)
+        hold()
+        return _error(_stopped("terminated (SIGTERM)", args), TERMINATED)
     except KeyboardInterrupt:
-        return _error("interrupted", INTERRUPTED)
+        hold()
+        return _error(_stopped("interrupted", args), INTERRUPTED)
     except BrokenPipeError:  # `dllmbench plugins --json | head`: the reader left; so do we
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return BROKEN_PIPE
@@ -240,6 +290,18 @@ def main(argv: list[str] | None = None) -> int:
         return _error(f"error: cannot write to stdout: {exc}", USER_ERROR)
     finally:
         sys.stdout = stdout
+
+
+def _stopped(what: str, args: argparse.Namespace) -> str:
+    """The line of a command interrupted (`what`): for a command that writes, what it kept
+    and how to go on (its `kept(args)`, set as a parser default)."""
+    kept = getattr(args, "kept", None)
+    if kept is None:
+        return what
+    try:
+        return f"{what}; {kept(args)}"
+    except Exception:  # the line must come whatever the arguments are
+        return what
 
 
 def _notice_line(show: Any) -> Any:

@@ -56,7 +56,15 @@ def add_parser(sub: Any) -> None:
     )
     c.add_argument("--out", required=True, help="collection directory (resumed if it exists)")
     add_json(c)
-    c.set_defaults(execute=execute)
+    c.set_defaults(execute=execute, kept=kept)
+
+
+def kept(args: argparse.Namespace) -> str:
+    """What an interrupted collection keeps, and how to go on."""
+    return (
+        f"the trajectories of every finished problem are kept in {args.out}; run the same "
+        "command again to resume"
+    )
 
 
 def execute(args: argparse.Namespace) -> Reply:

@@ -88,11 +88,16 @@ def add_parser(sub: Any) -> None:
         help="a few steps of every stage (a check of the pipeline in seconds, not a usable model)",
     )
     add_json(r)
-    r.set_defaults(execute=retrain)
+    r.set_defaults(execute=retrain, kept=kept)
 
 
 def _no_action(args: argparse.Namespace) -> Reply:
     raise UserError("demo needs an action: dllmbench demo retrain --out DIR (see --help)")
+
+
+def kept(args: argparse.Namespace) -> str:
+    """What an interrupted retraining keeps, and how to go on: each stage resumes."""
+    return f"every finished stage is kept in {args.out}; run the same command again to resume"
 
 
 def retrain(args: argparse.Namespace) -> Reply:

@@ -63,7 +63,7 @@ def add_parser(sub: Any) -> None:
         "--out", help="where controls.json and controls.md go (default: COLLECTION/controls)"
     )
     add_json(d)
-    d.set_defaults(execute=execute)
+    d.set_defaults(execute=execute, kept=kept)
 
 
 def default_scorers(backbone: str, config: dict[str, Any]) -> dict[str, tuple[str, dict]]:
@@ -79,6 +79,14 @@ def default_scorers(backbone: str, config: dict[str, Any]) -> dict[str, tuple[st
             if (TINY_DIR / name / "config.json").is_file():
                 out[name] = ("prm", {"checkpoint": str(TINY_DIR / name)})
     return out
+
+
+def kept(args: argparse.Namespace) -> str:
+    """What interrupted controls keep, and how to go on: they are written at their end."""
+    out = Path(args.collection) / "controls" if args.out is None else args.out
+    return (
+        f"the collection is untouched and {out} holds no new controls; run the same command again"
+    )
 
 
 def execute(args: argparse.Namespace) -> Reply:

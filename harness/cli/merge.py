@@ -34,7 +34,18 @@ def add_parser(sub: Any) -> None:
         help="with --wait: give up after this many seconds",
     )
     add_json(p, "print results.json instead of a table")
-    p.set_defaults(execute=execute)
+    p.set_defaults(execute=execute, kept=kept)
+
+
+def kept(args: argparse.Namespace) -> str:
+    """What an interrupted merge keeps, and how to go on: results.json is written last."""
+    again = f"run dllmbench merge{' --wait' if args.wait else ''} {args.run_dir} again"
+    if not (Path(args.run_dir) / "manifest.json").is_file():  # waiting for the run to begin
+        return f"{args.run_dir} holds no run yet and nothing was written; {again}"
+    return (
+        f"every record in {args.run_dir} is kept (results.json is written only by a merge "
+        f"that ends); {again}"
+    )
 
 
 def execute(args: argparse.Namespace) -> Reply:

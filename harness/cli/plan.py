@@ -68,10 +68,12 @@ def execute(args: argparse.Namespace) -> Reply:
     from dllmbench.api.interfaces import ends_early, passes_per_step, shipped_scorers
     from dllmbench.execution.planner import (
         backbone_predicts,
+        backbone_refuses,
         backbone_varies,
         default_budget,
         plan,
         refuse_missing_scorers,
+        refuse_row_settings,
         scorer_users,
     )
     from dllmbench.loading.registry import registry
@@ -105,10 +107,12 @@ def execute(args: argparse.Namespace) -> Reply:
     passes = passes_per_step(backbone_config)
     scorers = None if s.scorers is None or args.scorer_assumed else set(s.scorers)
     rates = None
+    entries = methods_arg(args)
+    refuses = backbone_refuses(s.backbone, backbone_config) if s.backbone else None
     if unit_of([args.budget] if isinstance(args.budget, int) else args.budget) == "flops":
+        refuse_row_settings(reg, entries, args.steps, refuses)  # before the models are built
         rates, passes, scorers = _rates(reg, args, s)
     selectors = presets.selector_options(s.preset)  # a preset's selector options
-    entries = methods_arg(args)
     early = ends_early(backbone_config)  # a threshold or block backbone caps every method
     varies = backbone_varies(reg, s.backbone) if s.backbone else None
     predicts = backbone_predicts(reg, s.backbone) if s.backbone else None
@@ -124,6 +128,7 @@ def execute(args: argparse.Namespace) -> Reply:
         early,
         varies,
         predicts,
+        refuses=refuses,
     )
     if entries and scorers is not None:  # the run's scorers are known: refused as `run` does
         refuse_missing_scorers(result)

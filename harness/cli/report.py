@@ -53,7 +53,13 @@ def add_parser(sub: Any) -> None:
         "approximate cache, how often its answers are exact decoding's",
     )
     add_json(r, "print what was written as JSON")
-    r.set_defaults(execute=execute)
+    r.set_defaults(execute=execute, kept=kept)
+
+
+def kept(args: argparse.Namespace) -> str:
+    """What an interrupted report keeps, and how to go on: the runs are only read."""
+    out = Path(args.runs[0]) / "report" if args.out is None else args.out
+    return f"the run directories are untouched; run the same command again to write {out} whole"
 
 
 def execute(args: argparse.Namespace) -> Reply:

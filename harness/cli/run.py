@@ -130,7 +130,7 @@ def add_parser(sub: Any) -> None:
         action="store_true",
         help="run multi-candidate methods even if the backbone samples deterministically",
     )
-    run.set_defaults(execute=execute)
+    run.set_defaults(execute=execute, kept=kept)
 
 
 def _required(reg: Registry, s: Settings) -> None:
@@ -222,6 +222,7 @@ def execute(args: argparse.Namespace) -> Reply:
     from dllmbench.running.runner import run
 
     cfg = run_config(args)
+    args.run_dir = cfg.run_dir()  # for `kept`, should the command be interrupted
     if args.resume and not (cfg.run_dir() / "manifest.json").exists():
         raise UserError(f"--resume: {cfg.run_dir()} holds no run to resume; drop --resume")
     shown: list[int] = []  # budgets whose table is printed already
@@ -297,6 +298,15 @@ def written_files(path: Path) -> list[str]:
     number, the compute, the manifest, and the records (`samples*.jsonl`)."""
     found = [name for name in RUN_FILES if (path / name).is_file()]
     return found + sorted(p.name for p in path.glob("samples*.jsonl"))
+
+
+def kept(args: argparse.Namespace) -> str:
+    """What `run` keeps when interrupted outside its run (while it reads its arguments and
+    plugins, or prints the results), and how to go on."""
+    path = getattr(args, "run_dir", None)
+    if path is None:
+        return "the run had not begun and nothing was written; run the same command again"
+    return _what_is_kept(path)
 
 
 def _what_is_kept(path: Path) -> str:

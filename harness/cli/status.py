@@ -41,6 +41,11 @@ def execute(args: argparse.Namespace) -> Reply:
                 f"complete, but {', '.join(found.changed)} changed after results.json and "
                 f"compute.json were written; run dllmbench merge {found.path} again"
             )
+        if found.unaccounted:  # a merge (or a run's end) cut short before compute.json
+            state = (
+                "complete, but compute.json is missing or does not account for the records "
+                f"(a merge cut short); run dllmbench merge {found.path}"
+            )
         if found.damaged:  # a file the merge writes was cut or edited
             names = " and ".join(found.damaged)
             away = "move compute.json away, then " if "compute.json" in found.damaged else ""

@@ -13,7 +13,7 @@ from dllmbench.cli.argtypes import fraction, natural_int, positive_float, positi
 from dllmbench.cli.common import Reply, add_json, declared_default, plugin_arg
 from dllmbench.cli.folders import claim
 from dllmbench.cli.progress import Progress
-from dllmbench.core.errors import UserError
+from dllmbench.core.errors import Blamed, UserError
 
 if TYPE_CHECKING:  # training loads torch: `execute` imports it
     from dllmbench.scoring.training import TrainConfig
@@ -57,7 +57,15 @@ def add_parser(sub: Any) -> None:
     t.add_argument("--seed", type=natural_int, default=declared_default(TRAIN_CONFIG, "seed"))
     t.add_argument("--out", required=True, help="training directory (resumed if it exists)")
     add_json(t)
-    t.set_defaults(execute=execute)
+    t.set_defaults(execute=execute, kept=kept)
+
+
+def kept(args: argparse.Namespace) -> str:
+    """What an interrupted training keeps, and how to go on."""
+    return (
+        f"the checkpoints saved so far (every --val-every steps) are kept in {args.out}; run "
+        "the same command again to resume from the last"
+    )
 
 
 def _config(args: argparse.Namespace) -> TrainConfig:
@@ -110,9 +118,12 @@ def execute(args: argparse.Namespace) -> Reply:
             "(dllmbench.interfaces.TrainableScorer)"
         )
     cfg = _config(args)
+    # an exception the scorer's own code raises while it trains (its logits, its save) is its
+    # fault: one line naming it, exit status 3, as in a run
+    blamed = Blamed(scorer, "scorer", args.kind, reg.info("scorer", args.kind).distribution)
     with Progress() as bar:
         record = train(
-            scorer,
+            blamed,
             snapshots,
             cfg,
             out,

@@ -83,6 +83,28 @@ class blame:
             raise PluginCrashed(self.plugin, self.distribution, exc) from exc
 
 
+class Blamed:
+    """A built plugin whose every call goes through `blame`: an exception its own code
+    raises, in any method, is `PluginCrashed` naming it (one line, exit status 3; `--debug`
+    shows the traceback), for code that calls a plugin in many places (training a scorer).
+    Attributes that are not methods are read as they are."""
+
+    def __init__(self, plugin: Any, kind: str, name: str, distribution: str | None):
+        self._plugin, self._blame = plugin, (kind, name, distribution)
+
+    def __getattr__(self, attribute: str) -> Any:
+        with blame(*self._blame):  # a property is the plugin's code too
+            value = getattr(self._plugin, attribute)
+        if not callable(value):
+            return value
+
+        def called(*args: Any, **kwargs: Any) -> Any:
+            with blame(*self._blame):
+                return value(*args, **kwargs)
+
+        return called
+
+
 class PluginIncomplete(PluginViolation):
     """A built plugin lacks a member of its kind's Protocol (`dllmbench.interfaces`): a broken
     contract of that plugin, one line naming what it lacks, `EXIT_CODE`."""

@@ -15,11 +15,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dllmbench.api.interfaces import (
+    RefusesRowSettings,
     is_capped,
     reads_predictions,
     reports_predictions,
+    row_refusal,
     row_settings,
+    row_settings_line,
     sets_per_row,
+    settings_by_config,
 )
 from dllmbench.core.errors import PluginError, UserError
 from dllmbench.core.flops import Flops, format_flops, unit_of
@@ -484,16 +488,25 @@ def _place(
     return method
 
 
+# why a backbone's Config refuses rows with these sampler settings, as one line; None: it does
+# not (`backbone_refuses`)
+Refuses = Callable[[Mapping[str, Any]], str | None]
+
+
 def _settable(
     method: Method,
     entry: str,
     named: bool,
     varies: frozenset[str] | None,
     predicts: bool | None = None,
+    refuses: Refuses | None = None,
 ) -> Method | LeftOut:
-    """The method, or why it is left out: its rows set sampler settings (`SetsPerRow`) the
-    backbone cannot vary (`varies`), or read each step's predictions (`ReadsPredictions`),
-    which the backbone does not report (`predicts`)."""
+    """The method, or why it is left out: its rows read each step's predictions
+    (`ReadsPredictions`), which the backbone does not report (`predicts`), set sampler
+    settings (`SetsPerRow`) the backbone cannot vary (`varies`), or values its Config refuses
+    (`refuses`, for the settings the strategy's config fixes: `SettingsByConfig`). Named, any
+    is an error: the last the line the backbone would give at the first problem, before any
+    model loads."""
     if predicts is False and reads_predictions(method.strategy):
         reason = "its rows read each step's predictions, which the backbone does not report"
         if named:
@@ -502,12 +515,53 @@ def _settable(
             )
         return LeftOut(entry, reason)
     lacking = sorted(sets_per_row(method.strategy) - varies) if varies is not None else []
-    if not lacking:
-        return method
-    reason = f"its rows set {', '.join(lacking)}, which the backbone cannot vary per row"
-    if named:
-        raise UserError(f"method {entry!r}: {reason}; choose a backbone that can, or drop it")
-    return LeftOut(entry, reason)
+    if lacking:
+        reason = f"its rows set {', '.join(lacking)}, which the backbone cannot vary per row"
+        if named:
+            raise UserError(f"method {entry!r}: {reason}; choose a backbone that can, or drop it")
+        return LeftOut(entry, reason)
+    for settings in settings_by_config(method.strategy) if refuses is not None else ():
+        line = refuses(settings)
+        if line is not None:
+            if named:
+                raise UserError(line)
+            return LeftOut(entry, line)
+    return method
+
+
+def backbone_refuses(backbone: str, config: Any) -> Refuses | None:
+    """What the backbone `backbone` with the checked `config` (its Config object) refuses of
+    a row's sampler settings before its model loads (`RefusesRowSettings`), as the line its
+    built sampler gives; None when its Config cannot say."""
+    if not isinstance(config, RefusesRowSettings):
+        return None
+
+    def refuses(settings: Mapping[str, Any]) -> str | None:
+        reason = row_refusal(config, settings)
+        return None if reason is None else row_settings_line(backbone, settings, reason)
+
+    return refuses
+
+
+def refuse_row_settings(
+    registry: Registry, entries: list[str] | None, total_steps: int, refuses: Refuses | None
+) -> None:
+    """A method named in `entries` whose rows set sampler settings the backbone's Config
+    refuses (`backbone_refuses`) is one line, with no plan made: for a FLOP budget, which is
+    planned only once the models are built to price it."""
+    if refuses is None or not entries:
+        return
+    for entry, named in expand(registry, entries, total_steps).items():
+        if not named or left_out_reason(registry, entry, total_steps):
+            continue
+        spec, _ = _spec(registry, entry, total_steps)
+        method: Method | PluginError | None = None  # the settings do not depend on its size
+        for size in range(1, 65) if spec.free_field() else (0,):
+            method = _try_build(registry, spec.with_size(size), None, None)
+            if isinstance(method, Method):
+                break
+        if isinstance(method, Method):
+            _settable(method, entry, True, None, refuses=refuses)
 
 
 def backbone_varies(registry: Registry, backbone: str) -> frozenset[str] | None:
@@ -569,6 +623,7 @@ def plan(
     early: bool = False,
     varies: frozenset[str] | None = None,
     predicts: bool | None = None,
+    refuses: Refuses | None = None,
 ) -> Plan:
     """Choose every method for `budget`, or for each of several budgets. `entries` are family
     names, `all` or method specs. Budgets are passes per problem, or FLOPs per problem
@@ -580,8 +635,9 @@ def plan(
     entry order (an entry's sizes by budget); each carries the budgets it is planned at.
     `early`: the backbone's rows may end before their T, so every cost is a cap. `varies`:
     the sampler settings the backbone lets rows set (None: not known); a method whose rows
-    set others (`SetsPerRow`) is left out, or, named, refused. `predicts`: whether the
-    backbone reports each step's predictions (None: not known); a method whose rows read
+    set others (`SetsPerRow`) is left out, or, named, refused; so is one whose rows' settings
+    the backbone's Config refuses (`refuses`, from `backbone_refuses`). `predicts`: whether
+    the backbone reports each step's predictions (None: not known); a method whose rows read
     them (`ReadsPredictions`) on one that does not is left out, or, named, refused.
     """
     budgets = check_budgets([budget] if isinstance(budget, int) else list(budget))
@@ -594,7 +650,7 @@ def plan(
                 registry, entry, named, at, total_steps, scorers, passes_per_step, rates, selectors
             )
             if not isinstance(placed, LeftOut):
-                placed = _settable(placed, entry, named, varies, predicts)
+                placed = _settable(placed, entry, named, varies, predicts, refuses)
             if isinstance(placed, LeftOut):
                 if placed not in result.left_out:
                     result.left_out.append(placed)

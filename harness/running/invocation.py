@@ -175,12 +175,14 @@ class Invocation:
         for every chunk), once every record is there."""
         shard = self.rundir.shard
         self.finished = True
-        if shard is None:
-            return summarize()
         self.save()
-        if not shard.merges:
+        if shard is not None and not shard.merges:
             return None
-        check_complete(self.rundir, self.manifest, problem_ids)
+        if shard is not None:
+            check_complete(self.rundir, self.manifest, problem_ids)
+        # compute.json accounting for every record before results.json: a kill between the
+        # two leaves no results.json beside a compute.json that does not account for it
+        self.rundir.write_compute(accounted=True)
         results = summarize()
         self._merged = True
         return results

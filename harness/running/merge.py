@@ -1,8 +1,10 @@
 """`dllmbench merge RUN_DIR`: the results of a sharded run once every share is done.
 
 Reads the manifest and every samples file, checks that each (problem, method) of the run has
-its record, and writes results.json, leaderboard.md and compute.json (every process's entry
-and their total). A share still running, or records missing, is one line naming the shares.
+its record, and writes compute.json (every process's entry and their total), then results.json
+and leaderboard.md: results.json is written last, so a merge cut short never leaves it beside
+a compute.json that does not account for the records. A share still running, or records
+missing, is one line naming the shares.
 """
 
 from __future__ import annotations
@@ -90,6 +92,10 @@ def merge(
         manifest = require_manifest(rundir.read_manifest(), rundir.manifest_path)
         ids = problem_ids(manifest)
         check_complete(rundir, manifest, ids)
+        # compute.json first, results.json last: a merge cut short between the two leaves
+        # no results.json (or the one before, of the same records), never a results.json
+        # beside a compute.json that does not account for its records (`status` checks)
+        rundir.write_compute(accounted=True)
         results = summarize_run(
             rundir,
             manifest,
@@ -97,7 +103,6 @@ def merge(
             reference=manifest.get("reference"),
             resamples=manifest["statistics"]["resamples"],
         )
-        rundir.write_compute(accounted=True)
     return results, manifest
 
 

@@ -39,11 +39,13 @@ from dllmbench.execution.planner import (
     Plan,
     Planned,
     backbone_predicts,
+    backbone_refuses,
     backbone_varies,
     check_budgets,
     default_budget,
     plan,
     refuse_missing_scorers,
+    refuse_row_settings,
 )
 from dllmbench.execution.rates import Reference, reference
 from dllmbench.loading.provenance import Origins, config_data
@@ -294,6 +296,9 @@ def prepare(
         _refuse_budgets(cfg, chosen, resumed)
         if is_deterministic(backbone_config) and not cfg.allow_deterministic:
             _refuse_deterministic(cfg, backbone_config, chosen, passes)
+    else:  # a named method whose rows' settings the backbone's Config refuses: before it loads
+        refuses = backbone_refuses(cfg.backbone, backbone_config)
+        refuse_row_settings(reg, cfg.methods, cfg.sampling.total_steps, refuses)
     backbone = reg.backbone(cfg.backbone, **cfg.backbone_config)
     # a scorer that asks for `backbone` shares the frozen weights instead of loading twice
     scorers = {
@@ -387,6 +392,9 @@ def _choose(
         selectors=presets.selector_options(cfg.preset),
         varies=backbone_varies(reg, cfg.backbone),
         predicts=backbone_predicts(reg, cfg.backbone),
+        refuses=backbone_refuses(
+            cfg.backbone, reg.check("backbone", cfg.backbone, **cfg.backbone_config)
+        ),
     )
     if cfg.methods:
         refuse_missing_scorers(chosen)

@@ -61,6 +61,9 @@ class RunStatus:
     # complete, but results.json or compute.json is there and not a JSON object (a file cut
     # or edited): not merged; `merge` rewrites results.json (compute.json moved away first)
     damaged: list[str] = field(default_factory=list)
+    # complete and results.json written, but compute.json is missing or does not account for
+    # the records (a merge, or a run's end, cut short before it was written): not merged
+    unaccounted: bool = False
     processes: list[ProcessStatus] = field(default_factory=list)
     chunks: ChunkStatus | None = None
     eta_seconds: float | None = None
@@ -182,16 +185,18 @@ def status(path: Path, now: float | None = None) -> RunStatus:
     remaining = len(wanted) - done
     merged = remaining == 0 and (path / "results.json").exists()
     damaged = [name for name in MERGED if merged and not _an_object(path / name)]
-    changed = changed_since_merge(rundir) if merged and not damaged else []
+    unaccounted = merged and not damaged and not _accounted(rundir.total_compute_path)
+    changed = changed_since_merge(rundir) if merged and not damaged and not unaccounted else []
     return RunStatus(
         path=str(path),
         planned=len(wanted),
         done=done,
         complete=remaining == 0,
-        merged=merged and not changed and not damaged,
+        merged=merged and not changed and not damaged and not unaccounted,
         stale=remaining > 0 and (path / "results.json").exists(),
         changed=changed,
         damaged=damaged,
+        unaccounted=unaccounted,
         processes=processes,
         chunks=chunks,
         eta_seconds=round(remaining / rate, 1) if rate and remaining else None,
@@ -210,6 +215,16 @@ def _an_object(file: Path) -> bool:
         return True
     except (OSError, ValueError):
         return False
+
+
+def _accounted(file: Path) -> bool:
+    """Whether compute.json is there and accounts for the records (its total says which
+    passes made them), as a merge and a run's end write it before results.json."""
+    try:
+        total = json.loads(file.read_text(encoding="utf-8"))["total"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return isinstance(total, dict) and "records" in total
 
 
 def _held(path: Path, share: str | None) -> int | None:

@@ -8,6 +8,10 @@ is removed. A full disk (ENOSPC, or a quota: EDQUOT) is one line too (`DiskFull`
 file grown past the process's file size limit (`ulimit -f`: EFBIG): the records written before
 it are kept, and the same command resumes once there is room. `append_whole` appends to a file
 that must end with whole lines, so a write that fails half-way is cut off again.
+
+A file replaced whole is written to `.NAME.PID.tmp` beside it first (`temporary_name`); a
+process killed mid-write (SIGKILL, a power cut) leaves that file, which the next process to
+hold the run directory, or its share, removes (`remove_temporaries`).
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ import contextlib
 import errno
 import fcntl
 import os
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -151,3 +156,28 @@ def append_whole(path: Path, data: bytes) -> None:
                 raise
         finally:
             os.close(fd)
+
+
+TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.tmp$")
+
+
+def temporary_name(path: Path) -> Path:
+    """The temporary file of this process's atomic write of `path`: `.NAME.PID.tmp`."""
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+def remove_temporaries(folder: Path, owned: Callable[[str], bool] = lambda name: True) -> None:
+    """Remove the temporary files (`temporary_name`) that other processes left in `folder`
+    when they were killed mid-write, for the files `owned` names (by name): files only the
+    caller may write now, since it holds their lock, so no other process is writing them.
+    This process's own are left alone; one that cannot be removed stays."""
+    try:
+        names = [entry.name for entry in os.scandir(folder)]
+    except OSError:
+        return
+    for name in names:
+        found = TEMPORARY.match(name)
+        if found is None or int(found["pid"]) == os.getpid() or not owned(found["name"]):
+            continue
+        with contextlib.suppress(OSError):
+            os.unlink(folder / name)

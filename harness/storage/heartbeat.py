@@ -6,7 +6,8 @@ N) from a background thread, every `BEAT_SECONDS`, whatever its main thread is d
 a model, a long forward). The file says who (pid, host, a token new to each invocation), since
 when, its state (`running`, then `finished` or `stopped`), the records it wrote and, for a
 fixed share, the records it has to write. A process is taken for dead when its heartbeat is
-older than `STALE_SECONDS` or, on the same host, when its pid is gone; a process that ends in
+older than `STALE_SECONDS` or, on the same host, when its pid is gone (or is a newer
+process's, the pid reused); a process that ends in
 any way Python sees (an error, Ctrl-C, SIGTERM) writes `stopped` at once. It also says what
 its main thread does (`doing`: a forward, the claim lock, waiting for the others) and since
 when its work last moved (`since`): a process whose heartbeat beats while it has been in one
@@ -34,6 +35,8 @@ from typing import Any
 
 import psutil
 
+from dllmbench.storage.filesystem import temporary_name
+
 BEAT_SECONDS = 5.0
 STALE_SECONDS = 30.0  # no heartbeat for this long: the process is gone (or its host is)
 # a process whose heartbeat beats but whose work has not moved for this long (one forward, or
@@ -48,11 +51,16 @@ def heartbeat_name(suffix: str | None) -> str:
     return f"heartbeat.{suffix}.json" if suffix else "heartbeat.json"
 
 
-def pid_alive(pid: int) -> bool:
+def pid_alive(pid: int, started: float | None = None) -> bool:
     """Whether process `pid` of this host runs (a zombie, killed but not yet reaped, does
-    not)."""
+    not) and, given when the invocation that wrote a heartbeat `started`, is still that
+    process: one created after it holds the pid of one that ended (pids are reused), give or
+    take `STALE_SECONDS` for a wall clock set forward since."""
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return started is None or process.create_time() <= started + STALE_SECONDS
     except psutil.NoSuchProcess:
         return False
     except psutil.AccessDenied:  # another user's process: alive
@@ -92,11 +100,11 @@ class Beat:
 
     def alive(self, now: float | None = None) -> bool:
         """Whether the process is running: it says so, its heartbeat is fresh, and (on this
-        host) its pid exists."""
+        host) its pid exists and is not another process's since."""
         now = time.time() if now is None else now
         if self.state != "running" or now - self.beat > STALE_SECONDS:
             return False
-        return self.host != socket.gethostname() or pid_alive(self.pid)
+        return self.host != socket.gethostname() or pid_alive(self.pid, self.started)
 
     @property
     def rate(self) -> float | None:
@@ -238,7 +246,7 @@ class Heartbeat:
             if self._before is None:
                 self.path.unlink()
             else:
-                tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+                tmp = temporary_name(self.path)
                 try:
                     tmp.write_bytes(self._before)
                     os.replace(tmp, self.path)
@@ -256,7 +264,7 @@ class Heartbeat:
         with self._lock:
             self.beat.beat = time.time()
             text = json.dumps(asdict(self.beat), indent=2) + "\n"
-            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            tmp = temporary_name(self.path)
             try:
                 tmp.write_text(text, encoding="utf-8")
                 os.replace(tmp, self.path)

@@ -33,9 +33,11 @@ from dllmbench.storage.filesystem import (
     LocksUnsupported,
     append_whole,
     flock,
+    remove_temporaries,
     space_checked,
+    temporary_name,
 )
-from dllmbench.storage.heartbeat import HEARTBEAT
+from dllmbench.storage.heartbeat import HEARTBEAT, heartbeat_name
 from dllmbench.storage.shards import (
     Shard,
     compute_name,
@@ -228,18 +230,18 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _temporary(path: Path, text: str | bytes, durable: bool = True) -> Path:
+def _temporary(path: Path, text: str | bytes) -> Path:
     """`text` (or bytes, written as they are) in a temporary file beside `path`, named for
-    this process (fsynced unless not `durable`). A write that fails (a full disk: `DiskFull`,
-    one line) leaves none."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    this process, fsynced: renamed over `path`, it is whole even after a power cut (a rename
+    of data not yet on disk can leave an empty file). A write that fails (a full disk:
+    `DiskFull`, one line) leaves none."""
+    tmp = temporary_name(path)
     data = text if isinstance(text, bytes) else text.encode("utf-8")
     try:
         with space_checked(path), open(tmp, "wb") as fh:
             fh.write(data)
             fh.flush()
-            if durable:
-                os.fsync(fh.fileno())
+            os.fsync(fh.fileno())
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -248,9 +250,11 @@ def _temporary(path: Path, text: str | bytes, durable: bool = True) -> Path:
 
 def _write_atomic(path: Path, text: str | bytes, durable: bool = True) -> None:
     """Replace `path` whole; a failed write leaves `path` as it was and no temporary file.
-    `durable=False` skips the fsyncs: the file survives the process being killed (the page
-    cache outlives it), not the machine losing power."""
-    tmp = _temporary(path, text, durable)
+    The new content is fsynced before the rename, so whenever a kill or a power cut comes
+    `path` holds the old content or the new, never an empty or torn file. `durable=False`
+    skips the directory's fsync only: after a power cut the rename itself may be lost (the
+    file as it was before), not the file."""
+    tmp = _temporary(path, text)
     try:
         os.replace(tmp, path)
     except BaseException:
@@ -469,8 +473,14 @@ class RunDir:
         if self.shard is None:
             with space_checked(self.lock_path):
                 os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+            # no other process writes here while this one holds `.lock` alone: a temporary
+            # file of another is what a process killed mid-write left
+            remove_temporaries(self.path)
             return
         self._share_fd = self._lock_share(self.shard)
+        # the share's own files are written by the holder of its lock alone
+        own = {compute_name(self.shard), heartbeat_name(self.shard.suffix)}
+        remove_temporaries(self.path, lambda name: name in own)
 
     def _lock_share(self, shard: Shard) -> int:
         path = self.path / lock_name(shard)

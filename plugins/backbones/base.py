@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Literal, get_args
 
 import torch
 
-from dllmbench.api.interfaces import StepBatch
+from dllmbench.api.interfaces import StepBatch, row_settings_line
 from dllmbench.core.errors import Notice, UserError
 from dllmbench.core.flops import Work
 from dllmbench.core.keys import torch_generator
@@ -171,6 +171,30 @@ PARALLEL_RULES = ("threshold", "factor", "entropy_bound")
 def rules_set(config: Any) -> list[str]:
     """The parallel decoding rules a Dream or LLaDA Config sets (at most one is valid)."""
     return [rule for rule in PARALLEL_RULES if getattr(config, rule) is not None]
+
+
+def with_row_settings(config: Any, settings: Mapping[str, Any]) -> Any:
+    """`config` with a row's own sampler settings, checked by the Config (its ValueError or
+    TypeError says why it cannot be): a row's parallel decoding rule replaces the run's,
+    whichever it is."""
+    values = dict(settings)
+    rules = all(hasattr(config, rule) for rule in PARALLEL_RULES)
+    if rules and set(values) & set(PARALLEL_RULES):
+        values = {**dict.fromkeys(PARALLEL_RULES), **values}
+    return dataclasses.replace(config, **values)
+
+
+class RowRefusals:
+    """A backbone Config's `row_refusal` (`dllmbench.interfaces.RefusesRowSettings`): why
+    rows with these settings cannot sample under it, read before the model loads, as the
+    built backbone's `check_row_settings` would say when a row starts."""
+
+    def row_refusal(self, settings: Mapping[str, Any]) -> str | None:
+        try:
+            with_row_settings(self, settings)
+        except (TypeError, ValueError) as exc:
+            return str(exc)
+        return None
 
 
 def check_parallel(config: Any, order: tuple[str, str, str], ranked: tuple[str, ...]) -> None:
@@ -399,17 +423,11 @@ class DiffusionBackbone(abc.ABC):
                     f"{self.shown_as or self.arch}: a row cannot set {unknown[0]!r} "
                     f"(per-row settings: {', '.join(sorted(self.row_settings))})"
                 )
-            values = dict(settings)
-            rules = all(hasattr(self.config, rule) for rule in PARALLEL_RULES)
-            if rules and set(values) & set(PARALLEL_RULES):
-                # a row's own parallel decoding rule replaces the run's, whichever it is
-                values = {**dict.fromkeys(PARALLEL_RULES), **values}
             try:
-                cache[key] = dataclasses.replace(self.config, **values)
+                cache[key] = with_row_settings(self.config, settings)
             except (TypeError, ValueError) as exc:
                 who = self.shown_as or self.arch
-                what = f"{who}: a row's sampler settings {dict(settings)}: {exc}"
-                raise UserError(what) from None
+                raise UserError(row_settings_line(who, settings, str(exc))) from None
         return cache[key]
 
     @property

@@ -51,6 +51,7 @@ from dllmbench.core.errors import Notice
 from dllmbench.core.flops import Work
 from dllmbench.plugins.backbones.base import (
     DiffusionBackbone,
+    RowRefusals,
     check_entropy_bound,
     check_seed,
     check_temperature,
@@ -80,7 +81,7 @@ REMASKINGS: tuple[str, ...] = get_args(Remasking)
 Family = Literal["qwen3", "qwen2", "qwen3_moe", "llada2"]
 
 
-class BlockModelConfig:
+class BlockModelConfig(RowRefusals):
     """What a block-diffusion model's Config says of itself (`KnowsPositions`,
     `MaybeDeterministic`, `EndsEarly`), from its `model` and `temperature`."""
 

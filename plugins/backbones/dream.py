@@ -28,6 +28,7 @@ from dllmbench.plugins.backbones.base import (
     Attention,
     BlockStep,
     DiffusionBackbone,
+    RowRefusals,
     check_finite,
     check_parallel,
     check_seed,
@@ -46,7 +47,7 @@ RANKED_ALGS = ("maskgit_plus", "topk_margin", "entropy")  # commit by a confiden
 
 
 @dataclass(frozen=True)
-class DreamConfig:
+class DreamConfig(RowRefusals):
     model: str = "Dream-org/Dream-v0-Instruct-7B"  # Hub id, local directory, or "random"
     device: str | None = None  # default: cuda when available, else cpu
     dtype: DType | None = None  # default: bfloat16 on GPU, float32 on CPU

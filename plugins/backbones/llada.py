@@ -31,6 +31,7 @@ from dllmbench.plugins.backbones.base import (
     Attention,
     BlockStep,
     DiffusionBackbone,
+    RowRefusals,
     block_schedule,
     check_finite,
     check_parallel,
@@ -47,7 +48,7 @@ from dllmbench.plugins.backbones.loading import DType, device_problem, positions
 
 
 @dataclass(frozen=True)
-class LLaDAConfig:
+class LLaDAConfig(RowRefusals):
     model: str = "GSAI-ML/LLaDA-8B-Instruct"  # Hub id, local directory, or "random"
     device: str | None = None  # default: cuda when available, else cpu
     dtype: DType | None = None  # default: bfloat16 on GPU, float32 on CPU

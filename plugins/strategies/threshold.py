@@ -95,17 +95,21 @@ class Threshold(Independent):
             return frozenset({"factor"})
         return frozenset({"entropy_bound" if c.entropy_bound is not None else "threshold"})
 
-    def settings(self, ops: Ops) -> list[dict[str, Any]]:
+    def settings_by_config(self) -> list[dict[str, Any]]:
+        """The settings its rows take in turn (`SettingsByConfig`): its config alone fixes
+        them, so a run checks them against the backbone's Config before the model loads."""
         c = self.config
         if c.factor is not None:
-            mix: list[dict[str, Any]] = [{"factor": c.factor}]
-        elif c.entropy_bound is not None:
-            mix = [{"entropy_bound": c.entropy_bound}]
-        elif c.thresholds:
-            mix = [{"threshold": tau} for tau in parse_thresholds(c.thresholds)]
-        else:
-            mix = [{"threshold": c.threshold}]
-        return [mix[i % len(mix)] for i in range(c.n)]
+            return [{"factor": c.factor}]
+        if c.entropy_bound is not None:
+            return [{"entropy_bound": c.entropy_bound}]
+        if c.thresholds:
+            return [{"threshold": tau} for tau in parse_thresholds(c.thresholds)]
+        return [{"threshold": c.threshold}]
+
+    def settings(self, ops: Ops) -> list[dict[str, Any]]:
+        mix = self.settings_by_config()
+        return [mix[i % len(mix)] for i in range(self.config.n)]
 
 
 @hookimpl
