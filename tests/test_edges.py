@@ -427,11 +427,22 @@ def test_demo_retrain_checks_its_folder_before_pretraining(cli, tmp_path, retrai
     assert file.read_text() == "mine"
 
 
-def test_a_run_refused_at_its_first_problem_leaves_its_directory_as_it_was(cli, tmp_path):
+@pytest.fixture
+def settings_found_late(monkeypatch):
+    """A strategy that does not declare the settings its config fixes (a third-party one need
+    not), so the backbone refuses them only once rows start, after the run has begun."""
+    from dllmbench.execution import planner
+
+    monkeypatch.setattr(planner, "settings_by_config", lambda strategy: [])
+
+
+def test_a_run_refused_at_its_first_problem_leaves_its_directory_as_it_was(
+    cli, tmp_path, settings_found_late
+):
     """A row setting the backbone refuses only once rows start (EB-Sampler's bound on a Dream
-    sampler that draws its order at random) is one line, and the run directory it had just
-    begun is taken back: a folder it made is gone, a folder that was there stays empty, and
-    the corrected command runs in it."""
+    sampler that draws its order at random, from a strategy that does not declare it) is one
+    line, and the run directory it had just begun is taken back: a folder it made is gone, a
+    folder that was there stays empty, and the corrected command runs in it."""
     method = ["--method", "threshold:n=2,entropy_bound=0.5+majority", "--budget", "16"]
     for out in (tmp_path / "new", tmp_path / "there"):
         if out.name == "there":
@@ -448,7 +459,7 @@ def test_a_run_refused_at_its_first_problem_leaves_its_directory_as_it_was(cli, 
 
 
 def test_a_take_back_cut_short_leaves_the_run_begun_and_says_the_refusal(
-    cli, tmp_path, monkeypatch
+    cli, tmp_path, monkeypatch, settings_found_late
 ):
     """The manifest goes last: a take-back that cannot finish (a disk that refuses an unlink,
     a kill) leaves the run begun, which the same command resumes, not files without a
