@@ -88,12 +88,16 @@ def reference_constraints(bb, text: str) -> dict[int, int]:
     out: dict[int, int] = {}
     for part in text.split("|"):
         where, word = part.split(":", 1)
-        for k, token in enumerate(bb.tokenizer.encode(" " + word.strip(), add_special_tokens=False)):
+        for k, token in enumerate(
+            bb.tokenizer.encode(" " + word.strip(), add_special_tokens=False)
+        ):
             out[int(where) + k] = token
     return out
 
 
-def reference_prophet(bb, prompt, *, steps, gen_length, block, constraints, answer_at, length, bars):
+def reference_prophet(
+    bb, prompt, *, steps, gen_length, block, constraints, answer_at, length, bars
+):
     """generate_earlyexit.py's `generate` at temperature 0, low-confidence remasking, no
     guidance, on one sample: the constraints placed; every step one forward of the whole
     canvas; the answer region's mean top-2 logit gap against its phase's bar (by the 1-based
@@ -189,3 +193,154 @@ def test_prophet_rows_are_the_references_token_for_token(
         taken.append(ran)
     if forwards is not None:
         assert taken == forwards
+
+
+# -- what each step is charged --------------------------------------------------------------------
+def counting_head(monkeypatch) -> list[int]:
+    """The positions the LM head runs at, call by call."""
+    counted: list[int] = []
+    head = DiffusionBackbone.head
+
+    def observed(self, states):
+        counted.append(states.shape[0])
+        return head(self, states)
+
+    monkeypatch.setattr(DiffusionBackbone, "head", observed)
+    return counted
+
+
+def test_each_step_is_charged_the_head_it_computed_by_hand(monkeypatch):
+    """Blocks of 4 of 12, T = 6, the first block held ("0:abc": a space and three letters),
+    the answer region those 4 held positions, bars never reached. The head runs at the
+    block's masked positions, every masked one after it (what an exit would commit) and the
+    region (held, never eligible): 0+8+4, 0+8+4, 4+4+4, 2+4+4, 4+0+4, 2+0+4 = 60 positions,
+    where a plain sample's is 4, 2, 4, 2, 4, 2 = 18 (the held block commits nothing: its quota
+    counts its masked positions, none, as the reference's). The ledger charges exactly what ran."""
+    bb = LLaDA(model="random", temperature=0.0, block_length=4)
+    task = LastCharacter(1)
+    counted = counting_head(monkeypatch)
+    spec = "prophet:n=1,constraints=0:abc,answer_at=0,answer_length=4,early=1e9,mid=1e9,late=1e9"
+    (prophet,) = run(bb, task, [spec + "+first"], 6, 12)
+    assert sum(counted) == 60
+    shape = model_shape(bb)
+    width = len(bb.encode(task.prompt(task.problems("test")[0], "fewshot"))) + 12
+    assert prophet["ledger"]["passes"] == {"denoise": 6}
+    body = 6 * flops(shape, Work.full(width, head=0))
+    assert prophet["ledger"]["flops"]["denoise"] == body + 2 * shape.head * 60
+    counted.clear()
+    (plain,) = run(bb, task, ["independent:n=1+first"], 6, 12)
+    assert sum(counted) == 18
+    extra = prophet["ledger"]["flops"]["denoise"] - plain["ledger"]["flops"]["denoise"]
+    assert extra == 2 * shape.head * (60 - 18)
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[1], CASES[4]], ids=str)
+def test_rows_that_exit_are_charged_the_forwards_and_heads_they_ran(case, monkeypatch):
+    """With exits mid-run, the passes are the forwards each row ran and the FLOPs the
+    forward over each plus 2·P_head per position the head ran at, counted where it runs."""
+    seed, block, constraints, answer_at, length, bars, forwards = case
+    bb = LLaDA(model="random", temperature=0.0, block_length=block, seed=seed)
+    task = LastCharacter(3)
+    options = f"answer_length={length},early={bars[0]},mid={bars[1]},late={bars[2]}"
+    options += f",constraints={constraints}" if constraints else ""
+    options += f",answer_at={answer_at}" if answer_at is not None else ""
+    counted = counting_head(monkeypatch)
+    records = run(bb, task, [f"prophet:n=1,{options}+first"], 6, 12)
+    shape = model_shape(bb)
+    assert sorted(r["ledger"]["passes"]["denoise"] for r in records) == sorted(forwards)
+    body = 0
+    for r in records:
+        problem = next(p for p in task.problems("test") if p.id == r["problem"])
+        width = len(bb.encode(task.prompt(problem, "fewshot"))) + 12
+        body += r["ledger"]["passes"]["denoise"] * flops(shape, Work.full(width, head=0))
+    charged = sum(r["ledger"]["flops"]["denoise"] for r in records)
+    assert charged == body + 2 * shape.head * sum(counted)
+
+
+def test_rows_that_do_not_use_the_rule_are_stepped_and_charged_as_before():
+    """Beside prophet rows of the same keys (the same canvases, but for the held tokens),
+    independent samples come out as alone, bit for bit, and are charged as alone."""
+    bb = LLaDA(model="random", temperature=0.8, block_length=4, suppress_mask=True)
+    task = LastCharacter(2)
+    alone = run(bb, task, ["independent:n=2+first"], 6, 12)
+    specs = [
+        "independent:n=2+first",
+        "prophet:n=2,answer_at=2,early=0.05,mid=0.05,late=0.01+first",
+        "prophet:n=2,constraints=5:ab,mid=0.05+first",
+    ]
+    mixed = run(bb, task, specs, 6, 12)
+    beside = [r for r in mixed if r["method"].startswith("independent")]
+    key = lambda r: r["problem"]  # noqa: E731
+    for a, b in zip(sorted(alone, key=key), sorted(beside, key=key), strict=True):
+        assert [c["text"] for c in a["candidates"]] == [c["text"] for c in b["candidates"]]
+        assert a["ledger"]["passes"] == b["ledger"]["passes"]
+        assert a["ledger"]["flops"] == b["ledger"]["flops"]
+    prophets = [r for r in mixed if r["method"].startswith("prophet")]
+    assert any(r["ledger"]["passes"]["denoise"] < 12 for r in prophets)  # some rows exited
+
+
+def test_the_baseline_holds_the_same_constraints_without_the_exit(monkeypatch):
+    """`exit=false`: the paper's baseline, the constraints held, every row all T steps, and
+    its tokens the reference's with bars never reached."""
+    bb = LLaDA(model="random", temperature=0.0, block_length=4)
+    task = LastCharacter(2)
+    seen = finals(bb, monkeypatch)
+    records = run(bb, task, ["prophet:n=1,constraints=5:ab,exit=false+first"], 6, 12)
+    assert all(r["ledger"]["passes"] == {"denoise": 6} for r in records)
+    for problem in task.problems("test"):
+        prompt = bb.encode(task.prompt(problem, "fewshot"))
+        expected, _ = reference_prophet(
+            bb,
+            prompt,
+            steps=6,
+            gen_length=12,
+            block=4,
+            constraints="5:ab",
+            answer_at=None,
+            length=5,
+            bars=(1e9, 1e9, 1e9),
+        )
+        assert torch.equal(seen[row_key(SEED, problem.id, "sample", (0,))][-1], expected)
+
+
+# -- refusals ---------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "backbone,method_spec,needles",
+    [
+        ("tiny", "prophet:n=1,answer_at=3+first", ["cannot vary per row", "answer_at"]),
+        ("tiny-block", "prophet:n=1,answer_at=3+first", ["cannot vary per row", "prophet"]),
+        (
+            "llada:model=random,block_length=4,cache=dual",
+            "prophet:n=1,answer_at=3+first",
+            ["Fast-dLLM's cache", "cache=none"],
+        ),
+        ("llada:model=random", "prophet:n=1+first", ["answer region", "answer_at="]),
+        ("llada:model=random", "prophet:n=1,constraints=ab+first", ["position:word", "20:The"]),
+        ("llada:model=random", "prophet:n=1,answer_at=-1+first", ["answer_at", ">= 0"]),
+        ("llada:model=random", "prophet:n=1,answer_at=2,mid=nan+first", ["mid", "finite"]),
+    ],
+)
+def test_plan_refuses_what_cannot_be_honoured_in_one_line(cli, backbone, method_spec, needles):
+    from conftest import assert_user_error
+
+    result = cli(
+        "plan", "--backbone", backbone, "--method", method_spec, "--budget", "100", "--steps", "24"
+    )
+    assert_user_error(result, *needles)
+
+
+def test_plan_takes_prophet_on_llada(cli):
+    spec = "prophet:n=2,constraints=20:The|21:answer|22:is+majority"
+    ok = cli(
+        "plan",
+        "--backbone",
+        "llada:model=random",
+        "--method",
+        spec,
+        "--budget",
+        "100",
+        "--steps",
+        "24",
+    )
+    assert ok.code == 0, ok.err
+    assert "≤ 48" in ok.out

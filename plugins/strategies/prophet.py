@@ -15,6 +15,7 @@ paper's baseline: the same constraints, no early exit.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -38,6 +39,14 @@ class ProphetConfig:
     def __post_init__(self) -> None:
         if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
             raise ValueError(f"n must be an int >= 1, got {self.n!r}")
+        for name in ("early", "mid", "late"):
+            bar = getattr(self, name)
+            number = isinstance(bar, (int, float)) and not isinstance(bar, bool)
+            if not (number and math.isfinite(bar) and bar >= 0):
+                raise ValueError(
+                    f"{name} must be a finite number >= 0 (a mean top-2 logit gap, e.g. 7.5), "
+                    f"got {bar!r}"
+                )
         if not isinstance(self.exit, bool):
             raise ValueError(f"exit must be true or false, got {self.exit!r}")
         if self.exit and self.answer_at is None and not self.constraints:
