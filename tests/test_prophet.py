@@ -96,20 +96,22 @@ def reference_constraints(bb, text: str) -> dict[int, int]:
 
 
 def reference_prophet(
-    bb, prompt, *, steps, gen_length, block, constraints, answer_at, length, bars
+    bb, prompt, *, steps, gen_length, block, constraints, answer_at, length, bars, cfg=0.0
 ):
-    """generate_earlyexit.py's `generate` at temperature 0, low-confidence remasking, no
-    guidance, on one sample: the constraints placed; every step one forward of the whole
-    canvas; the answer region's mean top-2 logit gap against its phase's bar (by the 1-based
-    global step over T); on exit every masked position takes x0 and decoding stops; else the
-    block's quota (of the block's masked positions when it began) commits the most confident
-    masked positions of the block. Returns the canvas and the forwards run."""
+    """generate_earlyexit.py's `generate` at temperature 0, low-confidence remasking, with
+    guidance at scale `cfg` (0: none; it masks the constraints with the prompt), on one
+    sample: the constraints placed; every step one forward of the whole canvas (two with
+    guidance); the answer region's mean top-2 logit gap against its phase's bar (by the
+    1-based global step over T); on exit every masked position takes x0 and decoding stops;
+    else the block's quota (of the block's masked positions when it began) commits the most
+    confident masked positions of the block. Returns the canvas and the forward steps run."""
     plen, mask = len(prompt), bb.mask_id
     x = torch.tensor([prompt + [mask] * gen_length])
     held = reference_constraints(bb, constraints) if constraints else {}
     for pos, token in held.items():
         if plen + pos < x.shape[1]:
             x[0, plen + pos] = token
+    prompt_index = x != mask  # the prompt and the constraints
     start = plen + (answer_at if answer_at is not None else max(held) + 2)
     answer = list(range(start, min(plen + gen_length, start + length)))
     blocks, forwards, global_step = gen_length // block, 0, 0
@@ -123,6 +125,11 @@ def reference_prophet(
             masked = x == mask
             with torch.no_grad():
                 logits = bb.transformer(input_ids=x).logits  # [1, L, V]
+                if cfg > 0:
+                    un_x = x.clone()
+                    un_x[prompt_index] = mask
+                    un = bb.transformer(input_ids=un_x).logits
+                    logits = un + (cfg + 1) * (logits - un)
             forwards += 1
             x0 = logits.argmax(-1)
             p = torch.softmax(logits.double(), dim=-1)
@@ -146,22 +153,25 @@ def reference_prophet(
 
 
 # (seed of the random model, block length, constraints, answer_at, answer_length, bars, the
-# forwards each of the three problems takes: an exit mid-run, at the last step, or none)
+# forwards each of the three problems takes: an exit mid-run, at the last step, or none;
+# classifier-free guidance's scale)
 CASES = [
     (0, 4, "5:ab", None, 3, (1.0, 0.09, 0.02), [2, 2, 5]),
     (3, 4, "5:ab", None, 3, (1.0, 0.05, 0.05), [2, 6, 2]),
     (0, 4, "5:ab", None, 3, (1.0, 1.0, 1.0), [6, 6, 6]),
     (3, 12, "", 8, 4, (0.3, 0.3, 0.03), [5, 6, 6]),
     (0, 6, "2:a|9:b", 6, 5, (0.5, 0.08, 0.02), [2, 2, 2]),
+    (0, 6, "2:a|9:b", 6, 5, (1.0, 1.0, 1.0), [6, 6, 6]),
+    (3, 4, "5:ab", None, 3, (1.0, 0.06, 0.03), [4, 3, 4], 1.0),
 ]
 
 
-@pytest.mark.parametrize("seed,block,constraints,answer_at,length,bars,forwards", CASES)
-def test_prophet_rows_are_the_references_token_for_token(
-    seed, block, constraints, answer_at, length, bars, forwards, monkeypatch
-):
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_prophet_rows_are_the_references_token_for_token(case, monkeypatch):
+    seed, block, constraints, answer_at, length, bars, forwards, *guidance = case
+    cfg = guidance[0] if guidance else 0.0
     steps, gen_length = 6, 12
-    bb = LLaDA(model="random", temperature=0.0, block_length=block, seed=seed)
+    bb = LLaDA(model="random", temperature=0.0, block_length=block, seed=seed, cfg_scale=cfg)
     task = LastCharacter(3)
     options = [f"answer_length={length}", f"early={bars[0]}", f"mid={bars[1]}", f"late={bars[2]}"]
     if constraints:
@@ -185,10 +195,11 @@ def test_prophet_rows_are_the_references_token_for_token(
             answer_at=answer_at,
             length=length,
             bars=bars,
+            cfg=cfg,
         )
         rows = seen[row_key(SEED, problem.id, "sample", (0,))]
         assert torch.equal(rows[-1], expected)
-        assert len(rows) == ran == record["ledger"]["passes"]["denoise"]
+        assert len(rows) == ran == record["ledger"]["passes"]["denoise"] // bb.passes_per_step
         assert record["candidates"][0]["text"] == bb.decode(expected, len(prompt))
         taken.append(ran)
     if forwards is not None:
@@ -238,7 +249,7 @@ def test_each_step_is_charged_the_head_it_computed_by_hand(monkeypatch):
 def test_rows_that_exit_are_charged_the_forwards_and_heads_they_ran(case, monkeypatch):
     """With exits mid-run, the passes are the forwards each row ran and the FLOPs the
     forward over each plus 2·P_head per position the head ran at, counted where it runs."""
-    seed, block, constraints, answer_at, length, bars, forwards = case
+    seed, block, constraints, answer_at, length, bars, forwards, *_ = case
     bb = LLaDA(model="random", temperature=0.0, block_length=block, seed=seed)
     task = LastCharacter(3)
     options = f"answer_length={length},early={bars[0]},mid={bars[1]},late={bars[2]}"
