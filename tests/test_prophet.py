@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dllmbench.api.interfaces import model_shape
+from dllmbench.api.interfaces import StepBatch, model_shape
 from dllmbench.core.flops import Work, flops
 from dllmbench.core.keys import row_key
 from dllmbench.core.types import Problem, Prompt
@@ -162,7 +162,7 @@ CASES = [
     (3, 12, "", 8, 4, (0.3, 0.3, 0.03), [5, 6, 6]),
     (0, 6, "2:a|9:b", 6, 5, (0.5, 0.08, 0.02), [2, 2, 2]),
     (0, 6, "2:a|9:b", 6, 5, (1.0, 1.0, 1.0), [6, 6, 6]),
-    (3, 4, "5:ab", None, 3, (1.0, 0.06, 0.03), [4, 3, 4], 1.0),
+    (0, 4, "5:ab", None, 3, (1.0, 0.15, 0.04), [2, 5, 5], 1.0),
 ]
 
 
@@ -355,3 +355,23 @@ def test_plan_takes_prophet_on_llada(cli):
     )
     assert ok.code == 0, ok.err
     assert "≤ 48" in ok.out
+
+
+def test_held_tokens_are_placed_before_the_forward_and_make_a_canvas_of_their_own():
+    """A row's constraints are written at its masked positions before its step reads the
+    canvas (each word with a leading space, its pieces from its position on), so a row
+    holding them is not the same canvas as a plain row of the same tokens: both are computed
+    (`computed_rows`), and the held tokens stand in the canvas after the step."""
+    bb = LLaDA(model="random", temperature=0.0)
+    canvas = bb.canvas([20, 21, 22], 8)
+    held = {"constraints": "1:ab|6:c"}
+    assert bb.held(bb.row_config(held)) == {
+        1 + k: t for k, t in enumerate(bb.tokenizer.encode(" ab", add_special_tokens=False))
+    } | {6 + k: t for k, t in enumerate(bb.tokenizer.encode(" c", add_special_tokens=False))}
+    batch = StepBatch([canvas, canvas], [3, 3], [0, 0], [1, 1], 4, settings=[held, {}])
+    assert bb.computed_rows(batch) == [0, 1]
+    plain = StepBatch([canvas, canvas], [3, 3], [0, 0], [1, 1], 4)
+    assert bb.computed_rows(plain) == [0]
+    after = bb.denoise_step(batch)[0]
+    for pos, token in bb.held(bb.row_config(held)).items():
+        assert int(after[3 + pos]) == token
