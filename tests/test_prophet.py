@@ -16,6 +16,7 @@ from dllmbench.execution.engine import Engine, Sampling
 from dllmbench.execution.method import Method, MethodSpec
 from dllmbench.loading.registry import registry
 from dllmbench.plugins.backbones.base import DiffusionBackbone
+from dllmbench.plugins.backbones.dream import Dream
 from dllmbench.plugins.backbones.llada import LLaDA
 
 SEED = 0
@@ -268,10 +269,11 @@ def test_rows_that_exit_are_charged_the_forwards_and_heads_they_ran(case, monkey
     assert charged == body + 2 * shape.head * sum(counted)
 
 
-def test_rows_that_do_not_use_the_rule_are_stepped_and_charged_as_before():
+@pytest.mark.parametrize("cls", [LLaDA, Dream])
+def test_rows_that_do_not_use_the_rule_are_stepped_and_charged_as_before(cls):
     """Beside prophet rows of the same keys (the same canvases, but for the held tokens),
     independent samples come out as alone, bit for bit, and are charged as alone."""
-    bb = LLaDA(model="random", temperature=0.8, block_length=4, suppress_mask=True)
+    bb = cls(model="random", temperature=0.8, block_length=4, suppress_mask=True)
     task = LastCharacter(2)
     alone = run(bb, task, ["independent:n=2+first"], 6, 12)
     specs = [
@@ -318,7 +320,11 @@ def test_the_baseline_holds_the_same_constraints_without_the_exit(monkeypatch):
 @pytest.mark.parametrize(
     "backbone,method_spec,needles",
     [
-        ("tiny", "prophet:n=1,answer_at=3+first", ["cannot vary per row", "answer_at"]),
+        (
+            "dream:model=random,block_length=4,cache=prefix",
+            "prophet:n=1,answer_at=3+first",
+            ["Fast-dLLM's cache", "cache=none"],
+        ),
         ("tiny-block", "prophet:n=1,answer_at=3+first", ["cannot vary per row", "prophet"]),
         (
             "llada:model=random,block_length=4,cache=dual",
@@ -375,3 +381,42 @@ def test_held_tokens_are_placed_before_the_forward_and_make_a_canvas_of_their_ow
     after = bb.denoise_step(batch)[0]
     for pos, token in bb.held(bb.row_config(held)).items():
         assert int(after[3 + pos]) == token
+
+
+def test_dream_rows_exit_with_their_draw_and_are_charged_what_ran(monkeypatch):
+    """Dream's sampler takes the same rule. A bar of 0 at the first phase exits every row at
+    its first step (a gap is never negative): one forward, every masked position the step's
+    draw, at temperature 0 the argmax of the logits of the canvas with its held tokens; bars
+    never reached leave the row to its T. The ledger charges the head where it ran."""
+    bb = Dream(model="random", temperature=0.0, alg_temp=0.0, block_length=4)
+    task = LastCharacter(2)
+    counted = counting_head(monkeypatch)
+    seen = finals(bb, monkeypatch)
+    specs = [
+        "prophet:n=1,constraints=5:ab,early=0,mid=1e9,late=1e9+first",
+        "prophet:n=1,answer_at=1,early=1e9,mid=1e9,late=1e9+first",
+    ]
+    records = run(bb, task, specs, 6, 12)
+    shape = model_shape(bb)
+    body = 0
+    for r in records:
+        problem = next(p for p in task.problems("test") if p.id == r["problem"])
+        width = len(bb.encode(task.prompt(problem, "fewshot"))) + 12
+        body += r["ledger"]["passes"]["denoise"] * flops(shape, Work.full(width, head=0))
+        exits = "constraints" in r["method"]
+        assert r["ledger"]["passes"] == {"denoise": 1 if exits else 6}
+    charged = sum(r["ledger"]["flops"]["denoise"] for r in records)
+    assert charged == body + 2 * shape.head * sum(counted)
+    monkeypatch.setattr(DiffusionBackbone, "head", DiffusionBackbone.__dict__["head"])
+    held = bb.held(bb.row_config({"constraints": "5:ab"}))
+    for problem in task.problems("test"):
+        prompt = bb.encode(task.prompt(problem, "fewshot"))
+        canvas = bb.canvas(prompt, 12)
+        for pos, token in held.items():
+            canvas[len(prompt) + pos] = token
+        with torch.no_grad():
+            expected = bb.logits(canvas[None], torch.ones_like(canvas)[None])[0].argmax(-1)
+        expected = torch.where(canvas == bb.mask_id, expected, canvas)
+        # both methods' rows share the key; the exiting row's one step is among its canvases
+        after = seen[row_key(SEED, problem.id, "sample", (0,))]
+        assert any(torch.equal(row, expected) for row in after)
