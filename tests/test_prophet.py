@@ -202,6 +202,7 @@ def test_prophet_rows_are_the_references_token_for_token(case, monkeypatch):
         assert torch.equal(rows[-1], expected)
         assert len(rows) == ran == record["ledger"]["passes"]["denoise"] // bb.passes_per_step
         assert record["candidates"][0]["text"] == bb.decode(expected, len(prompt))
+        assert record["candidates"][0]["settings"]["prophet"] is True
         taken.append(ran)
     if forwards is not None:
         assert taken == forwards
@@ -300,6 +301,8 @@ def test_the_baseline_holds_the_same_constraints_without_the_exit(monkeypatch):
     seen = finals(bb, monkeypatch)
     records = run(bb, task, ["prophet:n=1,constraints=5:ab,exit=false+first"], 6, 12)
     assert all(r["ledger"]["passes"] == {"denoise": 6} for r in records)
+    # the records show what the rows carried: the constraints, no exit
+    assert all(c["settings"] == {"constraints": "5:ab"} for r in records for c in r["candidates"])
     for problem in task.problems("test"):
         prompt = bb.encode(task.prompt(problem, "fewshot"))
         expected, _ = reference_prophet(
