@@ -52,6 +52,7 @@ BUILTIN_MODULES = (
     "dllmbench.plugins.strategies.adaptive",
     "dllmbench.plugins.strategies.threshold",
     "dllmbench.plugins.strategies.temporal",
+    "dllmbench.plugins.strategies.prophet",
     "dllmbench.plugins.selectors.basic",
     "dllmbench.plugins.selectors.voting",
     "dllmbench.plugins.selectors.oracle",

@@ -84,6 +84,18 @@ class ToyBackboneConfig:
     threshold: float | None = None
     factor: float | None = None  # the toy reads it as the threshold 1 − factor/2
     entropy_bound: float | None = None  # ... and this as the threshold 1 / (1 + entropy_bound)
+    # Prophet's early exit, the toy's way: after a step, the "gap" is 10 × the share of the
+    # answer region (`answer_length` positions from `answer_at`, default 2 after the last
+    # held token) that holds the intended characters; at or above its phase's bar every
+    # masked position takes the intended character and the row ends. `constraints`
+    # ("1:1|2:+") are characters held from the start (each word with a leading space)
+    prophet: bool = False
+    answer_at: int | None = None
+    answer_length: int = 5
+    early_gap: float = 7.5
+    mid_gap: float = 5.0
+    late_gap: float = 2.5
+    constraints: str = ""
 
 
 # a nominal shape, so that the FLOP ledger runs on the toys as on a transformer: a forward
@@ -100,6 +112,8 @@ class ToyBackbone:
     model_shape = TOY_SHAPE
     row_settings = frozenset(
         {"temperature", "block_length", "threshold", "factor", "entropy_bound", "steps"}
+        | {"prophet", "answer_at", "answer_length", "early_gap", "mid_gap", "late_gap"}
+        | {"constraints"}
     )
     # reports each step's predictions (`ReportsPredictions`); its forward (`Work.full`) is
     # charged the head at every position, so a prediction costs nothing more
@@ -127,7 +141,26 @@ class ToyBackbone:
             raise UserError(f"toy: {exc}") from None
 
     def finishes_early(self, settings) -> bool:
-        return self._bar(self._with(settings)) is not None
+        c = self._with(settings)
+        return self._bar(c) is not None or c.prophet
+
+    @staticmethod
+    @functools.lru_cache(maxsize=256)
+    def _held(text: str) -> dict[int, int]:
+        """The characters `constraints` hold, by generated position."""
+        out: dict[int, int] = {}
+        for part in filter(None, (p.strip() for p in text.split("|"))):
+            where, _, word = part.partition(":")
+            for k, token in enumerate(encode_text(" " + word.strip())):
+                out[int(where) + k] = token
+        return out
+
+    def _region(self, c: ToyBackboneConfig, width: int) -> list[int]:
+        start = c.answer_at
+        if start is None:
+            held = self._held(c.constraints)
+            start = max(held) + 2 if held else width
+        return list(range(start, min(width, start + c.answer_length)))
 
     @staticmethod
     def _bar(c: ToyBackboneConfig) -> float | None:
@@ -166,6 +199,9 @@ class ToyBackbone:
             c = self._with(batch.setting(i))
             ids = tokens.tolist()  # the row as Python ints: no tensor op per position
             total, width = batch.total(i), len(ids) - plen
+            for p, token in self._held(c.constraints).items() if c.constraints else ():
+                if p < width and ids[plen + p] == MASK:
+                    ids[plen + p] = token
             block = min(c.block_length or width, width)
             blocks = -(-width // block)  # the last may be shorter; T spread over them
             b = blocks - 1 if step == total - 1 else step * blocks // total
@@ -200,11 +236,25 @@ class ToyBackbone:
                 for pos, u in zip(rest, sure, strict=True):
                     if u >= bar:
                         ids[pos], confidence[pos] = target[pos - plen], u
+            if c.prophet and self._exits(c, ids, plen, target, step, batch.total(i)):
+                for pos in range(plen, len(ids)):
+                    if ids[pos] == MASK:
+                        ids[pos], confidence[pos] = target[pos - plen], 1.0
             # through an array: a tensor from a buffer is made faster than from a list
             tokens = torch.frombuffer(array("q", ids), dtype=torch.int64).to(tokens.dtype)
             confidence = torch.frombuffer(array("f", confidence), dtype=torch.float32)
             out.append((tokens, confidence))
         return out
+
+    def _exits(self, c, ids: list[int], plen: int, target, step: int, total: int) -> bool:
+        """The toy's Prophet rule after a step (its row's T is `total`)."""
+        region = self._region(c, len(ids) - plen)
+        if not region:
+            return False
+        right = sum(ids[plen + p] == target[p] for p in region) / len(region)
+        progress = (step + 1) / total
+        bar = c.early_gap if progress < 0.33 else c.mid_gap if progress < 0.67 else c.late_gap
+        return 10 * right >= bar
 
     def denoise_step_with_predictions(
         self, batch: StepBatch

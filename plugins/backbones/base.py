@@ -289,6 +289,80 @@ def parallel_commits(
     return eligible & ranked
 
 
+# Prophet's early exit (Li et al., arXiv 2508.19982) and the tokens it holds in the canvas: the
+# sampler settings of its rule (docs/backbones.md, "Prophet's early exit")
+PROPHET_SETTINGS = (
+    "prophet",
+    "answer_at",
+    "answer_length",
+    "early_gap",
+    "mid_gap",
+    "late_gap",
+    "constraints",
+)
+
+
+def parse_constraints(text: Any) -> list[tuple[int, str]]:
+    """`constraints` written as the reference's "200:The|201:answer" (generated positions, 0
+    the first after the prompt) as (position, word) pairs, in order."""
+    pairs = []
+    for part in filter(None, (p.strip() for p in str(text).split("|"))):
+        where, colon, word = part.partition(":")
+        where = where.strip()
+        if not (colon and word.strip() and where.isascii() and where.isdigit()):
+            raise ValueError(
+                "constraints must be position:word pairs separated by |, positions counted "
+                f"from the first generated one (e.g. 20:The|21:answer|22:is), got {part!r}"
+            )
+        pairs.append((int(where), word.strip()))
+    return pairs
+
+
+def check_prophet(config: Any) -> None:
+    """Refuse Prophet settings that cannot be: no answer region, a region or bar out of range,
+    or a cache that computes only part of the canvas."""
+    constraints = parse_constraints(config.constraints)
+    if not isinstance(config.prophet, bool):
+        raise ValueError(f"prophet must be true or false, got {config.prophet!r}")
+    at = config.answer_at
+    if at is not None and (isinstance(at, bool) or not isinstance(at, int) or at < 0):
+        raise ValueError(f"answer_at must be a generated position >= 0, got {at!r}")
+    length = config.answer_length
+    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+        raise ValueError(f"answer_length must be an int >= 1 (the reference's 5), got {length!r}")
+    for name in ("early_gap", "mid_gap", "late_gap"):
+        check_finite(name, getattr(config, name), "a mean top-2 logit gap, e.g. 7.5, 5 and 2.5")
+    if config.prophet and at is None and not constraints:
+        raise ValueError(
+            "prophet needs its answer region: answer_at=<generated position> (e.g. answer_at=20), "
+            "or constraints (e.g. 20:The|21:answer|22:is) that it starts 2 after"
+        )
+    if (config.prophet or constraints) and getattr(config, "cache", "none") != "none":
+        raise ValueError(
+            "prophet and constraints need the whole canvas computed at every step, which "
+            "Fast-dLLM's cache does not; use cache=none"
+        )
+
+
+def exit_bar(config: Any, step: int, total: int) -> float:
+    """The gap Prophet's rule asks at step `step` (0-based) of `total`: the early bar while
+    (step + 1) / total < 0.33, the mid one below 0.67, the late one after (the reference's
+    phases, over its 1-based global step)."""
+    progress = (step + 1) / total
+    if progress < 0.33:
+        return float(config.early_gap)
+    return float(config.mid_gap if progress < 0.67 else config.late_gap)
+
+
+def top2_gap(logits: torch.Tensor) -> torch.Tensor:
+    """[M] float64 top-1 minus top-2 logit of logits [M, V], the difference taken in the
+    logits' own dtype (as the reference's `.item()` of the difference)."""
+    if logits.shape[0] == 0:
+        return logits.new_zeros(0, dtype=torch.float64)
+    top = logits.topk(2, dim=-1).values
+    return (top[:, 0] - top[:, 1]).double()
+
+
 def distinct_rows(rows: Iterable[torch.Tensor]) -> tuple[list[int], list[int]]:
     """The first of each distinct row (same length and tokens) in order, and for every row
     the position of its own among those firsts."""
@@ -547,10 +621,11 @@ class DiffusionBackbone(abc.ABC):
 
     def computed_rows(self, batch: StepBatch) -> list[int]:
         """The rows of a denoising batch whose forward this backbone computes: the first of
-        each canvas (`hidden` shares it with the rest), every row with the fast cache on."""
+        each canvas (`hidden` shares it with the rest; a canvas as the step reads it, its
+        held tokens placed), every row with the fast cache on."""
         if self.fast_cache is not None:
             return list(range(len(batch.tokens)))
-        return distinct_rows(batch.tokens)[0]
+        return distinct_rows(self.placed(batch))[0]
 
     def _hidden(self, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         # a batch without padding goes without a mask: the same attention, and SDPA takes its
@@ -640,6 +715,77 @@ class DiffusionBackbone(abc.ABC):
         )
         return (ids == self.mask_id) & ~eligible.to(ids.device) & asks[:, None]
 
+    # -- Prophet's held tokens and answer region (docs/backbones.md) ------------------------
+    def held(self, config: Any) -> dict[int, int]:
+        """The tokens a row's `constraints` hold, by generated position: each word tokenized
+        with a leading space (the reference's `_parse_constraints`), its tokens from its
+        position on; a later word's tokens replace an earlier one's."""
+        text = getattr(config, "constraints", "")
+        if not text:
+            return {}
+        cache = self.__dict__.setdefault("_held", {})
+        if text not in cache:
+            out: dict[int, int] = {}
+            for where, word in parse_constraints(text):
+                ids = self.tokenizer.encode(" " + word, add_special_tokens=False)
+                for k, token in enumerate(ids):
+                    out[where + k] = int(token)
+            cache[text] = out
+        return cache[text]
+
+    def answer_region(self, config: Any, gen_length: int) -> list[int]:
+        """The generated positions whose mean top-2 logit gap Prophet's rule reads:
+        `answer_length` of them from `answer_at`, by default 2 after the last held token (the
+        reference's max(constraint position) + 2); those past the canvas are dropped."""
+        start = config.answer_at
+        if start is None:
+            held = self.held(config)
+            if not held:
+                return []
+            start = max(held) + 2
+        return list(range(start, min(gen_length, start + config.answer_length)))
+
+    def placed(self, batch: StepBatch) -> list[torch.Tensor]:
+        """The batch's rows as a step reads them: a row's held tokens (`constraints`) written
+        at its masked positions they hold (all of them before its first step, and any
+        re-masked since), as the reference writes them before decoding and after every
+        step. Rows that hold none come back as they are."""
+        rows = list(batch.tokens)
+        for i, row in enumerate(rows):
+            held = self.held(self.row_config(batch.setting(i)))
+            if not held:
+                continue
+            plen = batch.prompt_lens[i]
+            where = [p for p in held if p < len(row) - plen]
+            if not where:
+                continue
+            at = torch.tensor([plen + p for p in where], device=row.device)
+            tokens = torch.tensor([held[p] for p in where], dtype=row.dtype, device=row.device)
+            row = row.clone()
+            masked = row[at] == self.mask_id
+            row[at[masked]] = tokens[masked]
+            rows[i] = row
+        return rows
+
+    def beside(
+        self, ids: torch.Tensor, offsets: Sequence[int], eligible: torch.Tensor, batch: StepBatch
+    ) -> torch.Tensor:
+        """[B, L] mask of the positions whose logits a step computes beyond those it may commit:
+        a prediction's (`predicted`) and, in a row under Prophet's rule, every other masked
+        position (what its exit commits) and its answer region (whose gap it reads)."""
+        eligible = eligible.to(ids.device)
+        extra = self.predicted(ids, eligible, batch)
+        width = ids.shape[1]
+        for i, (off, plen) in enumerate(zip(offsets, batch.prompt_lens, strict=True)):
+            config = self.row_config(batch.setting(i))
+            if not getattr(config, "prophet", False):
+                continue
+            region = torch.zeros(width, dtype=torch.bool, device=ids.device)
+            at = [off + plen + p for p in self.answer_region(config, width - off - plen)]
+            region[at] = True
+            extra[i] |= ((ids[i] == self.mask_id) | region) & ~eligible[i]
+        return extra
+
     def step_hidden(
         self, ids: torch.Tensor, attn: torch.Tensor, offsets: list[int], batch: StepBatch
     ) -> torch.Tensor:
@@ -653,13 +799,14 @@ class DiffusionBackbone(abc.ABC):
         """What each row's denoising forward computes (`CountsStepWork`): bidirectional
         attention over the row's own tokens, padded or packed, and the LM head at the positions
         it may commit, and in a row that asks for its prediction also at every other masked
-        position (`predicted`); under Fast-dLLM's cache, fastcache.py's charge. Guidance's
-        second pass is the caller's to count (`passes_per_step`)."""
+        position (`predicted`), in a row under Prophet's rule also there and at its answer
+        region (`beside`); under Fast-dLLM's cache, fastcache.py's charge. Guidance's second
+        pass is the caller's to count (`passes_per_step`)."""
         if self.fast_cache is not None:
             return self.fast_cache.step_work(batch)
-        ids, _, offsets = self.pad(batch.tokens)
+        ids, _, offsets = self.pad(self.placed(batch))
         eligible = self.eligible(ids, offsets, batch)[0]
-        heads = (eligible | self.predicted(ids, eligible, batch)).sum(-1).tolist()
+        heads = (eligible | self.beside(ids, offsets, eligible, batch)).sum(-1).tolist()
         return [Work.full(len(t), head=h) for t, h in zip(batch.tokens, heads, strict=True)]
 
     def denoise_step(self, batch: StepBatch) -> list[torch.Tensor]:
@@ -689,7 +836,7 @@ class DiffusionBackbone(abc.ABC):
                 f"{self.shown_as or self.arch} reports no prediction of the whole canvas at a "
                 f"step; {why}"
             )
-        ids, attn, offsets = self.pad(batch.tokens)
+        ids, attn, offsets = self.pad(self.placed(batch))
         new, confidence, proposal = self.commit(ids, attn, offsets, batch)
         confidence = confidence.float().cpu()
         return [

@@ -25,17 +25,21 @@ from dllmbench.api.hookspecs import hookimpl
 from dllmbench.api.interfaces import StepBatch
 from dllmbench.plugins.backbones.base import (
     ATTENTIONS,
+    PROPHET_SETTINGS,
     Attention,
     BlockStep,
     DiffusionBackbone,
     RowRefusals,
     check_finite,
     check_parallel,
+    check_prophet,
     check_seed,
     check_temperature,
+    exit_bar,
     model_entropy,
     parallel_commits,
     rules_set,
+    top2_gap,
     top_ranked,
 )
 from dllmbench.plugins.backbones.fastcache import Cache, check_cache
@@ -70,6 +74,16 @@ class DreamConfig(RowRefusals):
     # EB-Sampler's parallel decoding on top of the schedule: also commit, in the order of
     # `alg`'s confidence, the longest run whose entropies less their largest sum to <= this
     entropy_bound: float | None = None
+    # Prophet's early exit and held tokens, as LLaDA's (docs/backbones.md): once the mean
+    # top-2 logit gap over the answer region reaches its phase's bar, every masked position
+    # takes its draw and the row ends
+    prophet: bool = False
+    answer_at: int | None = None
+    answer_length: int = 5
+    early_gap: float = 7.5
+    mid_gap: float = 5.0
+    late_gap: float = 2.5
+    constraints: str = ""
     # "sdpa": rows left-padded to the widest; "packed": rows end to end, no padding
     # (FlexAttention document mask, packing.py)
     attention: Attention = "sdpa"
@@ -98,6 +112,7 @@ class DreamConfig(RowRefusals):
         if self.top_k is not None and self.top_k < 1:
             raise ValueError("top_k must be >= 1")
         check_parallel(self, ("alg", self.alg, "maskgit_plus"), RANKED_ALGS)
+        check_prophet(self)
 
     @property
     def positions(self) -> int | None:
@@ -115,7 +130,7 @@ class DreamConfig(RowRefusals):
     def ends_early(self) -> bool:
         """A parallel decoding rule (threshold, factor, entropy_bound) may fill a row's canvas
         before its T."""
-        return bool(rules_set(self))
+        return bool(rules_set(self)) or self.prophet
 
     @property
     def approximate(self) -> bool:
@@ -214,6 +229,7 @@ class Dream(DiffusionBackbone):
             "factor",
             "entropy_bound",
             "steps",
+            *PROPHET_SETTINGS,
         }
     )
     # the confidence rules (`origin` is a random order, not a rule to mix)
@@ -230,6 +246,12 @@ class Dream(DiffusionBackbone):
     def propose(
         self, hidden: torch.Tensor, u: torch.Tensor, c: DreamConfig | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`propose_with_gaps` without Prophet's gaps."""
+        return self.propose_with_gaps(hidden, u, c)[:3]
+
+    def propose_with_gaps(
+        self, hidden: torch.Tensor, u: torch.Tensor, c: DreamConfig | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """A token [M], its float64 confidence [M] and its distribution's float64 entropy [M]
         (NaN unless `entropy_bound` is set) for each masked position's hidden state [M, H],
         drawn with its uniform `u` [M] under the sampler settings `c` (default: the
@@ -237,11 +259,13 @@ class Dream(DiffusionBackbone):
         c = c or self.config
         vocab = self.transformer.lm_head.weight.shape[0]
         size = max(1, CHUNK_ELEMENTS // vocab)
-        tokens, confidences, entropies = [], [], []
+        tokens, confidences, entropies, gaps = [], [], [], []
         for start in range(0, hidden.shape[0], size):
             logits = self.head(hidden[start : start + size])
             if c.suppress_mask:
                 logits[:, self.mask_id] = -torch.inf
+            if c.prophet:  # Prophet's gap, of the logits before temperature and filters
+                gaps.append(top2_gap(logits))
             x0, confidence, entropy = draw(logits, u[start : start + size, None], c)
             tokens.append(x0[:, 0])
             confidences.append(confidence[:, 0])
@@ -249,8 +273,10 @@ class Dream(DiffusionBackbone):
             entropies.append(unknown if entropy is None else entropy)
         if not tokens:
             none = hidden.new_zeros(0, dtype=torch.float64)
-            return hidden.new_zeros(0, dtype=torch.long), none, none
-        return torch.cat(tokens), torch.cat(confidences), torch.cat(entropies)
+            return hidden.new_zeros(0, dtype=torch.long), none, none, none
+        entropy = torch.cat(entropies)
+        gap = torch.cat(gaps) if gaps else torch.full_like(entropy, torch.nan)
+        return torch.cat(tokens), torch.cat(confidences), entropy, gap
 
     def planned_quota(self, eligible: int, at: BlockStep, gen_length: int, total: int) -> int:
         """Positions an unedited row commits at a step with `eligible` positions that may
@@ -281,10 +307,11 @@ class Dream(DiffusionBackbone):
         proposal = ids.clone()
         confidence = torch.full(ids.shape, -torch.inf, dtype=torch.float64, device=device)
         entropy = torch.full(ids.shape, torch.nan, dtype=torch.float64, device=device)
+        gap = torch.full(ids.shape, torch.nan, dtype=torch.float64, device=device)
         for c in dict.fromkeys(configs):
             rows = torch.tensor([cfg == c for cfg in configs], device=device)
             where = eligible & rows[:, None]
-            proposal[where], confidence[where], entropy[where] = self.propose(
+            proposal[where], confidence[where], entropy[where], gap[where] = self.propose_with_gaps(
                 hidden[where], token_u[where], c
             )
 
@@ -315,15 +342,33 @@ class Dream(DiffusionBackbone):
                 chosen[i] |= parallel_commits(confidence[i], eligible[i], ties, c, entropy[i])
         new = torch.where(chosen, proposal, ids)
         committed = torch.where(chosen, confidence, torch.full_like(confidence, torch.nan))
-        # a row's prediction beyond its block (`ReportsPredictions`): its other masked
-        # positions drawn as the eligible ones are, each with its own position's uniform
-        extra = self.predicted(ids, eligible, batch)
+        # a row's prediction beyond its block (`ReportsPredictions`), and a row's under
+        # Prophet's rule (`beside`): its other masked positions drawn as the eligible ones
+        # are, each with its own position's uniform (a Prophet row's committed answer
+        # positions are read for their gap, not drawn)
+        extra = self.beside(ids, offsets, eligible, batch)
+        masked = ids == self.mask_id
         if bool(extra.any()):
             for c in dict.fromkeys(configs):
                 rows = torch.tensor([cfg == c for cfg in configs], device=device)
                 where = extra & rows[:, None]
                 if bool(where.any()):
-                    proposal[where] = self.propose(hidden[where], token_u[where], c)[0]
+                    x0, sure, _, gaps = self.propose_with_gaps(hidden[where], token_u[where], c)
+                    drawn = masked[where]
+                    proposal[where & masked] = x0[drawn]
+                    confidence[where & masked] = sure[drawn]
+                    gap[where] = gaps
+        # Prophet: a row whose answer region's mean gap reaches its phase's bar commits its
+        # draw at every masked position, beyond its block too, and ends
+        for i, c in enumerate(configs):
+            if not c.prophet:
+                continue
+            off, plen = offsets[i], batch.prompt_lens[i]
+            region = self.answer_region(c, width - off - plen)
+            gaps = gap[i, [off + plen + p for p in region]].tolist()
+            if gaps and sum(gaps) / len(gaps) >= exit_bar(c, batch.steps[i], batch.total(i)):
+                new[i] = torch.where(masked[i], proposal[i], ids[i])
+                committed[i] = torch.where(masked[i], confidence[i], torch.nan)
         return new, committed, proposal
 
 

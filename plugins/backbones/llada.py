@@ -28,6 +28,7 @@ from dllmbench.api.interfaces import StepBatch
 from dllmbench.core.errors import UserError
 from dllmbench.plugins.backbones.base import (
     ATTENTIONS,
+    PROPHET_SETTINGS,
     Attention,
     BlockStep,
     DiffusionBackbone,
@@ -35,12 +36,15 @@ from dllmbench.plugins.backbones.base import (
     block_schedule,
     check_finite,
     check_parallel,
+    check_prophet,
     check_seed,
     check_temperature,
+    exit_bar,
     model_entropy,
     parallel_commits,
     purpose_generator,
     rules_set,
+    top2_gap,
     top_ranked,
 )
 from dllmbench.plugins.backbones.fastcache import Cache, check_cache
@@ -68,6 +72,19 @@ class LLaDAConfig(RowRefusals):
     # EB-Sampler's parallel decoding on top of the schedule: also commit, most confident
     # first, the longest run whose entropies less their largest sum to <= this
     entropy_bound: float | None = None
+    # Prophet's early exit (docs/backbones.md): each step, once the mean top-2 logit gap over
+    # the answer region (`answer_length` positions from `answer_at`, gen-relative; default 2
+    # after the last held token) reaches its phase's bar, every masked position takes its
+    # draw and the row ends
+    prophet: bool = False
+    answer_at: int | None = None
+    answer_length: int = 5
+    early_gap: float = 7.5  # the bar while (step + 1) / T < 0.33
+    mid_gap: float = 5.0  # below 0.67
+    late_gap: float = 2.5  # after
+    # tokens held in the canvas from the start: "20:The|21:answer|22:is" (gen-relative
+    # positions; each word tokenized with a leading space, its tokens from its position on)
+    constraints: str = ""
     # "sdpa": rows left-padded to the widest; "packed": rows end to end, no padding
     # (FlexAttention document mask, packing.py)
     attention: Attention = "sdpa"
@@ -93,6 +110,7 @@ class LLaDAConfig(RowRefusals):
             raise ValueError("block_length must be >= 1")
         required = ("remasking", self.remasking, "low_confidence")
         check_parallel(self, required, ("low_confidence",))
+        check_prophet(self)
 
     @property
     def positions(self) -> int | None:
@@ -112,9 +130,9 @@ class LLaDAConfig(RowRefusals):
 
     @property
     def ends_early(self) -> bool:
-        """A parallel decoding rule (threshold, factor, entropy_bound) may fill a row's canvas
-        before its T."""
-        return bool(rules_set(self))
+        """A parallel decoding rule (threshold, factor, entropy_bound) or Prophet's early exit
+        may fill a row's canvas before its T."""
+        return bool(rules_set(self)) or self.prophet
 
     @property
     def approximate(self) -> bool:
@@ -164,6 +182,7 @@ class LLaDA(DiffusionBackbone):
             "factor",
             "entropy_bound",
             "steps",
+            *PROPHET_SETTINGS,
         }
     )
     offered_orders: ClassVar[dict[str, tuple[str, ...]]] = {
@@ -228,7 +247,11 @@ class LLaDA(DiffusionBackbone):
             if "block_length" not in batch.setting(i):
                 self.schedule(gen_length, total)  # the configured blocks: as the reference
             if at.even:
-                quotas[i] = block_quota(gen_length * at.per // total, at.per, torch.tensor(at.j))
+                # the block's masked positions when it began (the reference's quota): all but
+                # the tokens the row holds there (`constraints`)
+                size = gen_length * at.per // total
+                size -= sum(at.end - size <= p < at.end for p in self.held(configs[i]))
+                quotas[i] = block_quota(size, at.per, torch.tensor(at.j))
             else:  # a row's own blocks that do not divide: even over the steps left
                 quotas[i] = -(-int(eligible[i].sum()) // (at.per - at.j))
             if at.last and (batch.was_edited(i) or not at.even):
@@ -241,11 +264,15 @@ class LLaDA(DiffusionBackbone):
             unprompted = ids.clone()
             for i, (off, plen) in enumerate(zip(offsets, batch.prompt_lens, strict=True)):
                 unprompted[i, off : off + plen] = self.mask_id
+                # the reference masks every token it placed before decoding, held ones too
+                held = [off + plen + p for p in self.held(configs[i]) if p < width - off - plen]
+                unprompted[i, held] = self.mask_id
             unhidden = self.hidden(unprompted, attn)
         # the states the head reads: at the positions a step may commit and, for a row's
-        # prediction beyond its block (`ReportsPredictions`), at its other masked positions;
-        # the whole [B, L, H] is freed before the head runs
-        extra = self.predicted(ids, eligible, batch)
+        # prediction beyond its block (`ReportsPredictions`) or under Prophet's rule, at its
+        # other masked positions (and the rule's answer region: `beside`); the whole
+        # [B, L, H] is freed before the head runs
+        extra = self.beside(ids, offsets, eligible, batch)
         at = (hidden[eligible], None if unhidden is None else unhidden[eligible])
         aside = None
         if bool(extra.any()):
@@ -253,6 +280,17 @@ class LLaDA(DiffusionBackbone):
         del hidden, unhidden
         logits = self.step_logits(*at)  # [M, V]
         del at
+        # Prophet's rows: the top-2 logit gap at each position of their answer region
+        prophets = [i for i, config in enumerate(configs) if config.prophet]
+        answer = torch.zeros_like(eligible)
+        for i in prophets:
+            off, plen = offsets[i], batch.prompt_lens[i]
+            answer[
+                i, [off + plen + p for p in self.answer_region(configs[i], width - off - plen)]
+            ] = True
+        gap = torch.full(ids.shape, torch.nan, dtype=torch.float64, device=device)
+        if prophets:
+            gap[eligible & answer] = top2_gap(logits[answer[eligible]])
         eos, eot = self.end_ids
         zeroed = [t for t in (eos, eot) if t is not None] if c.confidence_eos_eot_inf else []
 
@@ -286,17 +324,29 @@ class LLaDA(DiffusionBackbone):
         proposal[eligible] = x0
         # the prediction beyond the block: the head at the row's other masked positions,
         # drawn as above from noise of their own ("predict")
+        # (a Prophet row's committed answer positions are read for their gap, not drawn)
+        masked = ids == self.mask_id
+        beyond = extra & masked
+        beyond_p = torch.full((int(beyond.sum()),), torch.nan, dtype=torch.float64, device=device)
         if aside is not None:
             logits = self.step_logits(*aside)
-            drawn = torch.zeros(logits.shape[0], dtype=torch.long, device=device)
-            start = 0
+            if prophets:
+                gap[extra & answer] = top2_gap(logits[answer[extra]])
+            need = masked[extra]
+            drawn = torch.zeros(beyond_p.shape[0], dtype=torch.long, device=device)
+            start = done = 0
             for i, count in enumerate(extra.sum(-1).tolist()):
-                if count:
+                span = slice(start, start + count)
+                rows = logits[span][need[span]]
+                if rows.shape[0]:
                     gen = purpose_generator(batch.keys[i], batch.steps[i], "predict", device)
-                    span = slice(start, start + count)
-                    drawn[span] = gumbel_max(logits[span], configs[i].temperature, gen)
+                    mine = slice(done, done + rows.shape[0])
+                    drawn[mine] = gumbel_max(rows, configs[i].temperature, gen)
+                    if configs[i].prophet:  # the confidence of what its exit may commit
+                        beyond_p[mine] = low_confidence(rows, drawn[mine], zeroed)
+                    done += rows.shape[0]
                 start += count
-            proposal[extra] = drawn
+            proposal[beyond] = drawn
             del logits
         ties = self.noise(batch, offsets, width, "tie").to(device)
         chosen = eligible & top_ranked(confidence, quotas, ties)
@@ -307,10 +357,20 @@ class LLaDA(DiffusionBackbone):
         for i, c in enumerate(configs):
             if c.ends_early:
                 chosen[i] |= parallel_commits(confidence[i], eligible[i], ties[i], c, entropy[i])
-        committed = torch.full(ids.shape, torch.nan, dtype=torch.float64, device=device)
-        committed[eligible] = probability
-        committed = torch.where(chosen, committed, torch.full_like(committed, torch.nan))
+        every = torch.full(ids.shape, torch.nan, dtype=torch.float64, device=device)
+        every[eligible] = probability
+        every[beyond] = beyond_p
+        committed = torch.where(chosen, every, torch.full_like(every, torch.nan))
         new = torch.where(chosen & eligible, proposal, ids)
+        # Prophet: a row whose answer region's mean gap reaches its phase's bar commits its
+        # draw at every masked position, beyond its block too, and ends
+        for i in prophets:
+            gaps = gap[i, answer[i]].tolist()
+            if gaps and sum(gaps) / len(gaps) >= exit_bar(
+                configs[i], batch.steps[i], batch.total(i)
+            ):
+                new[i] = torch.where(masked[i], proposal[i], ids[i])
+                committed[i] = torch.where(masked[i], every[i], torch.nan)
         return new, committed, proposal
 
     def step_logits(self, hidden: torch.Tensor, unhidden: torch.Tensor | None) -> torch.Tensor:
