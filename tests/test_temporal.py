@@ -416,3 +416,42 @@ def test_a_backbone_whose_predictions_break_the_contract_is_named(how, needle):
     )
     with pytest.raises(PluginViolation, match=needle):
         engine.run(task.problems("test"))
+
+
+class SamplesAndPredictions:
+    """A pool of each row's last prediction but one and the sample itself: rows that record
+    predictions joined with the candidates ops.predictions made (which record none)."""
+
+    scorers: tuple[str, ...] = ()
+    prefix_field: ClassVar[str | None] = None
+    config: ClassVar[dict] = {}
+
+    def cost(self, total_steps: int) -> dict[str, int]:
+        return {"denoise": 2 * total_steps}
+
+    def pool_size(self) -> int:
+        return 4
+
+    def pool_scores(self) -> frozenset[str]:
+        return frozenset()
+
+    async def search(self, problem, ops) -> Pool:
+        from dllmbench.core.types import Rows
+
+        rows = await ops.denoise(ops.start(problem, copies=2, predictions=True), ops.T - 1)
+        made = ops.predictions(rows)
+        rows = await ops.denoise(rows, 1)
+        return ops.pool(Rows.concat(made, rows))
+
+
+def test_samples_that_record_predictions_join_a_pool_with_their_predictions():
+    """Rows.concat drops the predictions of rows joined with rows that record none; the
+    samples left are states ops gave out, so the pool takes them (it refused them as
+    'changed outside ops')."""
+    joined = Method(
+        "joined", MethodSpec("joined"), SamplesAndPredictions(), registry().selector("first")
+    )
+    (record,) = run_methods([joined], steps=4, problems=1)
+    lineages = [tuple(c["lineage"]) for c in record["candidates"]]
+    assert lineages == [(0, 2), (1, 2), (0,), (1,)]
+    assert record["ledger"]["passes"] == {"denoise": 8}
