@@ -536,3 +536,18 @@ def test_dreams_prediction_is_its_own_samplers_draw_at_every_masked_position(
         row = new
     assert block is None or beyond > 0  # positions only a prediction draws were compared
     assert temperature == 0 or differs_from_argmax > 0  # the uniforms decided some draws
+
+
+class Unsized(Temporal):
+    """Temporal's pool, declared by pool_size() alone (no pool_size_at)."""
+
+    pool_size_at = None  # type: ignore[assignment]
+
+
+def test_a_pool_sized_by_steps_without_pool_size_at_is_told_what_declares_it():
+    from dllmbench.core.errors import PluginViolation
+
+    assert pool_size_of(Unsized(n=1), 4) == 1  # not SizedBySteps
+    unsized = Method("unsized", MethodSpec("unsized"), Unsized(n=1), registry().selector("first"))
+    with pytest.raises(PluginViolation, match=r"declared 1 \(pool_size\(\); .*pool_size_at\(T\)"):
+        run_methods([unsized], steps=4, problems=1)
