@@ -551,3 +551,23 @@ def test_a_pool_sized_by_steps_without_pool_size_at_is_told_what_declares_it():
     unsized = Method("unsized", MethodSpec("unsized"), Unsized(n=1), registry().selector("first"))
     with pytest.raises(PluginViolation, match=r"declared 1 \(pool_size\(\); .*pool_size_at\(T\)"):
         run_methods([unsized], steps=4, problems=1)
+
+
+def test_plugin_authors_documents_what_a_strategy_reading_predictions_uses():
+    """docs/plugin-authors.md alone lets a third-party strategy read predictions: the ops
+    table's `ops.start` shows every keyword it takes, and the strategy members table the
+    optional members the engine reads (`pool_size_at`, `reads_predictions`)."""
+    import inspect
+    import re
+    from pathlib import Path
+
+    from dllmbench.api.ops import Ops
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "plugin-authors.md").read_text()
+    (row,) = [line for line in doc.splitlines() if line.startswith("| `ops.start(")]
+    shown = row.split("`")[1]
+    taken = [p for p in inspect.signature(Ops.start).parameters if p != "self"]
+    assert taken and all(re.search(rf"\b{p}\b", shown) for p in taken), (shown, taken)
+    members = doc.split("## Search strategies", 1)[1].split("### What `ops` offers", 1)[0]
+    for member in ("`pool_size_at(total_steps)`", "`reads_predictions`"):
+        assert f"| {member} |" in members, member
