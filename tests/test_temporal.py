@@ -416,3 +416,158 @@ def test_a_backbone_whose_predictions_break_the_contract_is_named(how, needle):
     )
     with pytest.raises(PluginViolation, match=needle):
         engine.run(task.problems("test"))
+
+
+class SamplesAndPredictions:
+    """A pool of each row's last prediction but one and the sample itself: rows that record
+    predictions joined with the candidates ops.predictions made (which record none)."""
+
+    scorers: tuple[str, ...] = ()
+    prefix_field: ClassVar[str | None] = None
+    config: ClassVar[dict] = {}
+
+    def cost(self, total_steps: int) -> dict[str, int]:
+        return {"denoise": 2 * total_steps}
+
+    def pool_size(self) -> int:
+        return 4
+
+    def pool_scores(self) -> frozenset[str]:
+        return frozenset()
+
+    async def search(self, problem, ops) -> Pool:
+        from dllmbench.core.types import Rows
+
+        rows = await ops.denoise(ops.start(problem, copies=2, predictions=True), ops.T - 1)
+        made = ops.predictions(rows)
+        rows = await ops.denoise(rows, 1)
+        return ops.pool(Rows.concat(made, rows))
+
+
+def test_samples_that_record_predictions_join_a_pool_with_their_predictions():
+    """Rows.concat drops the predictions of rows joined with rows that record none; the
+    samples left are states ops gave out, so the pool takes them (it refused them as
+    'changed outside ops')."""
+    joined = Method(
+        "joined", MethodSpec("joined"), SamplesAndPredictions(), registry().selector("first")
+    )
+    (record,) = run_methods([joined], steps=4, problems=1)
+    lineages = [tuple(c["lineage"]) for c in record["candidates"]]
+    assert lineages == [(0, 2), (1, 2), (0,), (1,)]
+    assert record["ledger"]["passes"] == {"denoise": 8}
+
+
+# -- Dream's prediction against Dream's own sampler ---------------------------------------------
+def dream_sample_tokens(logits, u, temperature, top_p, top_k):
+    """Dream's `sample_tokens` (generation_utils) in plain torch and float64: temperature, its
+    top-p (the first token past the threshold kept) and top-k filters, softmax, and its
+    Categorical draw taken by inverse CDF with the uniforms `u` (argmax at temperature 0)."""
+    logits = logits.double()
+    if temperature > 0:
+        logits = logits / temperature
+    if top_p is not None and top_p < 1:
+        ordered, order = torch.sort(logits, descending=True)
+        remove = torch.cumsum(torch.softmax(ordered, dim=-1), dim=-1) > top_p
+        remove[..., 1:] = remove[..., :-1].clone()
+        remove[..., 0] = False
+        drop = torch.zeros_like(logits, dtype=torch.bool).scatter_(-1, order, remove)
+        logits = logits.masked_fill(drop, torch.finfo(logits.dtype).min)
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.size(-1)))[0][..., -1, None]
+        logits = logits.masked_fill(logits < kth, torch.finfo(logits.dtype).min)
+    probs = torch.softmax(logits, dim=-1)
+    if temperature == 0:
+        return probs.argmax(-1)
+    cdf = probs.cumsum(-1)
+    drawn = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0]
+    return drawn.clamp(max=probs.shape[-1] - 1)
+
+
+@pytest.mark.parametrize(
+    "temperature,top_p,top_k,block",
+    [
+        (0.0, 1.0, None, None),
+        (0.0, 1.0, None, 4),
+        (0.7, 1.0, None, None),
+        (0.7, 0.9, 20, 4),
+        (1.0, 0.8, None, 6),
+        (0.5, 1.0, 5, 4),
+    ],
+)
+def test_dreams_prediction_is_its_own_samplers_draw_at_every_masked_position(
+    temperature, top_p, top_k, block
+):
+    """Each step's prediction on a random Dream is what Dream's sampler draws over the whole
+    canvas (its x0 at every masked position, before it chooses which to commit), with the
+    row's token uniform of that position; the tokens it commits are those same draws."""
+    from dllmbench.api.interfaces import StepBatch
+
+    bb = Dream(
+        model="random",
+        seed=3,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        block_length=block,
+        alg_temp=None,
+    )
+    steps, gen, key = 6, 12, 11
+    prompt = torch.randint(0, bb.mask_id, (5,), generator=torch.Generator().manual_seed(2))
+    row = torch.cat([prompt, torch.full((gen,), bb.mask_id)])
+    beyond = differs_from_argmax = 0
+    for s in range(steps):
+        batch = StepBatch([row], [5], [s], [key], steps, predict=[True])
+        new, _, prediction = bb.denoise_step_with_predictions(batch)[0]
+        with torch.no_grad():
+            logits = bb.transformer(input_ids=row[None]).logits[0]
+        logits = torch.cat([logits[:1], logits[:-1]])  # Dream reads position i from i - 1
+        gen_u = purpose_generator(key, s, "token")
+        u = torch.rand(len(row), generator=gen_u, dtype=torch.float64)
+        masked = row == bb.mask_id
+        expected = row.clone()
+        expected[masked] = dream_sample_tokens(logits[masked], u[masked], temperature, top_p, top_k)
+        assert torch.equal(prediction, expected), f"step {s}"
+        committed = new != row
+        assert torch.equal(new[committed], expected[committed]), f"step {s}"
+        if block is not None:
+            beyond += int(masked[5 + (s // (steps // (gen // block)) + 1) * block :].sum())
+        argmax = dream_sample_tokens(logits[masked], u[masked], 0.0, top_p, top_k)
+        differs_from_argmax += int((expected[masked] != argmax).sum())
+        row = new
+    assert block is None or beyond > 0  # positions only a prediction draws were compared
+    assert temperature == 0 or differs_from_argmax > 0  # the uniforms decided some draws
+
+
+class Unsized(Temporal):
+    """Temporal's pool, declared by pool_size() alone (no pool_size_at)."""
+
+    pool_size_at = None  # type: ignore[assignment]
+
+
+def test_a_pool_sized_by_steps_without_pool_size_at_is_told_what_declares_it():
+    from dllmbench.core.errors import PluginViolation
+
+    assert pool_size_of(Unsized(n=1), 4) == 1  # not SizedBySteps
+    unsized = Method("unsized", MethodSpec("unsized"), Unsized(n=1), registry().selector("first"))
+    with pytest.raises(PluginViolation, match=r"declared 1 \(pool_size\(\); .*pool_size_at\(T\)"):
+        run_methods([unsized], steps=4, problems=1)
+
+
+def test_plugin_authors_documents_what_a_strategy_reading_predictions_uses():
+    """docs/plugin-authors.md alone lets a third-party strategy read predictions: the ops
+    table's `ops.start` shows every keyword it takes, and the strategy members table the
+    optional members the engine reads (`pool_size_at`, `reads_predictions`)."""
+    import inspect
+    import re
+    from pathlib import Path
+
+    from dllmbench.api.ops import Ops
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "plugin-authors.md").read_text()
+    (row,) = [line for line in doc.splitlines() if line.startswith("| `ops.start(")]
+    shown = row.split("`")[1]
+    taken = [p for p in inspect.signature(Ops.start).parameters if p != "self"]
+    assert taken and all(re.search(rf"\b{p}\b", shown) for p in taken), (shown, taken)
+    members = doc.split("## Search strategies", 1)[1].split("### What `ops` offers", 1)[0]
+    for member in ("`pool_size_at(total_steps)`", "`reads_predictions`"):
+        assert f"| {member} |" in members, member

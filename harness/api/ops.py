@@ -12,6 +12,7 @@ pool may hold (free: the forward that made them was charged, with the head it co
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
@@ -474,8 +475,14 @@ class Ops:
         return None
 
     def _issue(self, rows: Rows) -> Rows:
-        """Note the states of rows ops hands out: a pool may hold only those."""
+        """Note the states of rows ops hands out: a pool may hold only those. A row that
+        records its predictions is also noted without them: `Rows.concat` with rows that do
+        not record them (the candidates `ops.predictions` makes) drops them, and what is left
+        is a state ops gave out (a row without a prediction cannot be read by
+        `ops.predictions`, and steps as a row that does not ask)."""
         self._issued.update(_states(rows))
+        if rows.prediction is not None:
+            self._issued.update(_states(dataclasses.replace(rows, prediction=None)))
         return rows
 
     def _own(self, rows: Any, call: str) -> list[bytes]:

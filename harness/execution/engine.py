@@ -42,6 +42,7 @@ from dllmbench.api.interfaces import (
     Scorer,
     SearchStrategy,
     SharesCanvases,
+    SizedBySteps,
     StepBatch,
     Task,
     TransformerBackbone,
@@ -176,6 +177,13 @@ class Unit:
         """Who is charged for a row descended from copy `root` of an `ops.start`: every
         member, or in nested pools those whose pool holds that copy."""
         return tuple(m.id for m, size in self.members if not self.nested or root < size)
+
+
+def declared_size(strategy: object) -> str:
+    """Which call declared a strategy's pool size, for a line that refuses a pool."""
+    if isinstance(strategy, SizedBySteps):
+        return "pool_size_at(T)"
+    return "pool_size(); a pool whose size depends on T declares pool_size_at(T), SizedBySteps"
 
 
 def plan_units(
@@ -435,6 +443,7 @@ class Engine:
         capped = all(m.id in self.capped for m, _ in unit.members)
         if len(pool) != unit.pool_size and not (capped and 1 <= len(pool) < unit.pool_size):
             what = f"search() returned {len(pool)} candidates but declared {unit.pool_size}"
+            what += f" ({declared_size(unit.strategy)})"
             if capped:
                 what += " (a capped strategy may return fewer, at least one)"
             raise self.origins.violation("strategy", unit.strategy_name, what)

@@ -38,6 +38,7 @@ from dllmbench.api.interfaces import (
     GradesMany,
     ScoreBatch,
     SearchStrategy,
+    SizedBySteps,
     StepBatch,
     commit_orders,
     contract_backbone,
@@ -390,9 +391,11 @@ def test_strategy_returns_its_pool_size(dllmbench_strategy):
         size = pool_size_of(method.strategy, s.steps)  # `SizedBySteps`: its size at T
         if s.returned != size and not (capped and 1 <= s.returned < size):
             allowed = " (a capped strategy may return 1 to that)" if capped else ""
+            sized = isinstance(method.strategy, SizedBySteps)
+            said = f"pool_size_at({s.steps})" if sized else "pool_size()"
             raise AssertionError(
                 f"strategy {name!r} returned {s.returned} candidates on problem {s.problem!r} "
-                f"at T={s.steps}, but its pool_size() is {size}{allowed}"
+                f"at T={s.steps}, but its {said} is {size}{allowed}"
             )
     if error is not None:
         raise error
