@@ -349,6 +349,24 @@ def test_plan_refuses_what_cannot_be_honoured_in_one_line(cli, backbone, method_
     assert_user_error(result, *needles)
 
 
+@pytest.mark.parametrize("command", ["plan", "run"])
+@pytest.mark.parametrize("budget", ["100", "1e9flops"])
+def test_a_block_backbone_refuses_the_rule_in_the_same_line_at_any_budget(
+    cli, tmp_path, command, budget
+):
+    """On a block-diffusion backbone, whose rows cannot vary the rule's settings, a FLOP
+    budget (checked before the models load, to price it) gives the line a budget in passes
+    gives, not the Config's complaint about an unknown keyword."""
+    from conftest import assert_user_error
+
+    args = [command, "--task", "arith", "--backbone", "tiny-block", "--methods", "vanilla"]
+    args += ["--method", "prophet:n=1,answer_at=2+first", "--budget", budget]
+    args += ["--out", str(tmp_path / "run")] if command == "run" else []
+    result = cli(*args)
+    assert_user_error(result, "cannot vary per row", "prophet", "choose a backbone")
+    assert "unexpected keyword" not in result.err
+
+
 def test_plan_takes_prophet_on_llada(cli):
     spec = "prophet:n=2,constraints=20:The|21:answer|22:is+majority"
     ok = cli(

@@ -110,7 +110,15 @@ def execute(args: argparse.Namespace) -> Reply:
     entries = methods_arg(args)
     refuses = backbone_refuses(s.backbone, backbone_config) if s.backbone else None
     if unit_of([args.budget] if isinstance(args.budget, int) else args.budget) == "flops":
-        refuse_row_settings(reg, entries, args.steps, refuses)  # before the models are built
+        # before the models are built, as a budget in passes refuses them
+        refuse_row_settings(
+            reg,
+            entries,
+            args.steps,
+            refuses,
+            backbone_varies(reg, s.backbone) if s.backbone else None,
+            backbone_predicts(reg, s.backbone) if s.backbone else None,
+        )
         rates, passes, scorers = _rates(reg, args, s)
     selectors = presets.selector_options(s.preset)  # a preset's selector options
     early = ends_early(backbone_config)  # a threshold or block backbone caps every method

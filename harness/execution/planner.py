@@ -544,12 +544,19 @@ def backbone_refuses(backbone: str, config: Any) -> Refuses | None:
 
 
 def refuse_row_settings(
-    registry: Registry, entries: list[str] | None, total_steps: int, refuses: Refuses | None
+    registry: Registry,
+    entries: list[str] | None,
+    total_steps: int,
+    refuses: Refuses | None,
+    varies: frozenset[str] | None = None,
+    predicts: bool | None = None,
 ) -> None:
-    """A method named in `entries` whose rows set sampler settings the backbone's Config
-    refuses (`backbone_refuses`) is one line, with no plan made: for a FLOP budget, which is
-    planned only once the models are built to price it."""
-    if refuses is None or not entries:
+    """A method named in `entries` whose rows set sampler settings the backbone cannot vary
+    per row (`varies`), read predictions it does not report (`predicts`) or whose values its
+    Config refuses (`backbone_refuses`) is one line, with no plan made, the line a budget in
+    passes gives: for a FLOP budget, which is planned only once the models are built to price
+    it."""
+    if (refuses is None and varies is None and predicts is None) or not entries:
         return
     for entry, named in expand(registry, entries, total_steps).items():
         if not named or left_out_reason(registry, entry, total_steps):
@@ -561,7 +568,7 @@ def refuse_row_settings(
             if isinstance(method, Method):
                 break
         if isinstance(method, Method):
-            _settable(method, entry, True, None, refuses=refuses)
+            _settable(method, entry, True, varies, predicts, refuses)
 
 
 def backbone_varies(registry: Registry, backbone: str) -> frozenset[str] | None:

@@ -298,7 +298,14 @@ def prepare(
             _refuse_deterministic(cfg, backbone_config, chosen, passes)
     else:  # a named method whose rows' settings the backbone's Config refuses: before it loads
         refuses = backbone_refuses(cfg.backbone, backbone_config)
-        refuse_row_settings(reg, cfg.methods, cfg.sampling.total_steps, refuses)
+        refuse_row_settings(
+            reg,
+            cfg.methods,
+            cfg.sampling.total_steps,
+            refuses,
+            backbone_varies(reg, cfg.backbone),
+            backbone_predicts(reg, cfg.backbone),
+        )
     backbone = reg.backbone(cfg.backbone, **cfg.backbone_config)
     # a scorer that asks for `backbone` shares the frozen weights instead of loading twice
     scorers = {
