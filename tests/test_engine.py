@@ -725,6 +725,7 @@ def test_a_tasks_grade_note_lands_in_the_candidate_record(cli, tmp_path, monkeyp
     the key is absent, so records of other tasks keep their shape."""
     from conftest import TOY_RUN
 
+    from dllmbench.api.interfaces import NotesGrades
     from dllmbench.testing.doubles import ToySum
 
     def grade_note(self, problem, answer):
@@ -732,7 +733,14 @@ def test_a_tasks_grade_note_lands_in_the_candidate_record(cli, tmp_path, monkeyp
 
     monkeypatch.setattr(ToySum, "grade_note", grade_note, raising=False)
     out = tmp_path / "run"
-    assert cli(*TOY_RUN, "--out", str(out)).code == 0
+    try:
+        assert cli(*TOY_RUN, "--out", str(out)).code == 0
+    finally:
+        # isinstance(task, NotesGrades) caches ToySum as a NotesGrades once it has the method
+        # (a Protocol of methods only is an ABC's subclass check): with the method gone, the
+        # cache would make every later ToySum run in this process call a grade_note it lacks
+        monkeypatch.undo()
+        NotesGrades._abc_caches_clear()
     candidates = [
         c
         for line in (out / "samples.jsonl").read_text().splitlines()
