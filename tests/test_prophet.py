@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from last_character import LastCharacter
 
 from dllmbench.api.interfaces import StepBatch, model_shape
 from dllmbench.core.flops import Work, flops
 from dllmbench.core.keys import row_key
-from dllmbench.core.types import Problem, Prompt
 from dllmbench.execution.engine import Engine, Sampling
 from dllmbench.execution.method import Method, MethodSpec
 from dllmbench.loading.registry import registry
@@ -20,37 +20,6 @@ from dllmbench.plugins.backbones.dream import Dream
 from dllmbench.plugins.backbones.llada import LLaDA
 
 SEED = 0
-
-
-class LastCharacter:
-    """Questions the random model cannot answer; the answer is the last character."""
-
-    def __init__(self, size: int = 3):
-        self.size = size
-
-    def splits(self) -> dict[str, int]:
-        return {"test": self.size}
-
-    def problems(self, split: str) -> list[Problem]:
-        return [
-            Problem(f"q{i}", f"{i} plus {i + 3} is", str((2 * i + 3) % 10))
-            for i in range(self.size)
-        ]
-
-    def prompt(self, problem: Problem, style: str) -> Prompt:
-        return Prompt(text=problem.question)
-
-    def extract(self, text: str) -> str | None:
-        return text[-1] if text else None
-
-    def answer_key(self, answer: str) -> str:
-        return answer
-
-    def grade(self, problem: Problem, answer: str | None, text: str) -> bool:
-        return answer == problem.gold
-
-    def data_files(self) -> dict[str, str]:
-        return {}
 
 
 def method(spec: str) -> Method:

@@ -10,11 +10,12 @@ from typing import ClassVar
 
 import pytest
 import torch
+from last_character import LastCharacter
 
 from dllmbench.api.interfaces import model_shape, pool_size_of
 from dllmbench.core.flops import Work, flops
 from dllmbench.core.keys import row_key
-from dllmbench.core.types import Pool, Problem, Prompt
+from dllmbench.core.types import Pool
 from dllmbench.execution.engine import Engine, Sampling
 from dllmbench.execution.method import Method, MethodSpec
 from dllmbench.loading.registry import registry
@@ -26,39 +27,6 @@ from dllmbench.testing.doubles import ToyBackbone, ToySum
 from dllmbench.testing.helpers import run_methods, run_strategy
 
 SEED = 0
-
-
-class LastCharacter:
-    """Questions the random model cannot answer; the answer is the last character of the
-    text, so the random model's predictions give many different answers along a trajectory
-    (and none when a prediction ends at once)."""
-
-    def __init__(self, size: int = 2):
-        self.size = size
-
-    def splits(self) -> dict[str, int]:
-        return {"test": self.size}
-
-    def problems(self, split: str) -> list[Problem]:
-        return [
-            Problem(f"q{i}", f"{i} plus {i + 3} is", str((2 * i + 3) % 10))
-            for i in range(self.size)
-        ]
-
-    def prompt(self, problem: Problem, style: str) -> Prompt:
-        return Prompt(text=problem.question)
-
-    def extract(self, text: str) -> str | None:
-        return text[-1] if text else None
-
-    def answer_key(self, answer: str) -> str:
-        return answer
-
-    def grade(self, problem: Problem, answer: str | None, text: str) -> bool:
-        return answer == problem.gold
-
-    def data_files(self) -> dict[str, str]:
-        return {}
 
 
 def method(spec: str) -> Method:
